@@ -1,0 +1,1 @@
+"""Command-line entry points: `specedge <command>` and `export-models`."""

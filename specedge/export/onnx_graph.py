@@ -1,0 +1,153 @@
+"""Trace a static-KV model to one ONNX graph that follows the graph contract of DESIGN.md.
+
+Only T (new tokens per call) is symbolic; batch, cache length, heads and vocabulary are fixed.
+The cache write is the custom op `specedge::cache_write`, mapped to ONNX TensorScatter (opset 24)
+so ONNX Runtime updates the cache in place when past and present share one buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from ..manifest import graph_io
+
+OPSET = 24
+FORBIDDEN_OPS = {"If", "Loop", "Scan"}
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _tensor_scatter(cache, new, position):
+    from onnxscript.onnx_opset import opset24 as op
+
+    return op.TensorScatter(cache, new, position, axis=-2)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch.onnx prints pages of notes and warnings; the CLI shows its own progress instead."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def export_graph(
+    model: torch.nn.Module,
+    out_path: Path,
+    max_seq: int,
+    kv_mode: str,
+    precision: str = "fp32",
+    batch: int = 1,
+) -> None:
+    """Export `model` (a specedge.models module) to `out_path` (+ `out_path.data`).
+
+    precision fp32/fp16/bf16 sets the weight and KV dtype; int8/int4 are exported in fp32 and
+    quantized afterwards by `quantize.py`.
+    """
+    dtype = TORCH_DTYPES.get(precision, torch.float32)
+    model = model.eval().to(dtype)
+    model.kv_mode = kv_mode
+    cache = model.empty_cache(max_seq, batch, dtype)
+    ids = torch.zeros((batch, 3), dtype=torch.int64)
+    pos = torch.zeros((batch,), dtype=torch.int64)
+    n = model.num_layers
+    in_names = ["input_ids", "position"] + [f"past_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
+    prefix = "present" if kv_mode == "scatter" else "new"
+    out_names = ["logits"] + [f"{prefix}_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
+    dyn = {"input_ids": {1: torch.export.Dim.DYNAMIC}, "position": None, "past": tuple(None for _ in cache)}
+    with _quiet(), torch.no_grad():
+        ep = torch.export.export(model, (ids, pos, *cache), dynamic_shapes=dyn)
+        prog = torch.onnx.export(
+            ep,
+            (ids, pos, *cache),
+            None,
+            input_names=in_names,
+            output_names=out_names,
+            dynamo=True,
+            opset_version=OPSET,
+            custom_translation_table={torch.ops.specedge.cache_write.default: _tensor_scatter},
+            optimize=True,
+            verbose=False,
+        )
+    proto = prog.model_proto
+    _name_dynamic_dim(proto, "T")
+    _drop_unused_initializers(proto)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    save_with_external_data(proto, out_path)
+
+
+def save_with_external_data(proto: onnx.ModelProto, out_path: Path) -> None:
+    data_name = out_path.name + ".data"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if (out_path.parent / data_name).exists():
+        os.remove(out_path.parent / data_name)
+    onnx.save_model(
+        proto,
+        str(out_path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_name,
+        size_threshold=1024,
+    )
+
+
+def _name_dynamic_dim(proto: onnx.ModelProto, name: str) -> None:
+    """The exporter names T after an internal symbol (s70…); the contract calls it T."""
+    symbols = set()
+    for vi in list(proto.graph.input) + list(proto.graph.output):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                symbols.add(d.dim_param)
+    if len(symbols) > 1:
+        raise RuntimeError(f"exported graph has more than one dynamic dimension: {sorted(symbols)}")
+    for vi in list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in symbols:
+                d.dim_param = name
+
+
+def _drop_unused_initializers(proto: onnx.ModelProto) -> None:
+    used = {i for n in proto.graph.node for i in n.input}
+    used |= {o.name for o in proto.graph.output}
+    keep = [t for t in proto.graph.initializer if t.name in used]
+    if len(keep) != len(proto.graph.initializer):
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(keep)
+
+
+def check_graph(path: Path, spec, kv_mode: str, max_seq: int, batch: int = 1) -> None:
+    """The exported graph must match the contract exactly: names, dtypes, static dims but T,
+    no control flow, and onnx.checker's full check."""
+    onnx.checker.check_model(str(path), full_check=True)
+    proto = onnx.load(str(path), load_external_data=False)
+    bad = sorted({n.op_type for n in proto.graph.node} & FORBIDDEN_OPS)
+    if bad:
+        raise RuntimeError(f"exported graph contains control flow ops {bad}")
+    want_in, want_out = graph_io(spec, kv_mode, max_seq, batch)
+    elem = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
+    for want, got in ((want_in, proto.graph.input), (want_out, proto.graph.output)):
+        got_l = [
+            (g.name, elem.get(g.type.tensor_type.elem_type, "?"),
+             [d.dim_param if d.HasField("dim_param") else d.dim_value for d in g.type.tensor_type.shape.dim])
+            for g in got
+        ]
+        want_l = [(w.name, w.dtype, list(w.shape)) for w in want]
+        if got_l != want_l:
+            diff = next((f"{a} != {b}" for a, b in zip(got_l, want_l) if a != b), f"{len(got_l)} vs {len(want_l)} tensors")
+            raise RuntimeError(f"exported graph does not match the contract: {diff}")

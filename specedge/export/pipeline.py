@@ -1,0 +1,335 @@
+"""checkpoint(s) → bundle: the whole export, written atomically (temp folder, rename at the end)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..errors import UserError
+from ..manifest import (
+    KV_DTYPE,
+    MANIFEST_NAME,
+    MAX_SPEC_TOKENS,
+    PRECISIONS,
+    SCHEMA_VERSION,
+    GraphSpec,
+    Manifest,
+    ModelSpec,
+    graph_io,
+    sha256_file,
+    write_json_atomic,
+)
+
+MIN_MAX_SEQ = 16
+DEFAULT_MAX_SEQ = 2048
+DEFAULT_PREFILL_CHUNK = 64
+CPU_BACKENDS = ["ort-cpu", "ort-cuda", "ort-trt", "tensorrt"]
+# Tokens that end a chat turn in the families we support, stopped on besides the config's eos.
+END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<eos>", "</s>")
+
+
+class Progress:
+    """Minimal progress sink; the CLI passes one that draws tqdm bars."""
+
+    def stage(self, name: str, total: int | None = None):  # noqa: D401 - context manager
+        return _NullStage()
+
+    def note(self, msg: str) -> None:
+        pass
+
+
+class _NullStage:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def update(self, n: int = 1, msg: str | None = None):
+        pass
+
+
+@dataclass
+class ExportOptions:
+    target: str | None = None
+    draft: str | None = "self"  # a checkpoint, "self", "ngram" or None (= ngram)
+    out: str | None = None
+    precision: str = "fp32"
+    draft_precision: str = "int4"
+    max_seq: int = DEFAULT_MAX_SEQ
+    spec_tokens: int = 4
+    kv_mode: str = "scatter"
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    force: bool = False
+    block_size: int = 32
+
+
+def validate_options(o: ExportOptions) -> None:
+    if o.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{o.precision}'")
+    if o.draft_precision not in PRECISIONS:
+        raise UserError(f"--draft-precision must be one of {', '.join(PRECISIONS)}, got '{o.draft_precision}'")
+    if o.kv_mode not in ("scatter", "delta"):
+        raise UserError(f"--kv-update must be 'scatter' or 'delta', got '{o.kv_mode}'")
+    if not (1 <= o.spec_tokens <= MAX_SPEC_TOKENS):
+        raise UserError(f"--spec-tokens must be between 1 and {MAX_SPEC_TOKENS}, got {o.spec_tokens}")
+    if o.max_seq < MIN_MAX_SEQ:
+        raise UserError(f"--max-seq must be at least {MIN_MAX_SEQ}, got {o.max_seq}")
+    if o.block_size not in (16, 32, 64, 128, 256):
+        raise UserError(f"--block-size must be 16, 32, 64, 128 or 256, got {o.block_size}")
+
+
+def check_output(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise UserError(f"output folder '{out}' already exists (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path '{out}' exists and is not a folder")
+    parent = out.parent
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"output folder '{out}' is not writable (no write permission on '{probe}')")
+
+
+def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tuple[Path, Manifest]:
+    """Run the whole export; returns the bundle path and its manifest."""
+    from . import sources
+
+    progress = progress or Progress()
+    validate_options(opts)
+    draft_kind = "ngram" if opts.draft in (None, "ngram") else ("self" if opts.draft == "self" else "model")
+    # Cheap checks on the output first, before minutes of loading.
+    if opts.out is not None:
+        check_output(Path(opts.out), opts.force)
+    sources.resolve(opts.target)
+    if draft_kind == "model":
+        sources.resolve(opts.draft)
+
+    with progress.stage("loading target", total=1) as st:
+        target = sources.load(opts.target, progress=lambda m: st.update(0, m))
+        st.update(1)
+    max_pos = int(getattr(target.config, "max_position_embeddings", 0) or 0)
+    if max_pos and opts.max_seq > max_pos:
+        raise UserError(f"--max-seq {opts.max_seq} is above the model's {max_pos} positions")
+    if opts.prefill_chunk > opts.max_seq:
+        opts.prefill_chunk = opts.max_seq
+    draft = None
+    if draft_kind == "model":
+        with progress.stage("loading draft", total=1) as st:
+            draft = sources.load(opts.draft, progress=lambda m: st.update(0, m))
+            st.update(1)
+        from ..models import build_model
+
+        t_rows = target.config.vocab_size
+        d_rows = draft.config.vocab_size
+        sources.check_same_tokenizer(target.tokenizer, draft.tokenizer, t_rows, d_rows)
+        dmax = int(getattr(draft.config, "max_position_embeddings", 0) or 0)
+        if dmax and opts.max_seq > dmax:
+            raise UserError(f"--max-seq {opts.max_seq} is above the draft model's {dmax} positions")
+        del build_model
+
+    out = Path(opts.out) if opts.out is not None else Path("bundles") / target.name
+    check_output(out, opts.force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        manifest = _write_bundle(tmp, opts, target, draft, draft_kind, progress)
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest.root = out
+    return out, manifest
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    """Swap the finished bundle into place; an old bundle is only removed once the new one is in."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _model_spec(role: str, ckpt, precision: str, graph_rel: str, data_rel: str, kv_mode: str,
+                max_seq: int, proto) -> ModelSpec:
+    from ..models.llama import head_dim_of
+    from .quantize import weight_bytes
+
+    cfg = ckpt.config
+    spec = ModelSpec(
+        role=role,
+        kind="model",
+        family=cfg.model_type,
+        source=ckpt.path,
+        precision=precision,
+        kv_dtype=KV_DTYPE[precision],
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim_of(cfg),
+        hidden_size=cfg.hidden_size,
+        vocab_size=cfg.vocab_size,
+        num_params=sum(int(v.numel()) for k, v in ckpt.state_dict.items() if k != "lm_head.weight"
+                       or not getattr(cfg, "tie_word_embeddings", False)),
+        weight_bytes=weight_bytes(proto),
+        graphs=[GraphSpec("portable", graph_rel, list(CPU_BACKENDS), [data_rel])],
+    )
+    spec.extra = {
+        "weights": "int4 weight-only (MatMulNBits)" if precision == "int4" else
+                   "int8 weight-only (MatMulNBits)" if precision == "int8" else precision,
+        "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", 0) or 0),
+    }
+    spec.inputs, spec.outputs = graph_io(spec, kv_mode, max_seq)
+    return spec
+
+
+def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions, progress,
+                reuse_fp32=None):
+    """Export (or re-use) the fp32/fp16/bf16 graph, then quantize if asked. Returns the spec and
+    the fp32 proto for re-use by a `self` draft."""
+    import onnx
+
+    from ..models import build_model, load_weights
+    from .onnx_graph import check_graph, export_graph, save_with_external_data
+    from .quantize import quantize_weights, share_tied_embedding
+
+    rel = f"{role}/model.onnx"
+    path = tmp / rel
+    base_prec = precision if precision in ("fp16", "bf16") else "fp32"
+    if reuse_fp32 is not None and base_prec == "fp32":
+        # Either the proto itself or the path of the saved fp32 graph (saving turns a proto's
+        # tensors into external references, so a saved one is re-read from disk).
+        proto = onnx.load(str(reuse_fp32)) if isinstance(reuse_fp32, Path) else reuse_fp32
+    else:
+        with progress.stage(f"tracing {role} ({base_prec})", total=1) as st:
+            model = build_model(ckpt.config, opts.kv_mode)
+            load_weights(model, ckpt.state_dict)
+            scratch = tmp / f".{role}-trace" / "model.onnx"
+            export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec)
+            del model
+            proto = onnx.load(str(scratch))
+            shutil.rmtree(scratch.parent)
+            st.update(1)
+    fp32_proto = proto if base_prec == "fp32" else None
+    if precision in ("int8", "int4"):
+        with progress.stage(f"quantizing {role} ({precision}, block {opts.block_size})", total=1) as st:
+            work = onnx.ModelProto()
+            work.CopyFrom(proto)
+            proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size)
+            st.update(1)
+    else:
+        share_tied_embedding(proto)
+        fp32_proto = path if base_prec == "fp32" else None
+    with progress.stage(f"writing {role}", total=1) as st:
+        save_with_external_data(proto, path)
+        st.update(1)
+    spec = _model_spec(role, ckpt, precision, rel, rel + ".data", opts.kv_mode, opts.max_seq, proto)
+    with progress.stage(f"checking {role} graph", total=1) as st:
+        check_graph(path, spec, opts.kv_mode, opts.max_seq)
+        st.update(1)
+    return spec, fp32_proto
+
+
+def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
+    tok = ckpt.tokenizer
+    scratch = tmp / ".tok"
+    tok.save_pretrained(str(scratch))
+    files = []
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (scratch / name).is_file():
+            shutil.copy(scratch / name, tmp / name)
+            files.append(name)
+    if "tokenizer.json" not in files:
+        raise UserError(f"the tokenizer of '{ckpt.path}' cannot be saved as tokenizer.json (fast tokenizer needed)")
+    shutil.rmtree(scratch)
+    template = None
+    if ckpt.chat_template:
+        (tmp / "chat_template.jinja").write_text(ckpt.chat_template, encoding="utf-8")
+        template = "chat_template.jinja"
+        files.append(template)
+    vocab = tok.get_vocab()
+    eos: list[int] = []
+    cfg_eos = getattr(ckpt.config, "eos_token_id", None)
+    for e in (cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]):
+        if isinstance(e, int):
+            eos.append(e)
+    if tok.eos_token_id is not None:
+        eos.append(int(tok.eos_token_id))
+    for t in END_OF_TURN:
+        if t in vocab and (t in (ckpt.chat_template or "") or t in (tok.eos_token or "")):
+            eos.append(int(vocab[t]))
+    eos = sorted(set(eos))
+    if not eos:
+        raise UserError(f"'{ckpt.path}' defines no end-of-sequence token")
+    with_special = tok("a").input_ids
+    without = tok("a", add_special_tokens=False).input_ids
+    add_bos = tok.bos_token_id is not None and len(with_special) > len(without) and with_special[0] == tok.bos_token_id
+    info = {
+        "vocab_size": max(vocab.values()) + 1,
+        "eos_token_ids": eos,
+        "bos_token_id": tok.bos_token_id,
+        "add_bos": bool(add_bos),
+    }
+    return files, template, info
+
+
+def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str, progress) -> Manifest:
+    t0 = time.time()
+    tok_files, template, tok_info = _write_tokenizer(tmp, target)
+    tspec, fp32 = _export_one(tmp, "target", target, opts.precision, opts, progress)
+    if draft_kind == "self":
+        dspec, _ = _export_one(tmp, "draft", target, opts.draft_precision, opts, progress, reuse_fp32=fp32)
+        dspec.extra["self_draft_of"] = "target"
+    elif draft_kind == "model":
+        dspec, _ = _export_one(tmp, "draft", draft, opts.draft_precision, opts, progress)
+    else:
+        dspec = ModelSpec(role="draft", kind="ngram", extra={"ngram_sizes": [3, 2, 1]})
+    del fp32
+    files: dict[str, dict] = {}
+    rels = list(tok_files)
+    for spec in (tspec, dspec):
+        for g in spec.graphs:
+            rels += [g.path, *g.external_data]
+    with progress.stage("checksums", total=len(rels)) as st:
+        for rel in rels:
+            p = tmp / rel
+            files[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            st.update(1)
+    m = Manifest(
+        schema_version=SCHEMA_VERSION,
+        created_by=f"specedge {__version__} export-models",
+        max_seq=opts.max_seq,
+        batch=1,
+        kv_mode=opts.kv_mode,
+        spec_tokens=opts.spec_tokens,
+        prefill_chunk=min(opts.prefill_chunk, opts.max_seq),
+        tokenizer_vocab_size=tok_info["vocab_size"],
+        eos_token_ids=tok_info["eos_token_ids"],
+        bos_token_id=tok_info["bos_token_id"],
+        add_bos=tok_info["add_bos"],
+        tokenizer_files=tok_files,
+        chat_template=template,
+        target=tspec,
+        draft=dspec,
+        files=files,
+        extra={"export_seconds": round(time.time() - t0, 1), "source_target": target.source,
+               "source_draft": opts.draft if draft_kind != "self" else "self"},
+    )
+    write_json_atomic(tmp / MANIFEST_NAME, m.to_json())
+    # Round-trip through the loader: never ship a bundle our own runtime would refuse.
+    from ..manifest import load_manifest
+
+    load_manifest(tmp, verify="size")
+    json.loads((tmp / MANIFEST_NAME).read_text())
+    return m

@@ -1,0 +1,95 @@
+"""Post-passes on exported graphs: weight-only int8/int4 (MatMulNBits, through onnxruntime's own
+quantizer) and sharing the tied embedding / lm_head weight."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+BLOCK_SIZE = 32
+# accuracy_level 4 lets ORT's CPU kernel quantize activations to int8 for the int4 matmul:
+# the fast path onnxruntime-genai also takes on CPU.
+ACCURACY_LEVEL = 4
+
+
+def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
+                     accuracy_level: int = ACCURACY_LEVEL) -> onnx.ModelProto:
+    """Weight-only quantization of every MatMul with a constant weight (lm_head included)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    for name in ("onnxruntime.quantization", "root"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
+                             accuracy_level=accuracy_level)
+    q.process()
+    out = q.model.model
+    if not any(n.op_type == "MatMulNBits" for n in out.graph.node):
+        raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
+    return out
+
+
+def share_tied_embedding(proto: onnx.ModelProto) -> bool:
+    """With tied embeddings the exporter stores the table twice: [V, H] for the Gather and a
+    transposed copy [H, V] for lm_head. Keep only the copy and gather columns from it, so the
+    bundle (and RSS) carries the weight once. Returns whether it changed anything."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    gathers = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits]
+    for g in gathers:
+        emb = inits[g.input[0]]
+        if len(emb.dims) != 2:
+            continue
+        v, h = emb.dims
+        for n in proto.graph.node:
+            if n.op_type != "MatMul" or n.input[1] not in inits:
+                continue
+            w = inits[n.input[1]]
+            if list(w.dims) != [h, v]:
+                continue
+            e_arr, w_arr = numpy_helper.to_array(emb), numpy_helper.to_array(w)
+            if not np.array_equal(e_arr.T, w_arr):
+                continue
+            # Gather(W [H, V], ids [B, T], axis=1) -> [H, B, T] -> transpose to [B, T, H].
+            cols = g.output[0] + "/cols"
+            new_g = helper.make_node("Gather", [w.name, g.input[1]], [cols], axis=1, name=g.name + "/tied")
+            tr = helper.make_node("Transpose", [cols], [g.output[0]], perm=[1, 2, 0], name=g.name + "/tied_t")
+            idx = list(proto.graph.node).index(g)
+            proto.graph.node.remove(g)
+            proto.graph.node.insert(idx, tr)
+            proto.graph.node.insert(idx, new_g)
+            if not any(emb.name in x.input for x in proto.graph.node):
+                proto.graph.initializer.remove(emb)
+            return True
+    return False
+
+
+def weight_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of weights read per forward pass: every initializer except tables only indexed by
+    Gather (an embedding lookup reads T rows, not the table)."""
+    gather_only = set()
+    users: dict[str, set[str]] = {}
+    for n in proto.graph.node:
+        for i, x in enumerate(n.input):
+            users.setdefault(x, set()).add(n.op_type if not (n.op_type == "Gather" and i == 0) else "GatherData")
+    for name, ops in users.items():
+        if ops == {"GatherData"}:
+            gather_only.add(name)
+    total = 0
+    for t in proto.graph.initializer:
+        if t.name in gather_only:
+            continue
+        total += _nbytes(t)
+    return total
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    size = {1: 4, 10: 2, 16: 2, 7: 8, 6: 4, 2: 1, 3: 1, 21: 1, 22: 1}.get(t.data_type, 4)
+    return n * size
+
+
+def num_params(proto: onnx.ModelProto) -> int:
+    return sum(int(np.prod(t.dims)) if len(t.dims) else 1 for t in proto.graph.initializer
+               if t.data_type in (1, 10, 16))

