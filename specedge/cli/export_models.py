@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"),
                    help="scatter: in-place TensorScatter (default); delta: new entries out (TensorRT 10.3 / JetPack 6)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prefill chunk size")
+    p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
+                   help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
+                   "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -91,6 +94,7 @@ def run(args) -> int:
         target=args.target, draft=args.draft, out=args.out, precision=args.precision,
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
+        graphs=args.graphs,
     )
     t0 = time.time()
     out, m = export_bundle(opts, TqdmProgress(args.quiet or args.json))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,6 @@ from ..manifest import (
 MIN_MAX_SEQ = 16
 DEFAULT_MAX_SEQ = 2048
 DEFAULT_PREFILL_CHUNK = 64
-CPU_BACKENDS = ["ort-cpu", "ort-cuda", "ort-trt", "tensorrt"]
 # Tokens that end a chat turn in the families we support, stopped on besides the config's eos.
 END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<eos>", "</s>")
 
@@ -67,6 +67,7 @@ class ExportOptions:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     force: bool = False
     block_size: int = 32
+    graphs: str = "auto"  # auto | ort | portable | both (see graph_flavours)
 
 
 def validate_options(o: ExportOptions) -> None:
@@ -80,6 +81,8 @@ def validate_options(o: ExportOptions) -> None:
         raise UserError(f"--spec-tokens must be between 1 and {MAX_SPEC_TOKENS}, got {o.spec_tokens}")
     if o.max_seq < MIN_MAX_SEQ:
         raise UserError(f"--max-seq must be at least {MIN_MAX_SEQ}, got {o.max_seq}")
+    graph_flavours(o.graphs, o.kv_mode, o.precision)
+    graph_flavours(o.graphs, o.kv_mode, o.draft_precision)
     if o.block_size not in (16, 32, 64, 128, 256):
         raise UserError(f"--block-size must be 16, 32, 64, 128 or 256, got {o.block_size}")
 
@@ -93,8 +96,16 @@ def check_output(out: Path, force: bool) -> None:
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    if not probe.is_dir():
+        raise UserError(f"output folder '{out}' cannot be created: '{probe}' is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"output folder '{out}' is not writable (no write permission on '{probe}')")
+    # Permission bits do not tell everything (root; read-only or virtual file systems such as
+    # /proc): create and remove a probe folder where the bundle's temp folder will go.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".specedge-probe-", dir=probe))
+    except OSError as e:
+        raise UserError(f"output folder '{out}' is not writable ({e.strerror or type(e).__name__} in '{probe}')") from None
 
 
 def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tuple[Path, Manifest]:
@@ -136,11 +147,14 @@ def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tupl
 
     out = Path(opts.out) if opts.out is not None else Path("bundles") / target.name
     check_output(out, opts.force)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"cannot create the output folder '{out}': {e.strerror or e}") from None
     try:
         manifest = _write_bundle(tmp, opts, target, draft, draft_kind, progress)
         _commit(tmp, out)
@@ -162,7 +176,30 @@ def _commit(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _model_spec(role: str, ckpt, precision: str, graph_rel: str, data_rel: str, kv_mode: str,
+def graph_flavours(option: str, kv_mode: str, precision: str) -> list[str]:
+    """Which graph flavours to ship. auto: the ONNX Runtime flavour for CPU precisions (fp32,
+    int8, int4), both flavours for GPU precisions (fp16, bf16: ONNX Runtime CUDA and TensorRT), and
+    only the portable one for delta bundles (TensorRT 10.3 on JetPack 6)."""
+    if kv_mode == "delta":
+        if option == "ort":
+            raise UserError("--graphs ort needs --kv-update scatter (the ONNX Runtime flavour updates the cache in place)")
+        return ["portable"]
+    if option == "auto":
+        return ["ort", "portable"] if precision in ("fp16", "bf16") else ["ort"]
+    if option == "both":
+        return ["ort", "portable"]
+    if option in ("ort", "portable"):
+        return [option]
+    raise UserError(f"--graphs must be auto, ort, portable or both, got '{option}'")
+
+
+def _backends_for(flavour: str, flavours: list[str]) -> list[str]:
+    if flavour == "ort":
+        return ["ort-cpu", "ort-cuda"]
+    return ["ort-trt", "tensorrt"] + ([] if "ort" in flavours else ["ort-cpu", "ort-cuda"])
+
+
+def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mode: str,
                 max_seq: int, proto) -> ModelSpec:
     from ..models.llama import head_dim_of
     from .quantize import weight_bytes
@@ -183,7 +220,7 @@ def _model_spec(role: str, ckpt, precision: str, graph_rel: str, data_rel: str, 
         num_params=sum(int(v.numel()) for k, v in ckpt.state_dict.items() if k != "lm_head.weight"
                        or not getattr(cfg, "tie_word_embeddings", False)),
         weight_bytes=weight_bytes(proto),
-        graphs=[GraphSpec("portable", graph_rel, list(CPU_BACKENDS), [data_rel])],
+        graphs=graphs,
     )
     spec.extra = {
         "weights": "int4 weight-only (MatMulNBits)" if precision == "int4" else
@@ -195,50 +232,60 @@ def _model_spec(role: str, ckpt, precision: str, graph_rel: str, data_rel: str, 
 
 
 def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions, progress,
-                reuse_fp32=None):
-    """Export (or re-use) the fp32/fp16/bf16 graph, then quantize if asked. Returns the spec and
-    the fp32 proto for re-use by a `self` draft."""
+                reuse_fp32: dict | None = None):
+    """Export (or re-use) each flavour's fp32/fp16/bf16 graph, then quantize if asked.
+    Returns the spec and, per flavour, the fp32 graph (proto or saved path) for a `self` draft."""
     import onnx
 
     from ..models import build_model, load_weights
     from .onnx_graph import check_graph, export_graph, save_with_external_data
     from .quantize import quantize_weights, share_tied_embedding
 
-    rel = f"{role}/model.onnx"
-    path = tmp / rel
+    flavours = graph_flavours(opts.graphs, opts.kv_mode, precision)
     base_prec = precision if precision in ("fp16", "bf16") else "fp32"
-    if reuse_fp32 is not None and base_prec == "fp32":
-        # Either the proto itself or the path of the saved fp32 graph (saving turns a proto's
-        # tensors into external references, so a saved one is re-read from disk).
-        proto = onnx.load(str(reuse_fp32)) if isinstance(reuse_fp32, Path) else reuse_fp32
-    else:
-        with progress.stage(f"tracing {role} ({base_prec})", total=1) as st:
-            model = build_model(ckpt.config, opts.kv_mode)
-            load_weights(model, ckpt.state_dict)
-            scratch = tmp / f".{role}-trace" / "model.onnx"
-            export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec)
-            del model
-            proto = onnx.load(str(scratch))
-            shutil.rmtree(scratch.parent)
+    graphs: list[GraphSpec] = []
+    fp32_out: dict = {}
+    proto = None
+    for flavour in flavours:
+        name = "model.onnx" if flavour == flavours[0] else f"model.{flavour}.onnx"
+        rel = f"{role}/{name}"
+        path = tmp / rel
+        reuse = (reuse_fp32 or {}).get(flavour) if base_prec == "fp32" else None
+        if reuse is not None:
+            # Either the proto itself or the path of the saved fp32 graph (saving turns a proto's
+            # tensors into external references, so a saved one is re-read from disk).
+            proto = onnx.load(str(reuse)) if isinstance(reuse, Path) else reuse
+        else:
+            with progress.stage(f"tracing {role} ({base_prec}, {flavour} graph)", total=1) as st:
+                model = build_model(ckpt.config, opts.kv_mode)
+                load_weights(model, ckpt.state_dict)
+                scratch = tmp / f".{role}-trace" / "model.onnx"
+                export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour)
+                del model
+                proto = onnx.load(str(scratch))
+                shutil.rmtree(scratch.parent)
+                st.update(1)
+        if precision in ("int8", "int4"):
+            fp32_out[flavour] = proto
+            with progress.stage(f"quantizing {role} ({precision}, block {opts.block_size})", total=1) as st:
+                work = onnx.ModelProto()
+                work.CopyFrom(proto)
+                proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size)
+                st.update(1)
+        else:
+            share_tied_embedding(proto)
+            if base_prec == "fp32":
+                fp32_out[flavour] = path
+        with progress.stage(f"writing {role} ({flavour} graph)", total=1) as st:
+            save_with_external_data(proto, path)
             st.update(1)
-    fp32_proto = proto if base_prec == "fp32" else None
-    if precision in ("int8", "int4"):
-        with progress.stage(f"quantizing {role} ({precision}, block {opts.block_size})", total=1) as st:
-            work = onnx.ModelProto()
-            work.CopyFrom(proto)
-            proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size)
+        graphs.append(GraphSpec(flavour, rel, _backends_for(flavour, flavours), [rel + ".data"]))
+    spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto)
+    with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
+        for g in graphs:
+            check_graph(tmp / g.path, spec, opts.kv_mode, opts.max_seq)
             st.update(1)
-    else:
-        share_tied_embedding(proto)
-        fp32_proto = path if base_prec == "fp32" else None
-    with progress.stage(f"writing {role}", total=1) as st:
-        save_with_external_data(proto, path)
-        st.update(1)
-    spec = _model_spec(role, ckpt, precision, rel, rel + ".data", opts.kv_mode, opts.max_seq, proto)
-    with progress.stage(f"checking {role} graph", total=1) as st:
-        check_graph(path, spec, opts.kv_mode, opts.max_seq)
-        st.update(1)
-    return spec, fp32_proto
+    return spec, fp32_out
 
 
 def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:

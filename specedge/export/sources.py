@@ -67,8 +67,29 @@ def resolve(source: str | None) -> tuple[str, Path]:
     if source is None or source == "default":
         return "gguf", default_gguf()
     p = Path(os.path.expanduser(source))
+    try:
+        found = _resolve_local(p, source)
+    except OSError as e:  # a folder on the way we may not enter, a file we may not stat
+        raise UserError(f"checkpoint '{source}' is not readable ({e.strerror or type(e).__name__})") from None
+    if found is not None:
+        return found
+    if _looks_like_hub_id(source):
+        cached = _hub_cache_lookup(source)
+        if cached is None:
+            raise UserError(
+                f"'{source}' is not a local path and is not available offline in the Hugging Face cache "
+                "(specedge never downloads; fetch it elsewhere and pass the folder)"
+            )
+        return "hf", cached
+    raise UserError(f"checkpoint '{source}' does not exist")
+
+
+def _resolve_local(p: Path, source: str) -> tuple[str, Path] | None:
+    """A local folder or .gguf file as ("hf"|"gguf", path); None when nothing is there."""
     if p.exists():
         if p.is_dir():
+            if not os.access(p, os.R_OK | os.X_OK):
+                raise UserError(f"checkpoint folder '{source}' is not readable (permission denied)")
             if not (p / "config.json").is_file():
                 ggufs = sorted(p.glob("*.gguf"))
                 if len(ggufs) == 1:
@@ -80,15 +101,7 @@ def resolve(source: str | None) -> tuple[str, Path]:
                 raise UserError(f"checkpoint '{source}' is not readable (permission denied)")
             return "gguf", p
         raise UserError(f"checkpoint '{source}' is neither a Hugging Face model folder nor a .gguf file")
-    if _looks_like_hub_id(source):
-        cached = _hub_cache_lookup(source)
-        if cached is None:
-            raise UserError(
-                f"'{source}' is not a local path and is not available offline in the Hugging Face cache "
-                "(specedge never downloads; fetch it elsewhere and pass the folder)"
-            )
-        return "hf", cached
-    raise UserError(f"checkpoint '{source}' does not exist")
+    return None
 
 
 def _hub_cache_lookup(repo_id: str) -> Path | None:
@@ -168,6 +181,9 @@ def load(source: str | None, progress=None) -> Checkpoint:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    # transformers draws its own "Loading weights" bar on stderr: the CLI shows its own progress
+    # (and nothing with --quiet), and an error must stay one line.
+    hf_logging.disable_progress_bar()
     chat_template = None
     extra: dict = {}
     if kind == "gguf":
@@ -250,6 +266,8 @@ def _check_safetensors(folder: Path) -> None:
             end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
             if 8 + n + end > size:
                 raise ValueError("tensor data ends past the end of the file")
+        except PermissionError:
+            raise UserError(f"safetensors file '{f}' is not readable (permission denied)") from None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"safetensors file '{f}' is truncated or corrupt ({_short(e)})") from None
 

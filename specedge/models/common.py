@@ -1,0 +1,374 @@
+"""Building blocks shared by every family: norms, rotary embeddings and static-KV attention.
+
+The static-KV interface (DESIGN.md, graph contract): a model is called with the new tokens, the
+write offset `position` and one fixed-size cache per layer and K/V, and returns fp32 logits plus
+either the updated caches (scatter mode) or only the new entries (delta mode). The attention mask
+is derived from `position`, so rolling back rejected draft tokens is just a smaller position.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+# The cache write is a custom op so that export can map it to ONNX TensorScatter (opset 24), which
+# ONNX Runtime runs in place when past and present share a buffer and TensorRT maps to its KV
+# update. Tracing an index_put instead would give a ScatterND over the whole cache.
+@torch.library.custom_op("specedge::cache_write", mutates_args=())
+def cache_write(cache: torch.Tensor, new: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    out = cache.clone()
+    t = new.shape[-2]
+    for b in range(cache.shape[0]):
+        p = int(position[b])
+        out[b, :, p : p + t] = new[b]
+    return out
+
+
+@cache_write.register_fake
+def _cache_write_fake(cache, new, position):
+    return torch.empty_like(cache)
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
+        super().__init__()
+        self.eps = eps
+        # Gemma stores (weight - 1); the offset keeps the checkpoint's numbers untouched.
+        self.offset = offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # Rounding follows transformers in half precision: Llama-style norms cast to the input
+        # dtype before the weight, Gemma-style ones multiply in fp32 and cast last.
+        if self.offset:
+            return (xf * (self.weight.float() + self.offset)).to(x.dtype)
+        return self.weight * xf.to(x.dtype)
+
+
+def _rope_params(config, layer_type: str | None) -> dict:
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    return params
+
+
+def rope_inv_freq(
+    config, head_dim: int, layer_type: str | None = None, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling for a config, using transformers' own rope
+    initialisers so that llama3 / linear / dynamic / yarn / longrope scaling match exactly.
+    `seq_len` past the original context selects longrope's long factors."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = _rope_params(config, layer_type)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+        dim = int(head_dim * partial)
+        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv, 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise UnsupportedArchitecture(f"rope type '{rope_type}' is not supported")
+    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len, layer_type=layer_type)
+    return inv.float(), float(scale)
+
+
+def make_rotary(config, head_dim: int, layer_type: str | None = None) -> "Rotary":
+    """The rotary embedding of a config (per layer type where the config has several).
+
+    Dynamic NTK only grows past max_position_embeddings, so within the model's context it is
+    the base rope; longrope switches to its long factors once a call reaches past the original
+    context, like transformers does for a cached forward."""
+    inv, scale = rope_inv_freq(config, head_dim, layer_type)
+    params = _rope_params(config, layer_type)
+    if params.get("rope_type") == "longrope":
+        orig = params.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        if orig:
+            long_inv, _ = rope_inv_freq(config, head_dim, layer_type, seq_len=int(orig) + 1)
+            return Rotary(inv, scale, long_inv_freq=long_inv, original_max=int(orig))
+    return Rotary(inv, scale)
+
+
+class Rotary(nn.Module):
+    def __init__(
+        self,
+        inv_freq: torch.Tensor,
+        scaling: float = 1.0,
+        long_inv_freq: torch.Tensor | None = None,
+        original_max: int | None = None,
+    ):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        if long_inv_freq is not None:
+            self.register_buffer("long_inv_freq", long_inv_freq.float(), persistent=False)
+        else:
+            self.long_inv_freq = None
+        self.original_max = original_max
+        self.scaling = scaling
+
+    def _apply(self, fn, recurse=True):
+        # A model cast to fp16/bf16 must keep fp32 frequencies: rounded ones shift every angle
+        # at large positions. Only the device follows the cast.
+        keep = {n: b for n, b in self._buffers.items() if b is not None}
+        super()._apply(fn, recurse)
+        for n, b in keep.items():
+            self._buffers[n] = b.to(self._buffers[n].device)
+        return self
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [B, T] -> cos, sin [B, 1, T, rot_dim]
+        inv = self.inv_freq
+        if self.long_inv_freq is not None:
+            # A select rather than control flow keeps the graph static.
+            use_long = positions.amax(-1, keepdim=True)[..., None] >= self.original_max
+            inv = torch.where(use_long, self.long_inv_freq, self.inv_freq)
+        freqs = positions.float()[..., None] * inv
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return (x * cos.to(x.dtype)) + (_rotate_half(x) * sin.to(x.dtype))
+    # Partial rotary (phi3 variants): only the first `rot` channels rotate.
+    xr, xp = x[..., :rot], x[..., rot:]
+    xr = (xr * cos.to(x.dtype)) + (_rotate_half(xr) * sin.to(x.dtype))
+    return torch.cat([xr, xp], dim=-1)
+
+
+def new_positions(position: torch.Tensor, t: int) -> torch.Tensor:
+    """Absolute positions [B, T] of the new tokens."""
+    return position[:, None] + torch.arange(t, dtype=position.dtype, device=position.device)[None, :]
+
+
+def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
+    """Bool [B, 1, T, slots]: query t sees cache slot j iff j <= position + t (and, for sliding
+    layers, j > position + t - window)."""
+    q = new_positions(position, t)[:, None, :, None]
+    j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
+    m = j <= q
+    if window is not None:
+        m = m & (j > q - window)
+    return m
+
+
+def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
+    """Bool [B, 1, T, slots + T] for delta mode, where keys are the old cache followed by the new
+    entries: old slot j is visible iff j < position (stale slots beyond it are masked), new entry
+    u iff u <= t; sliding layers also drop what fell out of the window."""
+    q = new_positions(position, t)[:, None, :, None]
+    j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
+    old = j < position[:, None, None, None]
+    tt = torch.arange(t, dtype=position.dtype, device=position.device)
+    new = (tt[None, :] <= tt[:, None])[None, None].expand(position.shape[0], 1, t, t)
+    if window is not None:
+        old = old & (j > q - window)
+        absu = new_positions(position, t)[:, None, None, :]
+        new = new & (absu > q - window)
+    return torch.cat([old.expand(-1, -1, t, -1), new], dim=-1)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """q [B, H, T, D], k/v [B, KVH, S, D] -> [B, T, H*D]. Plain matmul + softmax so the graph
+    uses standard ONNX ops that TensorRT parses."""
+    b, h, t, d = q.shape
+    kvh = k.shape[1]
+    rep = h // kvh
+    # Grouped-query attention without copying the cache: fold the query groups into T.
+    qg = q.reshape(b, kvh, rep * t, d)
+    scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.reshape(b, kvh, rep, t, -1)
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).reshape(b, kvh, rep * t, -1)
+    out = torch.matmul(probs.to(v.dtype), v).reshape(b, h, t, v.shape[-1])
+    return out.transpose(1, 2).reshape(b, t, h * v.shape[-1])
+
+
+class StaticKVAttention(nn.Module):
+    """Self-attention with the static-KV contract; families differ in projections and norms."""
+
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        qk_norm_offset: float = 0.0,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
+        self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.window = window
+        self.softcap = softcap
+
+    def project(self, x: torch.Tensor):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        return q, k, v
+
+    def forward(self, x, cos, sin, position, past_k, past_v, kv_mode: str):
+        b, t, _ = x.shape
+        q, k, v = self.project(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin).to(past_k.dtype)
+        v = v.transpose(1, 2).to(past_v.dtype)
+        slots = past_k.shape[-2]
+        if kv_mode == "gqa":
+            # Scatter contract, one fused op: ONNX Runtime's GroupQueryAttention in the graph.
+            from .gqa import gqa
+
+            out, kc, vc = gqa(q, k, v, past_k, past_v, position, float(self.scale), int(self.window or 0),
+                              float(self.softcap or 0.0))
+            return self.o_proj(out.to(x.dtype)), kc, vc
+        if kv_mode == "scatter":
+            kc = cache_write(past_k, k, position)
+            vc = cache_write(past_v, v, position)
+            mask = attention_mask(position, t, slots, self.window)
+            out = attend(q, kc, vc, mask, self.scale, self.softcap)
+            return self.o_proj(out.to(x.dtype)), kc, vc
+        mask = delta_mask(position, t, slots, self.window)
+        out = attend(q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), mask, self.scale, self.softcap)
+        return self.o_proj(out.to(x.dtype)), k, v
+
+
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+def activation(name: str):
+    if name not in _ACTIVATIONS:
+        raise UnsupportedArchitecture(f"activation '{name}' is not supported")
+    return _ACTIVATIONS[name]
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, act: str = "silu", bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.act = act
+        self.act_fn = activation(act)
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def effective_window(window: int | None, config) -> int | None:
+    """The sliding window a layer needs, or None when it can never bind: a window at least as
+    long as the model's context masks nothing and would only add ops to the graph."""
+    if not window:
+        return None
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and int(window) >= int(limit):
+        return None
+    return int(window)
+
+
+class CausalLM(nn.Module):
+    """Common outer loop: embed → layers → norm → lm_head, with the static-KV signature
+    forward(input_ids, position, past_key.0, past_value.0, ...) -> (logits, kv...)."""
+
+    kv_mode: str = "scatter"
+    family: str = ""
+
+    def embed(self, input_ids):
+        return self.embed_tokens(input_ids)
+
+    def final_logits(self, h):
+        logits = self.lm_head(self.norm(h)).float()
+        cap = getattr(self, "final_softcap", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def forward(self, input_ids: torch.Tensor, position: torch.Tensor, *past: torch.Tensor):
+        t = input_ids.shape[1]
+        h = self.embed(input_ids)
+        pos = new_positions(position, t)
+        # cos/sin once per rotary kind (gemma3 has a local and a global one), not once per layer.
+        rope = {name: r(pos) for name, r in self.rotaries.items()}
+        outs = []
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[self.layer_rope[i]]
+            h, k, v = layer(h, cos, sin, position, past[2 * i], past[2 * i + 1], self.kv_mode)
+            outs += [k, v]
+        return (self.final_logits(h), *outs)
+
+    # -- helpers used by export and tests
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def empty_cache(self, max_seq: int, batch: int = 1, dtype=torch.float32):
+        a = self.layers[0].self_attn
+        shape = (batch, a.kv_heads, max_seq, a.head_dim)
+        return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.num_layers)]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block used by llama, mistral, qwen2/3 and phi3."""
+
+    def __init__(self, attn: nn.Module, mlp: nn.Module, hidden: int, eps: float):
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, h, cos, sin, position, pk, pv, kv_mode):
+        a, k, v = self.self_attn(self.input_layernorm(h), cos, sin, position, pk, pv, kv_mode)
+        h = h + a
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, k, v

@@ -1,0 +1,265 @@
+"""Pure helpers shared by the GPU backends: which graph tensor binds which buffer, where.
+
+Buffer layout (every GPU backend uses it, so the arithmetic is tested once, on the CPU):
+
+* **cache arena**: one allocation holding all K and V caches, tensor j = kind * L + layer
+  (kind 0 = key, 1 = value), each [B, kv_heads, S, head_dim] row-major. Seen as a matrix it has
+  2·L·B·kv_heads rows of S·head_dim elements.
+* **delta arena** (delta mode, one per call size T): the graph's `new_key.i` / `new_value.i`
+  outputs, same order, each [B, kv_heads, T, head_dim]: 2·L·B·kv_heads rows of T·head_dim.
+
+With that layout, writing every layer's new entries at `position` is a **single 2-D copy**
+(cudaMemcpy2DAsync): `height` = 2·L·B·kv_heads rows of `width` = T·head_dim·itemsize bytes, source
+pitch `width`, destination pitch S·head_dim·itemsize, destination offset position·head_dim·itemsize.
+In scatter mode `present_*` bind to the same addresses as `past_*` (in-place update).
+
+Also here: the graph-name check (does a session or engine follow the manifest contract) and the
+profile option strings of ONNX Runtime's TensorRT execution provider.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ...manifest import DTYPE_BYTES, ModelSpec, TensorSpec, graph_io
+
+KEY, VALUE = 0, 1
+_KV_NAME = re.compile(r"^(past_key|past_value|present_key|present_value|new_key|new_value)\.(\d+)$")
+ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK over logits)
+
+
+def parse_kv_name(name: str) -> tuple[str, int, int] | None:
+    """'past_value.3' -> ('past', VALUE, 3); None for a name that is not a KV tensor."""
+    m = _KV_NAME.match(name)
+    if not m:
+        return None
+    prefix, kind = m.group(1).split("_")
+    return prefix, (KEY if kind == "key" else VALUE), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """2·L tensors of [B, kv_heads, seq, head_dim] back to back in one allocation."""
+
+    num_layers: int
+    batch: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    itemsize: int
+
+    @classmethod
+    def for_cache(cls, spec: ModelSpec, max_seq: int, batch: int = 1) -> "KVLayout":
+        return cls(spec.num_layers, batch, spec.num_kv_heads, max_seq, spec.head_dim, DTYPE_BYTES[spec.kv_dtype])
+
+    @classmethod
+    def for_delta(cls, spec: ModelSpec, t: int, batch: int = 1) -> "KVLayout":
+        return cls(spec.num_layers, batch, spec.num_kv_heads, t, spec.head_dim, DTYPE_BYTES[spec.kv_dtype])
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.kv_heads, self.seq, self.head_dim)
+
+    @property
+    def tensor_elems(self) -> int:
+        return self.batch * self.kv_heads * self.seq * self.head_dim
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.tensor_elems * self.itemsize
+
+    @property
+    def num_tensors(self) -> int:
+        return 2 * self.num_layers
+
+    @property
+    def total_elems(self) -> int:
+        return self.num_tensors * self.tensor_elems
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_tensors * self.tensor_bytes
+
+    @property
+    def rows(self) -> int:
+        return self.num_tensors * self.batch * self.kv_heads
+
+    @property
+    def row_bytes(self) -> int:
+        return self.seq * self.head_dim * self.itemsize
+
+    def index(self, kind: int, layer: int) -> int:
+        if kind not in (KEY, VALUE) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"no KV tensor kind={kind} layer={layer} in a {self.num_layers}-layer layout")
+        return kind * self.num_layers + layer
+
+    def offset(self, kind: int, layer: int) -> int:
+        """Byte offset of one tensor in the arena."""
+        return self.index(kind, layer) * self.tensor_bytes
+
+
+@dataclass(frozen=True)
+class Copy2D:
+    """Arguments of one cudaMemcpy2D(Async), offsets relative to the two arenas' base addresses."""
+
+    dst_offset: int
+    dpitch: int
+    src_offset: int
+    spitch: int
+    width: int
+    height: int
+
+
+def delta_copy(cache: KVLayout, t: int, position: int) -> Copy2D:
+    """The single 2-D copy that writes a delta arena for T = t into the cache arena at `position`
+    (all layers, K and V, every batch row at the same position)."""
+    if t < 1:
+        raise ValueError(f"T must be >= 1, got {t}")
+    if position < 0 or position + t > cache.seq:
+        raise ValueError(f"writing {t} entries at position {position} overflows the cache of {cache.seq} slots")
+    width = t * cache.head_dim * cache.itemsize
+    return Copy2D(
+        dst_offset=position * cache.head_dim * cache.itemsize,
+        dpitch=cache.row_bytes,
+        src_offset=0,
+        spitch=width,
+        width=width,
+        height=cache.rows,
+    )
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One graph tensor and the buffer it binds to."""
+
+    name: str
+    io: str  # "input" or "output"
+    buffer: str  # "input_ids" | "position" | "cache" | "logits" | "delta" | "argmax"
+    offset: int  # bytes into the buffer (the arenas); 0 otherwise
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int = 1, argmax: bool = False) -> list[Binding]:
+    """Every tensor of the graph contract for a call with T = t, mapped to its buffer.
+
+    Scatter mode binds `present_*` to the very addresses of `past_*` (the graph updates the cache
+    in place); delta mode binds `new_*` into the delta arena for this T.
+    """
+    if kv_mode not in ("scatter", "delta"):
+        raise ValueError(f"unknown kv mode '{kv_mode}'")
+    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
+    cache = KVLayout.for_cache(spec, max_seq, batch)
+    delta = KVLayout.for_delta(spec, t, batch)
+    out: list[Binding] = []
+
+    def shape_of(ts: TensorSpec) -> tuple[int, ...]:
+        return tuple(t if d == "T" else int(d) for d in ts.shape)
+
+    for io, group in (("input", inputs), ("output", outputs)):
+        for ts in group:
+            kv = parse_kv_name(ts.name)
+            if ts.name == "input_ids":
+                out.append(Binding(ts.name, io, "input_ids", 0, shape_of(ts), ts.dtype))
+            elif ts.name == "position":
+                out.append(Binding(ts.name, io, "position", 0, shape_of(ts), ts.dtype))
+            elif ts.name == "logits":
+                out.append(Binding(ts.name, io, "logits", 0, shape_of(ts), ts.dtype))
+            elif kv is not None and kv[0] in ("past", "present"):
+                out.append(Binding(ts.name, io, "cache", cache.offset(kv[1], kv[2]), shape_of(ts), ts.dtype))
+            elif kv is not None and kv[0] == "new":
+                out.append(Binding(ts.name, io, "delta", delta.offset(kv[1], kv[2]), shape_of(ts), ts.dtype))
+            else:  # pragma: no cover - graph_io only yields the names above
+                raise ValueError(f"unexpected tensor '{ts.name}' in the graph contract")
+    if argmax:
+        out.append(Binding(ARGMAX_OUTPUT, "output", "argmax", 0, (batch, t, 1), "int64"))
+    return out
+
+
+def check_graph_names(
+    role: str,
+    expected_inputs: list[str],
+    expected_outputs: list[str],
+    actual_inputs: list[str],
+    actual_outputs: list[str],
+    optional_outputs: tuple[str, ...] = (ARGMAX_OUTPUT,),
+) -> None:
+    """Raise ValueError with one sentence if a session / engine does not follow the contract.
+
+    Extra outputs are allowed when optional (argmax) or when they are named (hidden states for
+    feature-level drafts are added by name, DESIGN.md); extra or missing inputs are not."""
+    missing_in = [n for n in expected_inputs if n not in actual_inputs]
+    extra_in = [n for n in actual_inputs if n not in expected_inputs]
+    missing_out = [n for n in expected_outputs if n not in actual_outputs]
+    problems = []
+    if missing_in:
+        problems.append(f"missing input(s) {', '.join(repr(n) for n in missing_in[:3])}")
+    if extra_in:
+        problems.append(f"unexpected input(s) {', '.join(repr(n) for n in extra_in[:3])}")
+    if missing_out:
+        problems.append(f"missing output(s) {', '.join(repr(n) for n in missing_out[:3])}")
+    if problems:
+        raise ValueError(
+            f"the {role} graph does not follow the bundle's I/O contract ({'; '.join(problems)}); "
+            "re-export the bundle with this version of specedge"
+        )
+
+
+def expected_names(spec: ModelSpec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[str], list[str]]:
+    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
+    return [t.name for t in inputs], [t.name for t in outputs]
+
+
+# ----------------------------------------------------------------------------- ONNX Runtime helpers
+
+
+def shape_string(shape: tuple[int, ...]) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+def ort_trt_profile_options(profiles: list[dict[str, tuple]]) -> dict[str, str]:
+    """`trt_profile_{min,opt,max}_shapes` for ONNX Runtime's TensorRT EP.
+
+    `profiles` is a list (one entry per optimization profile) of {input name: (min, opt, max)}.
+    The EP's format is "name:d0xd1,name2:d0xd1"; repeating a name adds a further profile.
+    """
+    mins, opts, maxs = [], [], []
+    for shapes in profiles:
+        for name, (lo, opt, hi) in shapes.items():
+            mins.append(f"{name}:{shape_string(lo)}")
+            opts.append(f"{name}:{shape_string(opt)}")
+            maxs.append(f"{name}:{shape_string(hi)}")
+    return {
+        "trt_profile_min_shapes": ",".join(mins),
+        "trt_profile_opt_shapes": ",".join(opts),
+        "trt_profile_max_shapes": ",".join(maxs),
+    }
+
+
+# ONNX TensorProto element types, for dtypes numpy lacks (bfloat16).
+ONNX_BFLOAT16 = 16
+
+
+def numpy_dtype(dtype: str):
+    """numpy dtype of a contract dtype name; None for bfloat16 (numpy has none)."""
+    import numpy as np
+
+    return {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}.get(dtype)
+
+
+def ort_element_type(dtype: str):
+    """What OrtValue / IOBinding accept as element type: a numpy type, or an ONNX type id."""
+    if dtype == "bfloat16":
+        return ONNX_BFLOAT16
+    t = numpy_dtype(dtype)
+    if t is None:
+        raise ValueError(f"unsupported tensor dtype '{dtype}'")
+    return t
+
+
+def graph_id_for(sizes: list[int], t: int) -> int:
+    """ONNX Runtime `gpu_graph_id` for a captured size (1, 2, … in size order); -1 = no capture."""
+    if t in sizes:
+        return sorted(sizes).index(t) + 1
+    return -1

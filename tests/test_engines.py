@@ -1,0 +1,511 @@
+"""TensorRT engine logic that needs no GPU: profiles, plan.json validation and refusal messages,
+binding-name mapping, the TensorRT version gate, and the build flow against a fake tensorrt module."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from specedge.cli.main import main
+from specedge.engines.builder import BuildOptions, build_engines, check_kv_mode_supported, typing_mode
+from specedge.engines.plan_json import (
+    EngineError,
+    PlanInfo,
+    check_against_manifest,
+    check_compatible,
+    device_tag,
+    load_plan_info,
+    no_engine_message,
+    parse_plan_info,
+    parse_version,
+    same_trt_version,
+    verify_plan_bytes,
+)
+from specedge.engines.profiles import Profile, build_profiles, input_shapes, range_profile, select_profile
+from specedge.errors import UserError
+from specedge.manifest import ModelSpec, graph_io, load_manifest
+from specedge.runtime.backends.base import BackendError
+from specedge.runtime.backends.binding import (
+    KVLayout,
+    binding_plan,
+    check_graph_names,
+    delta_copy,
+    graph_id_for,
+    ort_trt_profile_options,
+    parse_kv_name,
+)
+
+L, KVH, HD, S, V = 3, 2, 4, 32, 17
+
+
+def spec(kv_dtype="float16"):
+    return ModelSpec(role="target", kind="model", precision="fp16", kv_dtype=kv_dtype, num_layers=L,
+                     num_kv_heads=KVH, head_dim=HD, vocab_size=V)
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def test_profiles_exact_for_decode_and_verify_range_for_prefill():
+    ps = build_profiles(4, 64)
+    assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in ps] == [
+        ("decode", 1, 1, 1), ("verify", 5, 5, 5), ("prefill", 1, 64, 64)]
+    assert [p.exact for p in ps] == [True, True, False]
+    assert select_profile(ps, 1) == 0 and select_profile(ps, 5) == 1
+    assert select_profile(ps, 3) == 2 and select_profile(ps, 64) == 2  # a short last chunk, a short draft
+    with pytest.raises(ValueError, match="no optimization profile covers T = 65"):
+        select_profile(ps, 65)
+
+
+def test_profiles_when_sizes_coincide():
+    assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in build_profiles(4, 5)] == [
+        ("decode", 1, 1, 1), ("verify+prefill", 1, 5, 5)]
+    assert [(p.name, p.t_min, p.t_max) for p in build_profiles(1, 1)] == [("decode+prefill", 1, 1), ("verify", 1, 2)]
+    assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in build_profiles(8, 4)] == [
+        ("decode", 1, 1, 1), ("prefill", 4, 4, 4), ("verify", 1, 9, 9)]
+    assert range_profile(4, 64) == Profile("all", 1, 5, 64)
+    with pytest.raises(ValueError):
+        Profile("bad", 2, 1, 3)
+    assert Profile.from_json(Profile("x", 1, 2, 3).to_json()) == Profile("x", 1, 2, 3)
+
+
+def test_input_shapes_per_profile():
+    ps = build_profiles(4, 64)
+    assert input_shapes(spec(), "scatter", S, 1, ps[0]) == {"input_ids": ((1, 1), (1, 1), (1, 1))}
+    assert input_shapes(spec(), "delta", S, 2, ps[2]) == {"input_ids": ((2, 1), (2, 64), (2, 64))}
+    full = input_shapes(spec(), "scatter", S, 1, ps[1], dynamic_only=False)
+    assert full["position"] == ((1,), (1,), (1,))
+    assert full[f"past_value.{L - 1}"] == ((1, KVH, S, HD),) * 3
+    assert len(full) == 2 + 2 * L
+
+
+def test_ort_trt_profile_strings_repeat_names_per_profile():
+    shapes = [input_shapes(spec(), "scatter", S, 1, p) for p in build_profiles(4, 64)]
+    o = ort_trt_profile_options(shapes)
+    assert o == {
+        "trt_profile_min_shapes": "input_ids:1x1,input_ids:1x5,input_ids:1x1",
+        "trt_profile_opt_shapes": "input_ids:1x1,input_ids:1x5,input_ids:1x64",
+        "trt_profile_max_shapes": "input_ids:1x1,input_ids:1x5,input_ids:1x64",
+    }
+
+
+# ----------------------------------------------------------------------------- binding
+
+
+def test_parse_kv_name():
+    assert parse_kv_name("past_value.3") == ("past", 1, 3)
+    assert parse_kv_name("new_key.12") == ("new", 0, 12)
+    assert parse_kv_name("logits") is None and parse_kv_name("past_key.x") is None
+
+
+def test_binding_plan_scatter_aliases_present_to_past():
+    b = {x.name: x for x in binding_plan(spec(), "scatter", S, 5)}
+    tb = 1 * KVH * S * HD * 2  # one fp16 cache tensor
+    for i in range(L):
+        assert b[f"past_key.{i}"].buffer == b[f"present_key.{i}"].buffer == "cache"
+        assert b[f"past_key.{i}"].offset == b[f"present_key.{i}"].offset == i * tb
+        assert b[f"past_value.{i}"].offset == b[f"present_value.{i}"].offset == (L + i) * tb
+        assert b[f"present_key.{i}"].io == "output" and b[f"past_key.{i}"].io == "input"
+    assert b["input_ids"].shape == (1, 5) and b["logits"].shape == (1, 5, V) and b["position"].shape == (1,)
+    assert len(b) == 3 + 4 * L
+
+
+def test_binding_plan_delta_maps_new_entries_into_the_delta_arena():
+    b = {x.name: x for x in binding_plan(spec(), "delta", S, 5, batch=2, argmax=True)}
+    tb = 2 * KVH * 5 * HD * 2
+    assert b["new_key.1"].buffer == "delta" and b["new_key.1"].offset == 1 * tb
+    assert b["new_value.0"].offset == L * tb and b["new_value.0"].shape == (2, KVH, 5, HD)
+    assert b["past_value.2"].offset == (L + 2) * 2 * KVH * S * HD * 2
+    assert b["argmax"].shape == (2, 5, 1)
+
+
+def test_delta_copy_is_one_2d_copy_equal_to_per_layer_writes():
+    """Simulate cudaMemcpy2D on byte arrays and compare with writing each layer's slice."""
+    for batch, t, pos in ((1, 1, 0), (1, 5, 7), (2, 3, S - 3)):
+        cache = KVLayout.for_cache(spec(), S, batch)
+        delta = KVLayout.for_delta(spec(), t, batch)
+        rng = np.random.default_rng(t)
+        arena = rng.standard_normal(cache.total_elems).astype(np.float16)
+        new = rng.standard_normal(delta.total_elems).astype(np.float16)
+        want = arena.reshape((2 * L,) + cache.tensor_shape).copy()
+        want[:, :, :, pos : pos + t] = new.reshape((2 * L,) + delta.tensor_shape)
+        c = delta_copy(cache, t, pos)
+        dst, src = arena.view(np.uint8), new.view(np.uint8)
+        assert c.height == 2 * L * batch * KVH and c.width == t * HD * 2 and c.dpitch == S * HD * 2
+        for r in range(c.height):
+            d0, s0 = c.dst_offset + r * c.dpitch, c.src_offset + r * c.spitch
+            dst[d0 : d0 + c.width] = src[s0 : s0 + c.width]
+        np.testing.assert_array_equal(arena.reshape(want.shape), want)
+    with pytest.raises(ValueError, match="overflows"):
+        delta_copy(KVLayout.for_cache(spec(), S), 4, S - 3)
+
+
+def test_check_graph_names():
+    ins, outs = [t.name for t in graph_io(spec(), "scatter", S)[0]], [t.name for t in graph_io(spec(), "scatter", S)[1]]
+    check_graph_names("target", ins, outs, ins, outs + ["argmax", "hidden_states"])
+    with pytest.raises(ValueError, match=r"target graph does not follow.*missing input\(s\) 'past_key.2'.*missing output"):
+        check_graph_names("target", ins, outs, [n for n in ins if n != "past_key.2"], outs[:-1])
+    with pytest.raises(ValueError, match="unexpected input"):
+        check_graph_names("draft", ins, outs, ins + ["attention_mask"], outs)
+
+
+def test_graph_ids_per_size():
+    assert [graph_id_for([1, 5], t) for t in (1, 5, 3, 64)] == [1, 2, -1, -1]
+
+
+# ----------------------------------------------------------------------------- plan.json
+
+
+def info(**kw) -> PlanInfo:
+    base = dict(
+        role="target", plan_file="target.plan", plan_sha256=hashlib.sha256(b"PLAN").hexdigest(), plan_bytes=4,
+        tensorrt_version="10.15.1.29", gpu_name="NVIDIA H200", compute_capability="9.0", kv_mode="scatter",
+        max_seq=S, batch=1, precision="fp16", profiles=build_profiles(4, 64), onnx_path="target/model.onnx",
+        onnx_sha256="ab" * 32, build_options={"requested": {}}, extra_outputs=["argmax"],
+    )
+    base.update(kw)
+    return PlanInfo(**base)
+
+
+def test_plan_info_round_trip_and_tag():
+    i = info()
+    j = json.loads(json.dumps(i.to_json()))
+    assert j["device_tag"] == "nvidia-h200-sm90"
+    back = parse_plan_info(j)
+    assert back.to_json() == i.to_json()
+    assert device_tag("Orin", (8, 7)) == "orin-sm87"
+    assert device_tag("NVIDIA Thor", "11.0") == "nvidia-thor-sm110"
+
+
+def test_refusal_message_for_another_gpu_and_tensorrt():
+    with pytest.raises(EngineError) as e:
+        check_compatible(info(), "Orin", "8.7", "10.3.0.30", "bundles/default")
+    assert str(e.value) == (
+        "engine built for NVIDIA H200 sm_90 with TensorRT 10.15; this device is Orin sm_87 with TensorRT 10.3 "
+        "— rebuild with `specedge build-engines bundles/default`"
+    )
+    assert isinstance(e.value, BackendError)
+
+
+def test_refusal_cases_and_acceptance():
+    check_compatible(info(), "NVIDIA H200", "9.0", "10.15.1.30")  # another build number: same plan format
+    with pytest.raises(EngineError, match="TensorRT 10.15.1; this device is NVIDIA H200 sm_90 with TensorRT 10.15.2"):
+        check_compatible(info(), "NVIDIA H200", (9, 0), "10.15.2")
+    with pytest.raises(EngineError, match="this device is NVIDIA H100 80GB HBM3 sm_90"):
+        check_compatible(info(), "NVIDIA H100 80GB HBM3", "9.0", "10.15.1")  # same SM, another GPU
+    assert parse_version("10.15.1.post1") == (10, 15, 1) and parse_version("10.3.0.30") == (10, 3, 0, 30)
+    assert same_trt_version("10.3", "10.3.0.26") and not same_trt_version("10.3.0", "10.3.1")
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda j: j.update(schema_version=2), "schema version 2"),
+        (lambda j: j.pop("plan_sha256"), "lacks 'plan_sha256'"),
+        (lambda j: j.update(plan_sha256="xyz"), "malformed plan_sha256"),
+        (lambda j: j.update(plan_file="../x.plan"), "outside its folder"),
+        (lambda j: j.update(profiles=[]), "no optimization profile"),
+        (lambda j: j.update(profiles=[{"name": "a"}]), "malformed"),
+        (lambda j: j.update(max_seq="32"), "malformed 'max_seq'"),
+        (lambda j: j.update(tensorrt_version="ten"), "malformed"),
+    ],
+)
+def test_plan_json_validation(mutate, match):
+    j = info().to_json()
+    mutate(j)
+    with pytest.raises(EngineError, match=match):
+        parse_plan_info(j)
+
+
+def test_plan_bytes_and_manifest_checks(tmp_path):
+    i = info()
+    verify_plan_bytes(i, b"PLAN", "target.plan")
+    with pytest.raises(EngineError, match="does not match its plan.json checksum"):
+        verify_plan_bytes(i, b"PLAn", "target.plan")
+    m = types.SimpleNamespace(kv_mode="scatter", max_seq=S, batch=1, files={"target/model.onnx": {"sha256": "ab" * 32}})
+    sp = types.SimpleNamespace(role="target")
+    check_against_manifest(i, m, sp, "target/model.onnx")
+    with pytest.raises(EngineError, match="built for kv mode scatter, max_seq 32.*delta"):
+        check_against_manifest(i, types.SimpleNamespace(**{**vars(m), "kv_mode": "delta"}), sp, "target/model.onnx")
+    with pytest.raises(EngineError, match="another target/model.onnx"):
+        check_against_manifest(i, types.SimpleNamespace(**{**vars(m), "files": {"target/model.onnx": {"sha256": "cd" * 32}}}), sp, "target/model.onnx")
+    with pytest.raises(EngineError, match="describes the target model"):
+        check_against_manifest(i, m, types.SimpleNamespace(role="draft"), "target/model.onnx")
+    with pytest.raises(EngineError, match="missing"):
+        load_plan_info(tmp_path / "nope.plan.json")
+
+
+def test_no_engine_message_points_at_what_exists(tmp_path):
+    assert "has no TensorRT engine for this device (Orin sm_87 with TensorRT 10.3)" in no_engine_message(tmp_path, "target", "Orin", "8.7", "10.3.0")
+    d = tmp_path / "engines" / "nvidia-h200-sm90"
+    d.mkdir(parents=True)
+    (d / "target.plan.json").write_text(json.dumps(info().to_json()))
+    assert no_engine_message(tmp_path, "target", "Orin", "8.7", "10.3.0").startswith(
+        "engine built for NVIDIA H200 sm_90 with TensorRT 10.15; this device is Orin sm_87")
+
+
+# ----------------------------------------------------------------------------- the TensorRT version gate
+
+
+def test_scatter_needs_tensorrt_10_15():
+    check_kv_mode_supported("scatter", "10.15.1.29")
+    check_kv_mode_supported("scatter", "11.0.0")
+    check_kv_mode_supported("delta", "10.3.0.30")
+    for old in ("10.3.0.30", "10.14.1"):
+        with pytest.raises(UserError) as e:
+            check_kv_mode_supported("scatter", old)
+        msg = str(e.value)
+        assert "from 10.15" in msg and f"TensorRT {old[:5].rstrip('.')}" in msg
+        assert "`export-models --kv-update delta`" in msg
+    with pytest.raises(UserError, match="needs TensorRT 10"):
+        check_kv_mode_supported("delta", "8.6.1")
+
+
+def test_typing_mode():
+    assert typing_mode("fp16", None, True) == (True, [])
+    assert typing_mode("int4", None, True) == (True, [])
+    assert typing_mode("fp16", None, False) == (False, ["FP16"])
+    assert typing_mode("bf16", None, False) == (False, ["BF16"])
+    assert typing_mode("fp32", None, True) == (False, [])
+    assert typing_mode("fp32", "fp16", True) == (False, ["FP16"])
+    assert typing_mode("fp16", "bf16", True) == (False, ["BF16"])
+
+
+# ----------------------------------------------------------------------------- the build flow with a fake tensorrt
+
+
+class _T:
+    def __init__(self, name, shape):
+        self.name, self.shape = name, tuple(shape)
+
+
+class FakeTRT(types.ModuleType):
+    """Just enough of the tensorrt module for builder.build_engines; records what it was asked."""
+
+    def __init__(self, version, manifest_spec, kv_mode, max_seq):
+        super().__init__("tensorrt")
+        self.__version__ = version
+        fake = self
+        self.calls = {"builds": 0, "shapes": [], "flags": [], "net_flags": [], "workspace": [], "cache_in": []}
+        self.Logger = type("Logger", (), {"WARNING": 2, "ERROR": 1, "__init__": lambda s, lvl: None})
+        self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=5)
+        self.BuilderFlag = types.SimpleNamespace(FP16="FP16", BF16="BF16")
+        self.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+        self.TopKOperation = types.SimpleNamespace(MAX="MAX")
+        self.int64 = "int64"
+
+        class IProgressMonitor:
+            def __init__(self):
+                pass
+
+        self.IProgressMonitor = IProgressMonitor
+        ins, outs = graph_io(manifest_spec, kv_mode, max_seq)
+
+        class Layer:
+            def __init__(self, *outputs):
+                self.outputs = outputs
+
+            def get_output(self, i):
+                return self.outputs[i]
+
+        class Network:
+            def __init__(self):
+                self.inputs, self.outputs = [], []
+
+            num_inputs = property(lambda s: len(s.inputs))
+            num_outputs = property(lambda s: len(s.outputs))
+            get_input = lambda s, i: s.inputs[i]  # noqa: E731
+            get_output = lambda s, i: s.outputs[i]  # noqa: E731
+
+            def add_topk(self, t, op, k, axes):
+                assert op == "MAX" and k == 1 and axes == 1 << 2
+                return Layer(_T("values", t.shape[:-1] + (1,)), _T("indices", t.shape[:-1] + (1,)))
+
+            def add_cast(self, t, to):
+                return Layer(_T("cast", t.shape))
+
+            def mark_output(self, t):
+                self.outputs.append(t)
+
+        class Parser:
+            def __init__(self, network, logger):
+                self.network = network
+                self.num_errors = 0
+
+            def parse_from_file(self, path):
+                assert path.endswith("model.onnx")
+                self.network.inputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in ins]
+                self.network.outputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in outs]
+                return True
+
+        class Cache:
+            def __init__(self, data):
+                self.data = data
+
+            def serialize(self):
+                return self.data + b"+"
+
+        class Profile:
+            def set_shape(self, name, lo, opt, hi):
+                fake.calls["shapes"].append((name, lo, opt, hi))
+
+        class Config:
+            def __init__(self):
+                self.progress_monitor = None
+                self.builder_optimization_level = 3
+
+            def set_memory_pool_limit(self, pool, n):
+                fake.calls["workspace"].append((pool, n))
+
+            def set_flag(self, f):
+                fake.calls["flags"].append(f)
+
+            def create_timing_cache(self, data):
+                fake.calls["cache_in"].append(bytes(data))
+                self.cache = Cache(bytes(data))
+                return self.cache
+
+            def set_timing_cache(self, cache, ignore_mismatch):
+                assert ignore_mismatch is False
+
+            def get_timing_cache(self):
+                return self.cache
+
+            def add_optimization_profile(self, p):
+                pass
+
+        class Builder:
+            def __init__(self, logger):
+                pass
+
+            def create_network(self, flags):
+                fake.calls["net_flags"].append(flags)
+                return Network()
+
+            create_builder_config = lambda s: Config()  # noqa: E731
+            create_optimization_profile = lambda s: Profile()  # noqa: E731
+
+            def build_serialized_network(self, network, config):
+                fake.calls["builds"] += 1
+                assert isinstance(config.progress_monitor, IProgressMonitor)
+                assert network.outputs[-1].name == "argmax"
+                return b"PLAN-" + str(fake.calls["builds"]).encode()
+
+        self.Builder, self.OnnxParser = Builder, Parser
+
+
+def _bundle(tmp_path, kv_mode="scatter"):
+    d = tmp_path / "bundle"
+    (d / "target").mkdir(parents=True)
+    data = b"not really onnx"
+    (d / "target" / "model.onnx").write_bytes(data)
+    ins, outs = graph_io(spec(), kv_mode, S)
+    m = {
+        "schema_version": 1, "created_by": "test", "max_seq": S, "batch": 1, "kv_mode": kv_mode,
+        "spec": {"k": 4, "prefill_chunk": 16},
+        "tokenizer": {"vocab_size": V, "eos_token_ids": [0], "bos_token_id": None, "add_bos": False, "files": []},
+        "models": {
+            "target": {
+                "kind": "model", "family": "toy", "source": "", "precision": "fp16", "kv_dtype": "float16",
+                "num_layers": L, "num_kv_heads": KVH, "head_dim": HD, "hidden_size": 8, "vocab_size": V,
+                "graphs": [{"flavour": "portable", "path": "target/model.onnx", "backends": ["tensorrt"]}],
+                "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
+            },
+            "draft": {"kind": "ngram"},
+        },
+        "files": {"target/model.onnx": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
+    }
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    def install(version="10.15.1.29", kv_mode="scatter"):
+        fake = FakeTRT(version, spec(), kv_mode, S)
+        monkeypatch.setitem(sys.modules, "tensorrt", fake)
+        monkeypatch.setattr("specedge.engines.builder.current_gpu", lambda device_id=0: ("NVIDIA H200", "9.0"))
+        return fake
+
+    return install
+
+
+def test_build_engines_writes_plan_and_plan_json_atomically(tmp_path, fake_trt):
+    fake = fake_trt()
+    b = _bundle(tmp_path)
+    logs = []
+    infos = build_engines(b, BuildOptions(workspace_gb=1.5), log=logs.append)
+    out = b / "engines" / "nvidia-h200-sm90"
+    assert sorted(p.name for p in out.iterdir()) == ["target.plan", "target.plan.json", "timing.cache"]
+    assert [p.name for p in (b / "engines").iterdir()] == ["nvidia-h200-sm90"]  # no temporary folder left
+    assert (out / "target.plan").read_bytes() == b"PLAN-1"
+    i = load_plan_info(out / "target.plan.json")
+    assert i.to_json() == infos[0].to_json()
+    assert (i.gpu_name, i.compute_capability, i.tensorrt_version, i.kv_mode) == ("NVIDIA H200", "9.0", "10.15.1.29", "scatter")
+    assert [p.to_json() for p in i.profiles] == [p.to_json() for p in build_profiles(4, 16)]
+    assert i.extra_outputs == ["argmax"] and i.build_options["strongly_typed"] is True
+    assert i.onnx_sha256 == json.loads((b / "manifest.json").read_text())["files"]["target/model.onnx"]["sha256"]
+    verify_plan_bytes(i, b"PLAN-1", "target.plan")
+    assert fake.calls["shapes"] == [("input_ids", (1, 1), (1, 1), (1, 1)), ("input_ids", (1, 5), (1, 5), (1, 5)),
+                                    ("input_ids", (1, 1), (1, 16), (1, 16))]
+    assert fake.calls["net_flags"] == [1 << 5] and fake.calls["flags"] == []
+    assert fake.calls["workspace"] == [("WORKSPACE", int(1.5 * (1 << 30)))]
+    assert (out / "timing.cache").read_bytes() == b"+"
+    assert any("parsing target/model.onnx" in s for s in logs)
+
+    # Up to date: nothing rebuilt. Other options or --force: rebuilt, reusing the timing cache.
+    build_engines(b, BuildOptions(workspace_gb=1.5), log=logs.append)
+    assert fake.calls["builds"] == 1 and "up to date" in logs[-1]
+    build_engines(b, BuildOptions(workspace_gb=1.5, force=True), log=logs.append)
+    assert fake.calls["builds"] == 2 and fake.calls["cache_in"][-1] == b"+"
+    build_engines(b, BuildOptions(precision="fp16"), log=logs.append)
+    assert fake.calls["builds"] == 3 and fake.calls["flags"] == ["FP16"] and fake.calls["net_flags"][-1] == 0
+    assert (out / "target.plan").read_bytes() == b"PLAN-3"
+
+
+def test_build_engines_refuses_scatter_on_tensorrt_10_3(tmp_path, fake_trt, capsys):
+    fake_trt(version="10.3.0.30")
+    b = _bundle(tmp_path)
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this bundle updates the KV cache in place") and "--kv-update delta" in err
+    assert not (b / "engines").exists()
+
+
+def test_build_engines_delta_bundle_on_tensorrt_10_3(tmp_path, fake_trt):
+    fake = fake_trt(version="10.3.0.30", kv_mode="delta")
+    b = _bundle(tmp_path, "delta")
+    build_engines(b, BuildOptions(), log=lambda s: None)
+    assert fake.calls["builds"] == 1
+    assert load_plan_info(b / "engines" / "nvidia-h200-sm90" / "target.plan.json").kv_mode == "delta"
+
+
+def test_build_engines_cli_names_tensorrt_when_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    b = _bundle(tmp_path)
+    assert main(["build-engines", str(b), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the tensorrt package: pip install 'specedge[tensorrt]'" in err and "python3-libnvinfer" in err
+
+
+def test_build_engines_rejects_bad_options(tmp_path, fake_trt):
+    fake_trt()
+    b = _bundle(tmp_path)
+    with pytest.raises(UserError, match="--workspace-gb must be positive"):
+        build_engines(b, BuildOptions(workspace_gb=0))
+    with pytest.raises(UserError, match="nothing to build"):
+        build_engines(b, BuildOptions(roles=("draft",)))
+    with pytest.raises(UserError, match="--opt-level"):
+        build_engines(b, BuildOptions(optimization_level=7))
+
+
+def test_loaded_manifest_plan_checks_work_with_real_manifest(tmp_path):
+    b = _bundle(tmp_path)
+    m = load_manifest(b)
+    sha = m.files["target/model.onnx"]["sha256"]
+    check_against_manifest(info(onnx_sha256=sha, max_seq=S), m, m.target, "target/model.onnx")
