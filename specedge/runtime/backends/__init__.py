@@ -175,6 +175,14 @@ class CacheTracker:
         self.tokens.extend(ids.tolist())
         return logits
 
+    def feed_argmax(self, ids) -> np.ndarray:
+        """Like feed, but only each row's argmax (int64 [T]): GPU backends compute it on the
+        device and copy T integers instead of [T, V] logits."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        best = self.backend.argmax(ids, len(self.tokens))
+        self.tokens.extend(ids.tolist())
+        return best
+
     def feed_chunked(self, ids) -> np.ndarray:
         """Feed `ids` in calls of at most `chunk` tokens; return the last row's logits [V]."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)

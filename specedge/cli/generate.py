@@ -1,0 +1,173 @@
+"""`specedge generate BUNDLE PROMPT|-`: generate text with speculative decoding, streamed to stdout.
+
+Greedy by default (temperature 0): the output is exactly the target's own greedy output.
+`--json` prints one object (text, token_ids, finish_reason, stats) instead of streaming.
+Nothing here imports torch or the export code: the runtime install is enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+MAX_K = 16
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
+    """Options shared by `generate` and `chat`."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_default, metavar="N", help=f"tokens to generate at most (default {max_new_default})")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default), else sampling temperature")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same output)")
+    p.add_argument("--spec-tokens", type=int, default=None, metavar="K", help=f"draft tokens per round, 1..{MAX_K} (default: the bundle's)")
+    p.add_argument("--no-spec", action="store_true", help="decode with the target alone")
+    p.add_argument("--draft", choices=("model", "ngram"), default=None, help="drafter (default: the bundle's)")
+    p.add_argument("--adaptive-k", action="store_true", help="grow k while drafts are accepted, shrink it on early rejections")
+    p.add_argument("--no-guard", action="store_true", help="never shrink k or fall back to target-only when speculation does not pay")
+    p.add_argument("--stop", action="append", default=None, metavar="STR", help="stop when STR appears (repeatable)")
+    p.add_argument("--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)")
+    p.add_argument("--draft-backend", default=None, metavar="B", help="backend of the draft model (default: --backend)")
+    p.add_argument("--provider", action="append", default=None, metavar="EP",
+                   help="ONNX Runtime execution provider for ort-* backends, e.g. cuda or OpenVINOExecutionProvider (repeatable)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads per ONNX Runtime session")
+    p.add_argument("--verify", choices=("full", "size", "none"), default="full", help="bundle file check at load (default full: sha256)")
+    p.add_argument("--stats", action="store_true", help="print speed and acceptance figures on stderr")
+
+
+def check_args(args) -> None:
+    """Argument checks that need no bundle (fail fast, one sentence each)."""
+    from ..errors import UserError
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not (0 < args.top_p <= 1):
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0 disables it), got {args.top_k}")
+    if args.spec_tokens is not None and not 1 <= args.spec_tokens <= MAX_K:
+        raise UserError(f"--spec-tokens must be between 1 and {MAX_K}, got {args.spec_tokens}")
+    if args.seed is not None and args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
+    if args.stop is not None and any(not s for s in args.stop):
+        raise UserError("--stop strings must not be empty")
+    from ..runtime.backends import NAMES
+
+    for opt, name in (("--backend", args.backend), ("--draft-backend", args.draft_backend)):
+        if name is not None and name not in NAMES:
+            raise UserError(f"unknown backend '{name}' ({opt}); valid backends: {', '.join(NAMES)}")
+
+
+def load_pipeline(args):
+    from ..runtime.api import load
+
+    return load(
+        args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
+        providers=args.provider, draft=args.draft, verify=args.verify,
+    )
+
+
+def gen_kwargs(args) -> dict:
+    return dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, stop=args.stop, spec_tokens=args.spec_tokens, speculative=not args.no_spec,
+        adaptive_k=args.adaptive_k, guard=not args.no_guard,
+    )
+
+
+def format_stats(stats: dict) -> str:
+    parts = [
+        f"{stats['tokens']} tokens",
+        f"{stats['tokens_per_s']:.1f} tok/s",
+        f"ttft {stats['ttft_s'] * 1000:.0f} ms",
+    ]
+    if stats.get("speculative"):
+        parts += [
+            f"{stats['drafter']} draft",
+            f"acceptance {stats['acceptance_rate']:.2f}",
+            f"{stats['mean_accepted']:.2f} tokens/target call",
+            f"k {stats['k']}" + (f"->{stats['k_final']}" if stats.get("k_final") != stats["k"] else ""),
+            f"draft {stats['time_draft_s']:.2f}s / verify {stats['time_verify_s']:.2f}s / other {stats['time_other_s']:.2f}s",
+        ]
+        if stats.get("fallbacks"):
+            parts.append(f"{stats['fallbacks']} fallback(s) to target-only ({stats['fallback_tokens']} tokens)")
+    else:
+        parts.append("target only")
+    return "stats: " + " | ".join(parts)
+
+
+def safe_stdout() -> None:
+    """Never die on a console that cannot show a character."""
+    try:
+        sys.stdout.reconfigure(errors="replace")
+    except (AttributeError, ValueError):  # pragma: no cover - replaced streams
+        pass
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text from a prompt",
+        description="Generate text with speculative decoding (greedy by default: exactly the target's output). "
+        "The text is streamed to stdout as tokens are accepted.",
+    )
+    p.add_argument("bundle", help="bundle folder")
+    p.add_argument("prompt", help="the prompt, or - to read it from stdin")
+    add_sampling_args(p, 128)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the bundle's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, finish_reason, stats)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from ..errors import UserError
+
+    check_args(args)
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if prompt.endswith("\n"):
+            prompt = prompt[:-1]
+    if not prompt:
+        raise UserError("the prompt is empty")
+    if args.system is not None and not args.chat:
+        raise UserError("--system needs --chat")
+    pipe = load_pipeline(args)
+    try:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+            src = dict(messages=messages)
+        else:
+            src = dict(prompt=prompt)
+        stream = pipe.stream(**src, **gen_kwargs(args))
+        if args.json:
+            for _ in stream:
+                pass
+            r = stream.result
+            print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason, "stats": r.stats}, ensure_ascii=False))
+        else:
+            safe_stdout()
+            try:
+                for piece in stream:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            except BrokenPipeError:  # `specedge generate ... | head`: the reader left, fine
+                import os
+
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            r = stream.result
+        if args.stats:
+            print(format_stats(r.stats) + f" | finish {r.finish_reason}", file=sys.stderr)
+    finally:
+        pipe.close()
+    return 0

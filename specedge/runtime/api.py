@@ -1,0 +1,427 @@
+"""Public Python API: load a bundle, generate (or stream) text faster than the target alone.
+
+    from specedge.runtime.api import load
+
+    pipe = load("bundles/smollm2-135m-instruct", threads=2)
+    result = pipe.generate("def fibonacci(n):", max_new_tokens=64)
+    print(result.text, result.finish_reason, result.stats["tokens_per_s"])
+
+    for piece in pipe.stream(messages=[{"role": "user", "content": "Hi!"}]):
+        print(piece, end="", flush=True)
+
+Greedy decoding (temperature 0, the default) gives exactly the target's own greedy output, token
+for token; sampling gives exactly the target's distribution (speculative sampling), reproducible
+with a seed. This module needs numpy, onnxruntime, tokenizers and jinja2 only (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..manifest import BundleError, Manifest, load_manifest
+from .backends import BackendError, backend_class, create_backend, resolve_backend_name
+from .drafters.model import ModelDrafter
+from .generator import MAX_SPEC_TOKENS, CostModel, GenerationConfig, Generator, NgramProposer, Result
+
+__all__ = ["load", "Pipeline", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
+
+
+# ----------------------------------------------------------------------------- tokenizer + template
+
+
+def _token_string(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+class Tokenizer:
+    """The bundle's tokenizer (HF `tokenizers` format) and chat template (sandboxed jinja2)."""
+
+    def __init__(self, manifest: Manifest):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:  # pragma: no cover - a hard dependency
+            raise BundleError("the tokenizers package is needed to read the bundle's tokenizer: pip install tokenizers") from None
+        files = {Path(f).name: f for f in manifest.tokenizer_files}
+        if "tokenizer.json" not in files:
+            raise BundleError("the bundle lists no tokenizer.json")
+        path = manifest.path(files["tokenizer.json"])
+        try:
+            self.tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises plain Exception subclasses
+            raise BundleError(f"cannot read the bundle's tokenizer.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        self.config: dict = {}
+        if "tokenizer_config.json" in files:
+            try:
+                self.config = json.loads(manifest.path(files["tokenizer_config.json"]).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise BundleError(f"cannot read the bundle's tokenizer_config.json: {e}") from None
+            if not isinstance(self.config, dict):
+                raise BundleError("the bundle's tokenizer_config.json is not a JSON object")
+        self.bos_token_id = manifest.bos_token_id
+        self.add_bos = manifest.add_bos
+        self.eos_token_ids = list(manifest.eos_token_ids)
+        self.special_tokens = {}
+        for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            s = _token_string(self.config.get(name))
+            if s is not None:
+                self.special_tokens[name] = s
+        if "bos_token" not in self.special_tokens and self.bos_token_id is not None:
+            s = self.tok.id_to_token(self.bos_token_id)
+            if s is not None:
+                self.special_tokens["bos_token"] = s
+        if "eos_token" not in self.special_tokens:
+            s = self.tok.id_to_token(self.eos_token_ids[0])
+            if s is not None:
+                self.special_tokens["eos_token"] = s
+        self.chat_template: str | None = None
+        if manifest.chat_template:
+            try:
+                self.chat_template = manifest.path(manifest.chat_template).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise BundleError(f"cannot read the bundle's chat template: {e}") from None
+        else:
+            ct = self.config.get("chat_template")
+            if isinstance(ct, list):  # named templates: take the default one
+                ct = next((t.get("template") for t in ct if isinstance(t, dict) and t.get("name") == "default"), None)
+            self.chat_template = ct if isinstance(ct, str) else None
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text` without the tokenizer's own special tokens; the bundle's BOS is
+        prepended when `add_bos` (default: the manifest's add_bos)."""
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat template rendered in jinja2's sandbox (templates in bundles are untrusted)."""
+        if not self.chat_template:
+            raise ValueError("the bundle has no chat template, so chat messages cannot be formatted")
+        _check_messages(messages)
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if self._template is None:
+
+            def raise_exception(message):
+                raise jinja2.TemplateError(message)
+
+            def strftime_now(fmt):
+                import datetime
+
+                return datetime.datetime.now().strftime(fmt)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = strftime_now
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.TemplateError as e:
+                raise ValueError(f"the bundle's chat template is invalid: {e}") from None
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **self.special_tokens
+            )
+        except jinja2.TemplateError as e:  # includes SecurityError
+            raise ValueError(f"the chat template refused the messages: {e}") from None
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """Rendered template -> ids, without adding special tokens (the template has them)."""
+        return self.encode(self.render_chat(messages), add_bos=False)
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError("each message must be a dict with string 'role' and 'content'")
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+class TextStream:
+    """Iterate to get text pieces as tokens are accepted; `result` is set once it is exhausted."""
+
+    def __init__(self, gen: Iterator[str]):
+        self._gen = gen
+        self.result: Result | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._gen)
+        except StopIteration as e:
+            self.result = e.value
+            raise
+
+    def close(self) -> None:
+        self._gen.close()
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+class Pipeline:
+    """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one."""
+
+    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
+                 draft_backend_name: str | None, draft_backend=None):
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.target = target
+        self.draft_backend = draft_backend
+        self.drafter = drafter
+        self.backend_name = backend_name
+        self.draft_backend_name = draft_backend_name
+        vocab = min(manifest.tokenizer_vocab_size, target.vocab_size)
+        if draft_backend is not None:
+            vocab = min(vocab, draft_backend.vocab_size)
+        self.vocab = vocab
+        self.costs = CostModel()
+        self.generator = Generator(
+            target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
+            max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
+            static_costs=self._static_costs(),
+        )
+
+    @property
+    def max_seq(self) -> int:
+        return self.manifest.max_seq
+
+    def _static_costs(self) -> CostModel:
+        """Fixed costs for seeded sampling (see Generator): decode is memory-bound, so a draft step
+        costs about its weight bytes relative to the target's, and verifying k + 1 tokens a little
+        more than one."""
+        m = self.manifest
+        if self.drafter is None or self.drafter.kind == "ngram":
+            r = 0.01
+        elif m.draft.weight_bytes > 0 and m.target.weight_bytes > 0:
+            r = max(m.draft.weight_bytes / m.target.weight_bytes, 0.02)
+        else:
+            r = 0.3
+        return CostModel({1: 1.0, MAX_SPEC_TOKENS + 1: 1.0 + 0.05 * MAX_SPEC_TOKENS}, r)
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def calibrate(self, repeats: int = 3) -> dict:
+        """Warm up every call shape the loop uses and measure its cost (median of `repeats`):
+        target T=1 and T=k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
+        caches empty."""
+        k = self.manifest.spec_tokens
+        def timeit(backend, t):
+            ids = np.zeros(t, dtype=np.int64)
+            backend.run(ids, 0)  # first call of a shape: allocation planning
+            ts = []
+            for _ in range(repeats):
+                t0 = _clock()
+                backend.run(ids, 0)
+                ts.append(_clock() - t0)
+            return statistics.median(ts)
+
+        out = {}
+        self.costs.target[1] = out["target_1"] = timeit(self.target, 1)
+        if self.drafter is not None:
+            self.costs.target[k + 1] = out[f"target_{k + 1}"] = timeit(self.target, k + 1)
+        if self.draft_backend is not None:
+            out["draft_1"] = timeit(self.draft_backend, 1)
+            self.draft_backend.run(np.zeros(2, dtype=np.int64), 0)  # the catch-up shape
+            self.costs.draft = out["draft_1"]
+        elif self.drafter is not None:
+            self.costs.draft = 2e-5  # n-gram lookup: tens of microseconds
+        self.generator.reset()
+        return out
+
+    def close(self) -> None:
+        for b in (self.target, self.draft_backend):
+            if b is not None:
+                b.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def describe(self) -> dict:
+        d = {
+            "bundle": str(self.manifest.root),
+            "max_seq": self.manifest.max_seq,
+            "kv_mode": self.manifest.kv_mode,
+            "spec_tokens": self.manifest.spec_tokens,
+            "target": self.target.describe(),
+            "drafter": self.drafter.kind if self.drafter is not None else None,
+        }
+        if self.draft_backend is not None:
+            d["draft"] = self.draft_backend.describe()
+        return d
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+               token_ids: Sequence[int] | None = None) -> list[int]:
+        """The prompt's token ids from exactly one of: plain text, chat messages, token ids."""
+        given = [x is not None for x in (prompt, messages, token_ids)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of prompt, messages or token_ids")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif messages is not None:
+            ids = self.tokenizer.encode_chat(messages)
+        else:
+            ids = [int(t) for t in token_ids]
+            if any(not 0 <= t < self.vocab for t in ids):
+                raise ValueError(f"token ids must be in [0, {self.vocab})")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.max_seq:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the bundle's context holds {self.max_seq} "
+                "(prompt + at least one new token must fit)"
+            )
+        return ids
+
+    def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+               token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
+               spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
+               guard: bool = True) -> TextStream:
+        """Like `generate`, but returns a TextStream yielding text pieces as tokens are accepted;
+        its `result` attribute holds the Result once the stream is exhausted. Arguments are checked
+        before the first piece is requested."""
+        cfg = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative,
+                               adaptive_k, guard).validate()
+        ids = self.encode(prompt, messages, token_ids)
+        return TextStream(self.generator.run(ids, cfg))
+
+    def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+                 token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
+                 spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
+                 guard: bool = True) -> Result:
+        """Generate a completion.
+
+        prompt / messages / token_ids: exactly one (plain text gets BOS if the bundle says so;
+          messages go through the chat template with the generation prompt).
+        max_new_tokens: >= 1. temperature: 0 = greedy (default); top_k (0 = off), top_p in (0, 1].
+        seed: sampling seed (None = fresh entropy). stop: strings that end the text (cut before).
+        spec_tokens: k, draft tokens per round (1..16; default the bundle's). speculative=False
+          decodes with the target alone. adaptive_k: move k with acceptance (off by default).
+        guard: shrink k / fall back to target-only when speculation stops paying (default on).
+
+        Returns Result(text, token_ids, finish_reason in {"eos", "stop", "length", "context"},
+        stats) — stats: tokens, tokens_per_s (decode), ttft_s, acceptance_rate, mean_accepted
+        (tokens per target call), accepted_histogram, time_draft_s / time_verify_s /
+        time_other_s, k, k_final, fallbacks, ...
+        """
+        s = self.stream(prompt, messages, token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                        spec_tokens, speculative, adaptive_k, guard)
+        for _ in s:
+            pass
+        return s.result
+
+
+def _clock() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def _accepts(klass, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(klass.__init__).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
+         providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
+         spinning: bool | None = None, backend_options: dict | None = None) -> Pipeline:
+    """Load a bundle and return a Pipeline.
+
+    backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
+      "ort-cpu", "ort-cuda", "ort-trt", "tensorrt" or "torch". draft_backend: the draft's
+      (default: the same). threads: intra-op threads per ONNX Runtime session. providers: ONNX
+      Runtime execution providers (names or (name, options) pairs) for ort-* backends.
+    draft: "model" (the bundle's draft model), "ngram" (prompt lookup, no model) or None (the
+      bundle's own kind).
+    verify: bundle file check, "full" (sha256), "size" or "none".
+    warmup: run each call shape once and measure step costs (`Pipeline.calibrate`).
+    spinning: ONNX Runtime intra-op spinning; None = off whenever a draft session exists (two
+      spinning pools on a small CPU slow each other down), on otherwise.
+    """
+    if verify not in ("full", "size", "none"):
+        raise ValueError(f"verify must be full, size or none, got {verify!r}")
+    if draft not in (None, "model", "ngram"):
+        raise ValueError(f"draft must be 'model', 'ngram' or None, got {draft!r}")
+    manifest = load_manifest(bundle, verify=verify)
+    if draft is None:
+        draft = "model" if manifest.draft.is_model else "ngram"
+    if draft == "model" and not manifest.draft.is_model:
+        raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
+    tokenizer = Tokenizer(manifest)
+    tname = resolve_backend_name(backend)
+    dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
+    if providers is not None and not all(n.startswith("ort-") for n in (tname, dname) if n):
+        raise BackendError("providers apply to the ONNX Runtime backends (ort-cpu, ort-cuda, ort-trt) only")
+    two_sessions = dname is not None
+    spin = (not two_sessions) if spinning is None else bool(spinning)
+
+    def make(name, spec):
+        opts = dict(backend_options or {})
+        klass = backend_class(name)
+        if _accepts(klass, "allow_spinning"):
+            opts["allow_spinning"] = spin
+        # threads size ONNX Runtime's CPU pools; GPU-only backends have none and ignore it
+        t = threads if _accepts(klass, "threads") else None
+        return create_backend(name, manifest, spec, threads=t, providers=providers, **opts)
+
+    target = make(tname, manifest.target)
+    dbackend = None
+    try:
+        vocab = min(manifest.tokenizer_vocab_size, manifest.target.vocab_size)
+        if draft == "model":
+            dbackend = make(dname, manifest.draft)
+            drafter = ModelDrafter(dbackend, manifest.prefill_chunk, vocab=min(vocab, dbackend.vocab_size))
+        else:
+            sizes = manifest.draft.extra.get("ngram_sizes", (3, 2, 1)) if manifest.draft.kind == "ngram" else (3, 2, 1)
+            drafter = NgramProposer(vocab, ngram_sizes=tuple(sizes))
+        pipe = Pipeline(manifest, tokenizer, target, drafter, tname, dname, dbackend)
+        if warmup:
+            pipe.calibrate()
+    except BaseException:
+        target.close()
+        if dbackend is not None:
+            dbackend.close()
+        raise
+    return pipe
+

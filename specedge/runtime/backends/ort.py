@@ -1,0 +1,296 @@
+"""ONNX Runtime backend (CPU execution provider by default; providers and options pass through).
+
+Buffers, all allocated once in the constructor (host memory, numpy-owned):
+
+* one **KV arena** [2·L, B, kv_heads, S, head_dim] holding every layer's K then V cache, zeroed
+  (stale slots are masked, but 0 × NaN from uninitialised memory would still poison attention);
+* `input_ids` [B, T_max], `position` [B] and a flat `logits` buffer of B·T_max·V floats;
+* delta mode: a flat **delta arena** with room for [2·L, B, kv_heads, T_max, head_dim].
+
+For every distinct T the backend meets it builds one `IOBinding` that binds every input and
+output by address into those buffers (`[1, T, V]` logits are the first T·V floats of the flat
+buffer, the delta outputs the first 2·L·B·kv_heads·T·head_dim elements of the delta arena, so
+every view is contiguous) and keeps it. A step is then: write ids and position into their
+buffers, `run_with_iobinding`, and in delta mode one numpy copy that writes every layer's new
+entries at `position`. Nothing is allocated per step beyond what ONNX Runtime does itself.
+
+Scatter mode binds `present_key.i` to the very address of `past_key.i`: ONNX Runtime's
+TensorScatter then updates the cache in place (it warns "in-place optimization not activated"
+when the two differ, and copies the whole cache every step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
+from .base import Backend, BackendError
+from .binding import check_graph_names, expected_names, ort_element_type
+
+__all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers"]
+
+# Which package provides an execution provider that this onnxruntime build lacks.
+PROVIDER_PACKAGES = {
+    "CPUExecutionProvider": "onnxruntime",
+    "AzureExecutionProvider": "onnxruntime",
+    "CUDAExecutionProvider": "onnxruntime-gpu",
+    "TensorrtExecutionProvider": "onnxruntime-gpu",
+    "NvTensorRTRTXExecutionProvider": "onnxruntime-trt-rtx",
+    "OpenVINOExecutionProvider": "onnxruntime-openvino",
+    "DmlExecutionProvider": "onnxruntime-directml",
+    "QNNExecutionProvider": "onnxruntime-qnn",
+    "ROCMExecutionProvider": "onnxruntime-rocm",
+    "MIGraphXExecutionProvider": "onnxruntime-migraphx",
+    "VitisAIExecutionProvider": "onnxruntime-vitisai",
+    "CANNExecutionProvider": "onnxruntime-cann",
+    "DnnlExecutionProvider": "an onnxruntime build with oneDNN (--use_dnnl)",
+    "CoreMLExecutionProvider": "onnxruntime on macOS",
+    "XnnpackExecutionProvider": "an onnxruntime build with XNNPACK (--use_xnnpack)",
+    "WebGpuExecutionProvider": "onnxruntime-webgpu",
+    "NnapiExecutionProvider": "onnxruntime for Android",
+}
+# Short names accepted on the command line.
+PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "directml": "DmlExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+    "dnnl": "DnnlExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
+}
+
+
+def _import_ort():
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a hard dependency
+        raise BackendError("the ONNX Runtime backends need the onnxruntime package: pip install onnxruntime") from None
+    return ort
+
+
+def normalize_providers(providers) -> tuple[list[str], list[dict]]:
+    """Provider names (aliases allowed) or (name, options) pairs -> (names, options), validated
+    against this onnxruntime build. An unknown or missing provider is a BackendError that names
+    the package providing it."""
+    ort = _import_ort()
+    if isinstance(providers, (str, tuple)):
+        providers = [providers]
+    names, options = [], []
+    known = set(ort.get_all_providers()) | set(PROVIDER_PACKAGES)
+    available = set(ort.get_available_providers())
+    for p in providers:
+        opts: dict = {}
+        if isinstance(p, tuple):
+            if len(p) != 2 or not isinstance(p[1], dict):
+                raise BackendError(f"a provider must be a name or a (name, options) pair, got {p!r}")
+            p, opts = p
+        if not isinstance(p, str) or not p:
+            raise BackendError(f"a provider must be a name, got {p!r}")
+        name = PROVIDER_ALIASES.get(p.lower(), p)
+        if name not in known:
+            raise BackendError(
+                f"unknown execution provider '{p}'; this onnxruntime has {', '.join(sorted(available))}"
+            )
+        if name not in available:
+            pkg = PROVIDER_PACKAGES.get(name, "a different onnxruntime build")
+            hint = f"pip install {pkg}" if pkg.startswith("onnxruntime") and " " not in pkg else pkg
+            raise BackendError(
+                f"execution provider '{name}' is not installed (this onnxruntime has "
+                f"{', '.join(sorted(available))}); it comes with {pkg}: {hint}"
+            )
+        names.append(name)
+        options.append({str(k): str(v) for k, v in opts.items()})
+    if not names:
+        raise BackendError("the provider list is empty")
+    return names, options
+
+
+class OrtBackend(Backend):
+    """One model on an ONNX Runtime session with static, IO-bound buffers (see module docstring).
+
+    threads: intra-op threads (None = ONNX Runtime's default, one per physical core).
+    allow_spinning: False when another session runs in the same process (the drafter): two
+      spinning thread pools on a small CPU slow each other down 2-3x (DESIGN.md, Threads).
+    providers: execution providers (names, aliases such as "cuda", or (name, options) pairs).
+    session_config: extra `add_session_config_entry` pairs.
+    use_env_allocators: share the environment's registered allocator between sessions.
+    graph_optimization: all (default), extended, basic or none. log_level: ONNX Runtime's
+      severity threshold (0 verbose .. 4 fatal; default 3, errors).
+    """
+
+    name = "ort-cpu"
+    device_type = "cpu"  # where the bound buffers live
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        spec: ModelSpec,
+        *,
+        threads: int | None = None,
+        providers=None,
+        allow_spinning: bool = True,
+        session_config: dict | None = None,
+        use_env_allocators: bool = False,
+        graph_optimization: str = "all",
+        log_level: int = 3,
+    ):
+        super().__init__(manifest, spec)
+        if not spec.is_model:
+            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run")
+        ort = _import_ort()
+        self.ort = ort
+        self.batch = manifest.batch
+        self.threads = threads
+        self.allow_spinning = bool(allow_spinning)
+        names, popts = normalize_providers(providers if providers is not None else ["CPUExecutionProvider"])
+        self.providers = names
+
+        so = ort.SessionOptions()
+        levels = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }
+        if graph_optimization not in levels:
+            raise BackendError(f"graph_optimization must be one of {', '.join(levels)}, got '{graph_optimization}'")
+        so.graph_optimization_level = levels[graph_optimization]
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = 1
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise BackendError(f"threads must be a positive integer, got {threads!r}")
+            so.intra_op_num_threads = threads
+        so.log_severity_level = int(log_level)  # 3 = errors only; 2 shows warnings (tests look for copies)
+        if not self.allow_spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        if use_env_allocators:
+            so.add_session_config_entry("session.use_env_allocators", "1")
+        for k, v in (session_config or {}).items():
+            so.add_session_config_entry(str(k), str(v))
+
+        graph = spec.graph_for(self.name)
+        self.graph_path = manifest.path(graph.path)
+        try:
+            self.session = ort.InferenceSession(str(self.graph_path), so, providers=names, provider_options=popts)
+        except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BackendError(f"ONNX Runtime cannot load the {spec.role} graph '{graph.path}': {first}") from None
+
+        want_in, want_out = expected_names(spec, self.kv_mode, self.max_seq, self.batch)
+        got_in = [i.name for i in self.session.get_inputs()]
+        got_out = [o.name for o in self.session.get_outputs()]
+        try:
+            check_graph_names(spec.role, want_in, want_out, got_in, got_out, optional_outputs=())
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        # One RunOptions for every call: with run_options=None, ONNX Runtime 1.32's Python binding
+        # leaves ~120 bytes behind per run_with_iobinding call (measured with tracemalloc).
+        self._run_options = ort.RunOptions()
+        self._outputs = want_out  # extra named outputs (if any) are left unbound: ORT allocates them
+        self._extra_outputs = [n for n in got_out if n not in want_out]
+
+        if spec.kv_dtype not in DTYPE_BYTES or spec.kv_dtype in ("int64", "int32"):
+            raise BackendError(f"unsupported KV dtype '{spec.kv_dtype}'")
+        self._kv_elem = ort_element_type(spec.kv_dtype)
+        # bfloat16 has no numpy type: its bits live in uint16 arrays (copies are bit copies).
+        self._kv_np = np.uint16 if spec.kv_dtype == "bfloat16" else np.dtype(self._kv_elem)
+        self._allocate(max(manifest.prefill_chunk, 2 * 16 + 2))
+
+    # ------------------------------------------------------------------ buffers
+
+    def _allocate(self, t_max: int) -> None:
+        B, L, H, S, D, V = self.batch, self.spec.num_layers, self.spec.num_kv_heads, self.max_seq, self.spec.head_dim, self.vocab_size
+        self.t_max = int(t_max)
+        if not hasattr(self, "kv"):
+            self.kv = np.zeros((2 * L, B, H, S, D), dtype=self._kv_np)
+        self._ids = np.zeros(B * self.t_max, dtype=np.int64)
+        self._pos = np.zeros(B, dtype=np.int64)
+        self._logits = np.zeros(B * self.t_max * V, dtype=np.float32)
+        self._delta = np.zeros(2 * L * B * H * self.t_max * D, dtype=self._kv_np) if self.kv_mode == "delta" else None
+        self._bindings: dict[int, object] = {}
+
+    def kv_tensor(self, kind: int, layer: int) -> np.ndarray:
+        """The cache tensor [B, kv_heads, S, head_dim] of layer `layer` (kind 0 = key, 1 = value),
+        a view of the arena that the graph reads (and, in scatter mode, writes) in place."""
+        return self.kv[kind * self.spec.num_layers + layer]
+
+    def _binding(self, t: int):
+        b = self._bindings.get(t)
+        if b is not None:
+            return b
+        B, L, H, D, V = self.batch, self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, self.vocab_size
+        dev = self.device_type
+        b = self.session.io_binding()
+        b.bind_input("input_ids", dev, 0, np.int64, [B, t], self._ids.ctypes.data)
+        b.bind_input("position", dev, 0, np.int64, [B], self._pos.ctypes.data)
+        b.bind_output("logits", dev, 0, np.float32, [B, t, V], self._logits.ctypes.data)
+        cache_shape = list(self.kv.shape[1:])
+        delta_elems = B * H * t * D
+        isz = self.kv.itemsize
+        for kind, kname in ((0, "key"), (1, "value")):
+            for i in range(L):
+                j = kind * L + i
+                ptr = self.kv[j].ctypes.data
+                b.bind_input(f"past_{kname}.{i}", dev, 0, self._kv_elem, cache_shape, ptr)
+                if self.kv_mode == "scatter":
+                    b.bind_output(f"present_{kname}.{i}", dev, 0, self._kv_elem, cache_shape, ptr)
+                else:
+                    dptr = self._delta.ctypes.data + j * delta_elems * isz
+                    b.bind_output(f"new_{kname}.{i}", dev, 0, self._kv_elem, [B, H, t, D], dptr)
+        for name in self._extra_outputs:
+            b.bind_output(name, dev)
+        self._bindings[t] = b
+        return b
+
+    # ------------------------------------------------------------------ one step
+
+    def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
+        ids = np.asarray(input_ids).reshape(-1)
+        t = int(ids.shape[0])
+        if t < 1:
+            raise ValueError("input_ids must hold at least one token")
+        position = int(position)
+        if position < 0 or position + t > self.max_seq:
+            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
+        if t > self.t_max:
+            self._allocate(t)  # a larger prefill chunk than planned: grow once, rebind lazily
+        B = self.batch
+        if B == 1:
+            self._ids[:t] = ids
+        else:
+            self._ids[: B * t].reshape(B, t)[:] = ids
+        self._pos[:] = position
+        b = self._binding(t)
+        try:
+            self.session.run_with_iobinding(b, self._run_options)
+        except Exception as e:
+            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): {e}") from None
+        if self.kv_mode == "delta":
+            L2, H, D = 2 * self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
+            new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)
+            self.kv[:, :, :, position : position + t, :] = new  # every layer, K and V: one copy
+        return self._logits[: t * self.vocab_size].reshape(t, self.vocab_size)  # batch row 0
+
+    def close(self) -> None:
+        self._bindings = {}
+        self.session = None
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(
+            providers=list(self.providers),
+            threads=self.threads,
+            allow_spinning=self.allow_spinning,
+            graph=str(self.graph_path.name),
+        )
+        return d

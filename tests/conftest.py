@@ -1,0 +1,105 @@
+"""Shared fixtures: tiny bundles exported once per session and the real default bundle.
+
+`tiny_bundle_factory(family=..., kv_mode=..., draft=..., precision=..., draft_precision=...,
+max_seq=..., spec_tokens=...)` exports a tiny random bundle through the real pipeline the first
+time a combination is asked for and returns the cached path afterwards, so the export tests and
+the runtime tests share one export per combination. Bundles are read-only for tests: copy one
+before changing it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BUNDLE = REPO / "bundles" / "smollm2-135m-instruct"
+
+
+def pytest_configure(config):
+    # Also declared in pyproject.toml; repeated here so the markers exist whatever the rootdir.
+    config.addinivalue_line("markers", "slow: needs the real default model (minutes)")
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    # The real-model tests take minutes: they run only when `-m` names them.
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
+
+
+class _TinyCache:
+    """Checkpoints per (family, seed) and bundles per option set, created on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.checkpoints: dict[tuple, Path] = {}
+        self.bundles: dict[tuple, Path] = {}
+
+    def checkpoint(self, family: str = "llama", seed: int = 0) -> Path:
+        key = (family, seed)
+        if key not in self.checkpoints:
+            from specedge.export.testing import tiny_checkpoint
+
+            self.checkpoints[key] = tiny_checkpoint(self.root / "ckpt" / f"{family}-s{seed}", family, seed)
+        return self.checkpoints[key]
+
+    def bundle(self, family="llama", kv_mode="scatter", draft="self", precision="fp32",
+               draft_precision="int4", max_seq=128, spec_tokens=4, prefill_chunk=16, seed=0,
+               **options) -> Path:
+        key = (family, kv_mode, draft, precision, draft_precision, max_seq, spec_tokens, prefill_chunk, seed,
+               *(f"{k}={v}" for k, v in sorted(options.items())))
+        if key not in self.bundles:
+            from specedge.export.pipeline import ExportOptions, export_bundle
+
+            d = draft
+            if draft == "model":  # a second tiny checkpoint of the family, same tokenizer
+                d = str(self.checkpoint(family, seed + 1))
+            name = "-".join(str(k) for k in key)
+            opts = ExportOptions(
+                target=str(self.checkpoint(family, seed)), draft=d, out=str(self.root / "bundles" / name),
+                precision=precision, draft_precision=draft_precision, max_seq=max_seq,
+                spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk, force=True, **options,
+            )
+            path, _ = export_bundle(opts)
+            self.bundles[key] = path
+        return self.bundles[key]
+
+
+@pytest.fixture(scope="session")
+def _tiny_cache(tmp_path_factory) -> _TinyCache:
+    return _TinyCache(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_factory(_tiny_cache):
+    """A function (family="llama", kv_mode="scatter", draft="self", precision="fp32",
+    draft_precision="int4", max_seq=128, spec_tokens=4, **options) -> Path of a tiny exported
+    bundle. draft: "self", "ngram" or "model" (a second tiny checkpoint with the same tokenizer);
+    options: further ExportOptions fields (e.g. graphs="both"). prefill_chunk is 16."""
+    return _tiny_cache.bundle
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_factory(_tiny_cache):
+    """A function (family="llama", seed=0) -> Path of the tiny HF checkpoint folder the bundles
+    of that family are exported from (shared: do not modify it, copy it)."""
+    return _tiny_cache.checkpoint
+
+
+@pytest.fixture(scope="session")
+def default_bundle() -> Path:
+    """The real default bundle (SmolLM2-135M-Instruct): $SPECEDGE_DEFAULT_BUNDLE or
+    <repo>/bundles/smollm2-135m-instruct. Skips when it has not been exported."""
+    env = os.environ.get("SPECEDGE_DEFAULT_BUNDLE")
+    path = Path(env) if env else DEFAULT_BUNDLE
+    if not (path / "manifest.json").is_file():
+        pytest.skip(f"default bundle not found at {path} (run `export-models` first, "
+                    "or set SPECEDGE_DEFAULT_BUNDLE)")
+    return path
