@@ -1,0 +1,154 @@
+/* specedge C API: speculative decoding over a specedge bundle (manifest.json + ONNX graphs +
+ * tokenizer.json), driven by ONNX Runtime.
+ *
+ * Conventions
+ * - Every function that can fail returns a specedge_status; SPECEDGE_OK is 0. On failure,
+ *   specedge_last_error() returns a one-sentence message for the calling thread (valid until the
+ *   thread's next specedge call). No C++ exception ever crosses this boundary.
+ * - Handles are opaque. A specedge_model is used by one thread at a time; open one handle per
+ *   thread to generate concurrently (handles share nothing).
+ * - Strings are UTF-8, NUL-terminated unless a length is given. Token ids are int32_t.
+ */
+#ifndef SPECEDGE_H
+#define SPECEDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SPECEDGE_API __declspec(dllexport)
+#else
+#define SPECEDGE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPECEDGE_VERSION "0.1.0"
+
+typedef enum specedge_status {
+  SPECEDGE_OK = 0,
+  SPECEDGE_ERR_INVALID_ARGUMENT = 1, /* a bad parameter or prompt */
+  SPECEDGE_ERR_BUNDLE = 2,           /* the bundle is missing, malformed or fails its checksums */
+  SPECEDGE_ERR_BACKEND = 3,          /* ONNX Runtime could not load or run a graph */
+  SPECEDGE_ERR_IO = 4,               /* a file could not be read */
+  SPECEDGE_ERR_INTERNAL = 5          /* a bug or out of memory */
+} specedge_status;
+
+typedef struct specedge_model specedge_model;   /* a loaded bundle: tokenizer, target, drafter */
+typedef struct specedge_result specedge_result; /* one finished generation */
+
+/* ------------------------------------------------------------------ opening a bundle */
+
+typedef struct specedge_open_options {
+  const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) */
+  int threads;          /* intra-op threads per ONNX Runtime session; 0 = ONNX Runtime's default */
+  int spec_tokens;      /* default k (draft tokens per round), 1..16; 0 = the bundle's */
+  const char* draft;    /* "model", "ngram", or NULL = the bundle's own kind */
+  const char* verify;   /* bundle file check: "full" (sha256, default), "size" or "none" */
+  int allow_spinning;   /* ONNX Runtime intra-op spinning: -1 = auto (off when a draft session
+                           exists), 0 = off, 1 = on */
+  int warmup;           /* 1 (default): run each call shape once and measure step costs */
+} specedge_open_options;
+
+SPECEDGE_API void specedge_open_options_init(specedge_open_options* opts);
+/* Load and validate a bundle. opts may be NULL (defaults). *out is set only on success. */
+SPECEDGE_API specedge_status specedge_open(const char* bundle_dir, const specedge_open_options* opts,
+                                           specedge_model** out);
+SPECEDGE_API void specedge_close(specedge_model* model); /* NULL is allowed */
+
+/* ------------------------------------------------------------------ text */
+
+/* Token ids of `text` (no special tokens added; the bundle's BOS is prepended when add_bos is 1,
+ * or when add_bos is -1 and the manifest says add_bos). Writes at most `capacity` ids to `ids`
+ * (may be NULL when capacity is 0) and the full count to *n_ids: call twice to size the buffer. */
+SPECEDGE_API specedge_status specedge_tokenize(specedge_model* model, const char* text, int add_bos,
+                                               int32_t* ids, size_t capacity, size_t* n_ids);
+/* Text of `ids` (special tokens skipped). Writes at most capacity - 1 bytes plus a NUL to `buf`
+ * and the full length (without NUL) to *len. */
+SPECEDGE_API specedge_status specedge_detokenize(specedge_model* model, const int32_t* ids, size_t n_ids,
+                                                 char* buf, size_t capacity, size_t* len);
+/* The bundle's chat format applied to messages (roles[i], contents[i]); writes like
+ * specedge_detokenize. Supported: ChatML-style templates (<|im_start|>) and Gemma-style
+ * (<start_of_turn>); anything else is SPECEDGE_ERR_INVALID_ARGUMENT. */
+SPECEDGE_API specedge_status specedge_apply_chat(specedge_model* model, const char* const* roles,
+                                                 const char* const* contents, size_t n_messages,
+                                                 int add_generation_prompt, char* buf, size_t capacity,
+                                                 size_t* len);
+
+/* ------------------------------------------------------------------ generating */
+
+typedef struct specedge_gen_params {
+  int max_new_tokens;     /* >= 1 (default 128) */
+  double temperature;     /* 0 = greedy (default) */
+  int top_k;              /* 0 = off */
+  double top_p;           /* (0, 1]; 1 = off */
+  uint64_t seed;          /* used when has_seed; otherwise a seed from the OS */
+  int has_seed;
+  const char* const* stop; /* stop strings (the text is cut before the first one found) */
+  size_t n_stop;
+  int spec_tokens;        /* k for this request, 1..16; 0 = the model's default */
+  int speculative;        /* 1 (default): use the drafter; 0: target only */
+  int guard;              /* 1 (default): shrink k / fall back to target-only when speculation
+                             does not pay */
+} specedge_gen_params;
+
+SPECEDGE_API void specedge_gen_params_init(specedge_gen_params* params);
+
+/* Called once per generated token, in order: the token id and the text that became printable
+ * with it (often empty: a character split over tokens, or text held back because it may start
+ * a stop string). Return 0 to go on, non-zero to cancel: generation stops with finish reason
+ * "cancelled" and the result holds what was generated so far. */
+typedef int (*specedge_token_callback)(void* user_data, int32_t token_id, const char* text, size_t text_len);
+
+/* Generate from a text prompt (encoded like specedge_tokenize with add_bos = -1). */
+SPECEDGE_API specedge_status specedge_generate(specedge_model* model, const char* prompt,
+                                               const specedge_gen_params* params,
+                                               specedge_token_callback callback, void* user_data,
+                                               specedge_result** out);
+/* Generate from token ids. */
+SPECEDGE_API specedge_status specedge_generate_tokens(specedge_model* model, const int32_t* ids, size_t n_ids,
+                                                      const specedge_gen_params* params,
+                                                      specedge_token_callback callback, void* user_data,
+                                                      specedge_result** out);
+
+typedef struct specedge_stats {
+  int64_t tokens;          /* generated tokens (no EOS) */
+  int64_t prompt_tokens;
+  double tokens_per_s;     /* decode speed: (tokens - 1) / decode_s */
+  double e2e_tokens_per_s; /* tokens / total_s */
+  double ttft_s;           /* prefill and first token */
+  double decode_s;
+  double total_s;
+  double time_draft_s, time_verify_s, time_other_s;
+  int speculative;         /* 1 when a drafter was used */
+  double acceptance_rate;  /* accepted / drafted */
+  double mean_accepted;    /* tokens per target call in speculative rounds */
+  int64_t target_calls, drafted, accepted;
+  int k, k_final;          /* k at start and at the end (the guard may shrink it) */
+  int fallbacks;           /* times the guard switched to target-only decoding */
+  int64_t fallback_tokens;
+} specedge_stats;
+
+SPECEDGE_API const int32_t* specedge_result_tokens(const specedge_result* r, size_t* n);
+SPECEDGE_API const char* specedge_result_text(const specedge_result* r, size_t* len); /* NUL-terminated */
+/* "eos", "stop", "length", "context" or "cancelled" */
+SPECEDGE_API const char* specedge_result_finish_reason(const specedge_result* r);
+SPECEDGE_API void specedge_result_stats(const specedge_result* r, specedge_stats* stats);
+SPECEDGE_API void specedge_result_free(specedge_result* r); /* NULL is allowed */
+
+/* ------------------------------------------------------------------ information */
+
+SPECEDGE_API const char* specedge_last_error(void);  /* "" when the last call succeeded */
+SPECEDGE_API const char* specedge_status_name(specedge_status s);
+SPECEDGE_API const char* specedge_version(void);
+/* Facts about the loaded bundle. */
+SPECEDGE_API int specedge_max_seq(const specedge_model* model);
+SPECEDGE_API int specedge_vocab_size(const specedge_model* model);
+SPECEDGE_API const char* specedge_drafter_kind(const specedge_model* model); /* "model", "ngram" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPECEDGE_H */

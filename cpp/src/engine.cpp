@@ -1,0 +1,580 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "error.h"
+
+namespace specedge {
+
+namespace {
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+int common_prefix(const std::vector<int32_t>& a, size_t a0, const std::vector<int32_t>& b, size_t b0, size_t limit) {
+  size_t n = 0;
+  while (a0 + n < a.size() && b0 + n < b.size() && n < limit && a[a0 + n] == b[b0 + n]) ++n;
+  return int(n);
+}
+
+double expected_tokens(double alpha, int k) {
+  if (alpha >= 1.0) return k + 1.0;
+  return (1.0 - std::pow(alpha, k + 1)) / (1.0 - alpha);
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of a stop string.
+size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
+  size_t best = 0;
+  for (const auto& s : stops) {
+    for (size_t n = std::min(s.size() - 1, text.size()); n > best; --n) {
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        best = n;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+// Earliest stop string in text (searching from `start`), or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops, size_t start) {
+  size_t best = std::string::npos;
+  for (const auto& s : stops) {
+    size_t from = start > s.size() ? start - s.size() : 0;
+    size_t i = text.find(s, from);
+    if (i != std::string::npos && (best == std::string::npos || i < best)) best = i;
+  }
+  return best;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------- CacheTracker
+
+void CacheTracker::rollback(int position) {
+  if (position < int(tokens_.size())) tokens_.resize(size_t(std::max(position, 0)));
+  exact_ = std::min(exact_, position);
+}
+
+int CacheTracker::reuse(const std::vector<int32_t>& prompt, bool keep_last) {
+  int limit = std::min(exact_, keep_last ? int(prompt.size()) - 1 : int(prompt.size()));
+  int n = common_prefix(tokens_, 0, prompt, 0, size_t(std::max(limit, 0)));
+  n = (n / chunk_) * chunk_;
+  rollback(n);
+  return n;
+}
+
+const float* CacheTracker::feed(const int32_t* ids, int n) {
+  const float* logits = backend_->run(ids, n, position());
+  tokens_.insert(tokens_.end(), ids, ids + n);
+  return logits;
+}
+
+const float* CacheTracker::feed_chunked(const int32_t* ids, int n) {
+  if (n < 1) fail_arg("nothing to feed");
+  int start = position();
+  bool aligned = start == exact_ && start % chunk_ == 0;
+  const float* logits = nullptr;
+  int last = 0;
+  for (int s = 0; s < n; s += chunk_) {
+    last = std::min(chunk_, n - s);
+    logits = backend_->run(ids + s, last, start + s);
+  }
+  tokens_.insert(tokens_.end(), ids, ids + n);
+  if (aligned) exact_ = start + (n / chunk_) * chunk_;
+  return logits + size_t(last - 1) * size_t(backend_->vocab_size());
+}
+
+// ---------------------------------------------------------------------------- n-gram drafter
+
+NgramDrafter::NgramDrafter(std::vector<int> sizes) : sizes_(std::move(sizes)) {
+  if (sizes_.empty()) fail_arg("ngram_sizes must name at least one n-gram size");
+  reset();
+}
+
+void NgramDrafter::reset() {
+  tokens_.clear();
+  index_.assign(sizes_.size(), {});
+  covered_ = 0;
+}
+
+void NgramDrafter::sync(const std::vector<int32_t>& h) {
+  size_t m = tokens_.size();
+  if (h.size() < m || !std::equal(tokens_.begin(), tokens_.end(), h.begin())) {
+    reset();
+    m = 0;
+  }
+  tokens_.insert(tokens_.end(), h.begin() + long(m), h.end());
+}
+
+void NgramDrafter::extend_index(size_t end) {
+  for (size_t stop = covered_ + 1; stop <= end; ++stop)
+    for (size_t si = 0; si < sizes_.size(); ++si) {
+      size_t n = size_t(sizes_[si]);
+      if (stop >= n)
+        index_[si][std::string(reinterpret_cast<const char*>(tokens_.data() + stop - n), n * sizeof(int32_t))] = stop - n;
+    }
+  covered_ = std::max(covered_, end);
+}
+
+std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& history, int k) {
+  sync(history);
+  size_t len = tokens_.size();
+  if (k <= 0 || len < 2) return {};
+  extend_index(len - 1);
+  for (size_t si = 0; si < sizes_.size(); ++si) {
+    size_t n = size_t(sizes_[si]);
+    if (len <= n) continue;
+    auto it = index_[si].find(std::string(reinterpret_cast<const char*>(tokens_.data() + len - n), n * sizeof(int32_t)));
+    if (it != index_[si].end()) {
+      size_t from = it->second + n, to = std::min(from + size_t(k), len);
+      return std::vector<int32_t>(tokens_.begin() + long(from), tokens_.begin() + long(to));
+    }
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------- model drafter
+
+std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p,
+                                           Rng& rng, std::vector<double>* q) {
+  if (k < 1) return {};
+  if (history.empty()) fail_arg("cannot draft after an empty sequence");
+  // sync: roll back to the common prefix with history, feed the rest (at least the last token)
+  size_t b = size_t(base_);
+  int n = base_ + common_prefix(cache_.tokens(), b, history, b, SIZE_MAX);
+  n = std::min(n, int(history.size()) - 1);
+  cache_.rollback(n);
+  base_ = int(history.size());
+  const float* row = cache_.feed_chunked(history.data() + n, int(history.size()) - n);
+  std::vector<int32_t> out;
+  std::vector<double> probs;
+  if (q) q->assign(size_t(k) * size_t(vocab_), 0.0);
+  for (int j = 0; j < k; ++j) {
+    int32_t tok;
+    if (p.greedy()) {
+      tok = argmax(row, vocab_);
+    } else {
+      probs_from_logits(row, vocab_, p, probs);
+      std::copy(probs.begin(), probs.end(), q->begin() + long(j) * vocab_);
+      tok = sample(probs.data(), vocab_, rng);
+    }
+    out.push_back(tok);
+    if (j < k - 1) row = cache_.feed(&tok, 1);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------- speculation policy
+
+double CostModel::target_cost(int t) const {
+  auto it = target.find(t);
+  if (it != target.end()) return it->second;
+  if (target.empty()) return double(t);
+  if (t < target.begin()->first) return target.begin()->second;
+  auto last = std::prev(target.end());
+  if (t > last->first) {
+    if (target.size() == 1) return last->second * t / last->first;
+    auto prev = std::prev(last);
+    double slope = std::max((last->second - prev->second) / (last->first - prev->first), 0.0);
+    return last->second + slope * (t - last->first);
+  }
+  auto hi = target.upper_bound(t);
+  auto lo = std::prev(hi);
+  double w = double(t - lo->first) / double(hi->first - lo->first);
+  return lo->second * (1 - w) + hi->second * w;
+}
+
+void CostModel::observe_target(int t, double s) {
+  auto it = target.find(t);
+  target[t] = it == target.end() ? s : (1 - alpha) * it->second + alpha * s;
+}
+
+void CostModel::observe_draft(double s) { draft = draft == 0 ? s : (1 - alpha) * draft + alpha * s; }
+
+SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn)
+    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn) {}
+
+double SpecController::speedup(int k) const {
+  double t1 = costs_->target_cost(1);
+  double cost = k * costs_->draft + costs_->target_cost(k + 1);
+  return cost > 0 ? expected_tokens(alpha(), k) * t1 / cost : INFINITY;
+}
+
+void SpecController::record_plain(int n, double seconds) {
+  if (learn_) costs_->observe_target(1, seconds);
+  if (fallback_left_ > 0) {
+    fallback_left_ -= n;
+    fallback_tokens += n;
+    if (fallback_left_ <= 0) {
+      acc_ = 2.0;
+      rej_ = 1.0;
+      rounds_since_ = 0;
+    }
+  }
+}
+
+void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
+  (void)k;
+  if (learn_) {
+    if (drafted) costs_->observe_draft(draft_s / drafted);
+    costs_->observe_target(drafted + 1, verify_s);
+  }
+  acc_ = acc_ * decay_ + n_accepted;
+  rej_ = rej_ * decay_ + (n_accepted < drafted ? 1 : 0);
+  ++rounds_since_;
+  if (!guard_ || rounds_since_ < min_rounds_) return;
+  if (speedup(k_) >= 1.0) {
+    backoff_ = 16;
+    return;
+  }
+  int best = 0;
+  double best_s = -1;
+  for (int kk = 1; kk < k_; ++kk) {
+    double s = speedup(kk);
+    if (s > best_s) { best_s = s; best = kk; }
+  }
+  if (best > 0 && best_s >= 1.0) {
+    k_ = best;
+    ++shrinks;
+    return;
+  }
+  ++fallbacks;
+  fallback_left_ = backoff_;
+  backoff_ = std::min(backoff_ * 2, 256);
+}
+
+// ---------------------------------------------------------------------------- engine
+
+Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
+  if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram")
+    fail_arg("draft must be 'model', 'ngram' or empty, got '" + opts.draft + "'");
+  if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)
+    fail_arg("spec_tokens (k) must be in 1..16 (0 = the bundle's), got " + std::to_string(opts.spec_tokens));
+  if (opts.backend.threads < 0) fail_arg("threads must be >= 0, got " + std::to_string(opts.backend.threads));
+  m_ = load_manifest(bundle, opts.verify);
+  std::string tok_rel;
+  for (const auto& f : m_.tokenizer_files) {
+    std::string base = f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);
+    if (base == "tokenizer.json") tok_rel = f;
+  }
+  if (tok_rel.empty()) fail_bundle("the bundle lists no tokenizer.json");
+  tok_ = Tokenizer::from_file(m_.path(tok_rel));
+  std::string draft = opts.draft.empty() ? (m_.draft.is_model() ? "model" : "ngram") : opts.draft;
+  if (draft == "model" && !m_.draft.is_model())
+    fail_arg("this bundle's draft is an n-gram drafter: it has no draft model (use draft 'ngram')");
+  BackendOptions bo = opts.backend;
+  if (bo.backend.empty() || bo.backend == "auto") bo.backend = "ort-cpu";
+  bool two = draft == "model";
+  bo.allow_spinning = opts.allow_spinning < 0 ? !two : opts.allow_spinning != 0;
+  target_ = std::make_unique<OrtBackend>(m_, m_.target, bo);
+  vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
+  if (two) {
+    draft_backend_ = std::make_unique<OrtBackend>(m_, m_.draft, bo);
+    vocab_ = std::min(vocab_, draft_backend_->vocab_size());
+    drafter_ = std::make_unique<ModelDrafter>(draft_backend_.get(), m_.prefill_chunk, vocab_);
+  } else {
+    ngram_ = std::make_unique<NgramDrafter>(m_.draft.kind == "ngram" ? m_.draft.ngram_sizes : std::vector<int>{3, 2, 1});
+  }
+  tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
+  eos_ = m_.eos_token_ids;
+  spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;
+  double r;
+  if (ngram_)
+    r = 0.01;
+  else if (m_.draft.weight_bytes > 0 && m_.target.weight_bytes > 0)
+    r = std::max(double(m_.draft.weight_bytes) / double(m_.target.weight_bytes), 0.02);
+  else
+    r = 0.3;
+  static_costs_.target = {{1, 1.0}, {kMaxSpecTokens + 1, 1.0 + 0.05 * kMaxSpecTokens}};
+  static_costs_.draft = r;
+  if (opts.warmup) calibrate();
+}
+
+Engine::~Engine() = default;
+
+void Engine::calibrate(int repeats) {
+  auto timeit = [&](OrtBackend* b, int t) {
+    std::vector<int32_t> ids(size_t(t), 0);
+    b->run(ids.data(), t, 0);
+    std::vector<double> ts;
+    for (int i = 0; i < repeats; ++i) {
+      double t0 = now();
+      b->run(ids.data(), t, 0);
+      ts.push_back(now() - t0);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
+  costs_.target[1] = timeit(target_.get(), 1);
+  costs_.target[spec_tokens_ + 1] = timeit(target_.get(), spec_tokens_ + 1);
+  if (draft_backend_) {
+    costs_.draft = timeit(draft_backend_.get(), 1);
+    std::vector<int32_t> two{0, 0};
+    draft_backend_->run(two.data(), 2, 0);
+  } else {
+    costs_.draft = 2e-5;
+  }
+  tcache_->reset();
+  if (drafter_) drafter_->reset();
+}
+
+std::vector<int32_t> Engine::encode(const std::string& text, int add_bos) const {
+  std::vector<int32_t> ids = tok_.encode(text);
+  bool bos = add_bos < 0 ? m_.add_bos : add_bos != 0;
+  if (bos && m_.bos_token_id && (ids.empty() || ids[0] != *m_.bos_token_id))
+    ids.insert(ids.begin(), int32_t(*m_.bos_token_id));
+  return ids;
+}
+
+std::string Engine::apply_chat(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_gen) const {
+  if (msgs.empty()) fail_arg("messages must be a non-empty list");
+  std::string tpl;
+  if (m_.chat_template) {
+    std::ifstream in(m_.path(*m_.chat_template), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    tpl = ss.str();
+  }
+  std::string out;
+  if (tpl.find("<|im_start|>") != std::string::npos) {
+    // ChatML; a template that injects a default system message when none is given (SmolLM2)
+    // has it as the literal after "messages[0]['role'] != 'system'".
+    size_t cond = tpl.find("messages[0]['role'] != 'system'");
+    std::string key = "<|im_start|>system\n";
+    if (msgs[0].first != "system" && cond != std::string::npos) {
+      size_t a = tpl.find(key, cond), b = a == std::string::npos ? a : tpl.find("<|im_end|>", a);
+      if (a != std::string::npos && b != std::string::npos) out += tpl.substr(a, b - a) + "<|im_end|>\n";
+    }
+    for (const auto& [role, content] : msgs) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+    if (add_gen) out += "<|im_start|>assistant\n";
+    return out;
+  }
+  if (tpl.find("<start_of_turn>") != std::string::npos) {
+    // Gemma: BOS, the system message folded into the first user turn, "assistant" is "model".
+    auto bos = m_.bos_token_id ? tok_.id_to_token(int32_t(*m_.bos_token_id)) : std::nullopt;
+    if (bos) out += *bos;
+    std::string system;
+    size_t i = 0;
+    if (msgs[0].first == "system") {
+      system = msgs[0].second + "\n\n";
+      i = 1;
+    }
+    for (bool first = true; i < msgs.size(); ++i, first = false) {
+      std::string role = msgs[i].first == "assistant" ? "model" : msgs[i].first;
+      out += "<start_of_turn>" + role + "\n" + (first ? system : "") + msgs[i].second + "<end_of_turn>\n";
+    }
+    if (add_gen) out += "<start_of_turn>model\n";
+    return out;
+  }
+  fail_arg("the bundle's chat template is not a format this runtime knows (ChatML or Gemma)");
+}
+
+std::vector<int32_t> Engine::target_step(const std::vector<int32_t>& tokens, const SamplingParams& p, Rng& rng) {
+  const float* row = tcache_->feed(&tokens.back(), 1);
+  if (p.greedy()) return {argmax(row, vocab_)};
+  probs_from_logits(row, vocab_, p, p_rows_);
+  return {sample(p_rows_.data(), vocab_, rng)};
+}
+
+GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& cfg, const TokenCallback& cb) {
+  if (cfg.max_new_tokens < 1)
+    fail_arg("max_new_tokens must be an integer >= 1, got " + std::to_string(cfg.max_new_tokens));
+  validate(cfg.sampling);
+  if (cfg.spec_tokens < 0 || cfg.spec_tokens > kMaxSpecTokens)
+    fail_arg("spec_tokens (k) must be an integer in 1..16, got " + std::to_string(cfg.spec_tokens));
+  for (const auto& s : cfg.stop)
+    if (s.empty()) fail_arg("stop strings must be non-empty strings");
+  if (prompt.empty()) fail_arg("the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab_) fail_arg("token ids must be in [0, " + std::to_string(vocab_) + ")");
+  const int max_seq = m_.max_seq;
+  if (int64_t(prompt.size()) >= max_seq)
+    fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +
+             std::to_string(max_seq) + " (prompt + at least one new token must fit)");
+  const SamplingParams& params = cfg.sampling;
+  uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  Rng rng(seed);
+  bool speculative = cfg.speculative && (drafter_ || ngram_);
+  int k = cfg.spec_tokens ? cfg.spec_tokens : spec_tokens_;
+  bool deterministic = !params.greedy() && cfg.seed.has_value();
+  CostModel local = static_costs_;
+  CostModel* costs = deterministic ? &local : &costs_;
+  SpecController ctl(k, costs, cfg.guard, !deterministic);
+  int64_t calls = 0, drafted_total = 0, accepted_total = 0;
+  std::vector<int64_t> hist;
+  const auto& stops = cfg.stop;
+  IncrementalDecoder dec(&tok_);
+  GenResult res;
+  std::vector<int32_t>& out = res.token_ids;
+  std::string& text = res.text;
+  size_t shown = 0;
+  std::string finish;
+
+  double t_start = now();
+  int reused = tcache_->reuse(prompt);
+  const float* row = tcache_->feed_chunked(prompt.data() + reused, int(prompt.size()) - reused);
+  int32_t first;
+  if (params.greedy()) {
+    first = argmax(row, vocab_);
+  } else {
+    probs_from_logits(row, vocab_, params, p_rows_);
+    first = sample(p_rows_.data(), vocab_, rng);
+  }
+  double t_first = now();
+  if (speculative) {
+    if (drafter_) drafter_->start(prompt);
+    if (ngram_) ngram_->reset();
+  }
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(first);
+  std::vector<int32_t> fresh{first};
+  double t_draft = 0, t_verify = 0;
+  while (true) {
+    for (int32_t tok : fresh) {
+      if (std::find(eos_.begin(), eos_.end(), int64_t(tok)) != eos_.end()) {
+        finish = "eos";
+        break;
+      }
+      out.push_back(tok);
+      size_t before = text.size();
+      text += dec.push(tok);
+      if (!stops.empty() && text.size() > before) {
+        size_t cut = find_stop(text, stops, before);
+        if (cut != std::string::npos) {
+          text.resize(cut);
+          finish = "stop";
+        }
+      }
+      if (finish.empty() && int(out.size()) >= cfg.max_new_tokens) finish = "length";
+      // stream what is safe to show (held back: a suffix that may grow into a stop string)
+      size_t hold = (finish.empty() && !stops.empty()) ? stop_holdback(text, stops) : 0;
+      std::string piece;
+      if (text.size() - hold > shown) {
+        piece = text.substr(shown, text.size() - hold - shown);
+        shown = text.size() - hold;
+      }
+      if (cb && !cb(tok, piece) && finish.empty()) finish = "cancelled";
+      if (!finish.empty()) break;
+    }
+    if (finish.empty() && tcache_->position() >= max_seq) finish = "context";
+    if (!finish.empty()) break;
+
+    int room = max_seq - tcache_->position();
+    int kk = std::min({speculative ? ctl.next_k() : 0, cfg.max_new_tokens - int(out.size()) - 1, room - 1});
+    if (kk >= 1) {
+      double t0 = now();
+      std::vector<int32_t> draft;
+      if (drafter_) {
+        draft = drafter_->propose(tokens, kk, params, rng, params.greedy() ? nullptr : &q_rows_);
+      } else {
+        draft = ngram_->propose(tokens, kk);
+        draft.erase(std::remove_if(draft.begin(), draft.end(), [&](int32_t d) { return d < 0 || d >= vocab_; }),
+                    draft.end());
+        if (!params.greedy()) {
+          q_rows_.assign(draft.size() * size_t(vocab_), 0.0);
+          for (size_t i = 0; i < draft.size(); ++i) q_rows_[i * size_t(vocab_) + size_t(draft[i])] = 1.0;
+        }
+      }
+      double t1 = now();
+      if (draft.empty()) {
+        fresh = target_step(tokens, params, rng);
+        double dt = now() - t1;
+        t_draft += t1 - t0;
+        t_verify += dt;
+        ctl.record_plain(1, dt);
+      } else {
+        int position = tcache_->position();
+        std::vector<int32_t> feed{tokens.back()};
+        feed.insert(feed.end(), draft.begin(), draft.end());
+        const float* logits = tcache_->feed(feed.data(), int(feed.size()));
+        int V = target_->vocab_size();
+        if (params.greedy()) {
+          if (V == vocab_) {
+            fresh = verify_greedy(draft, logits, V);
+          } else {
+            std::vector<float> rows(feed.size() * size_t(vocab_));
+            for (size_t r = 0; r < feed.size(); ++r)
+              std::copy(logits + r * size_t(V), logits + r * size_t(V) + vocab_, rows.begin() + long(r) * vocab_);
+            fresh = verify_greedy(draft, rows.data(), vocab_);
+          }
+        } else {
+          std::vector<double> prow, p_all(feed.size() * size_t(vocab_));
+          for (size_t r = 0; r < feed.size(); ++r) {
+            probs_from_logits(logits + r * size_t(V), vocab_, params, prow);
+            std::copy(prow.begin(), prow.end(), p_all.begin() + long(r) * vocab_);
+          }
+          fresh = verify_sampling(draft, q_rows_, p_all, vocab_, rng);
+        }
+        tcache_->rollback(position + int(fresh.size()));
+        double t2 = now();
+        t_draft += t1 - t0;
+        t_verify += t2 - t1;
+        int n_acc = int(fresh.size()) - 1;
+        ++calls;
+        drafted_total += int64_t(draft.size());
+        accepted_total += n_acc;
+        if (hist.size() <= draft.size()) hist.resize(draft.size() + 1, 0);
+        ++hist[size_t(n_acc)];
+        ctl.record_round(kk, n_acc, t1 - t0, t2 - t1, int(draft.size()));
+      }
+    } else {
+      double t0 = now();
+      fresh = target_step(tokens, params, rng);
+      double dt = now() - t0;
+      t_verify += dt;
+      if (speculative) ctl.record_plain(1, dt);
+    }
+    tokens.insert(tokens.end(), fresh.begin(), fresh.end());
+  }
+
+  if (finish != "stop" && finish != "cancelled") {
+    text += dec.flush();
+    if (!stops.empty()) {
+      size_t cut = find_stop(text, stops, 0);
+      if (cut != std::string::npos) {
+        text.resize(cut);
+        finish = "stop";
+      }
+    }
+  }
+  if (text.size() > shown && cb && finish != "cancelled") cb(-1, text.substr(shown));
+  tcache_->rollback(std::min(tcache_->position(), int(tokens.size()) - 1));
+  double t_end = now();
+  Stats& s = res.stats;
+  int64_t n = int64_t(out.size());
+  double decode_s = t_end - t_first;
+  s.tokens = n;
+  s.prompt_tokens = int64_t(prompt.size());
+  s.tokens_per_s = (n > 1 && decode_s > 0) ? double(n - 1) / decode_s : 0.0;
+  s.e2e_tokens_per_s = t_end > t_start ? double(n) / (t_end - t_start) : 0.0;
+  s.ttft_s = t_first - t_start;
+  s.decode_s = decode_s;
+  s.total_s = t_end - t_start;
+  s.time_draft_s = t_draft;
+  s.time_verify_s = t_verify;
+  s.time_other_s = std::max(decode_s - t_draft - t_verify, 0.0);
+  s.speculative = speculative;
+  s.drafter = speculative ? drafter_kind() : "";
+  s.target_calls = calls;
+  s.drafted = drafted_total;
+  s.accepted = accepted_total;
+  s.acceptance_rate = drafted_total ? double(accepted_total) / double(drafted_total) : 0.0;
+  s.mean_accepted = calls ? double(accepted_total + calls) / double(calls) : 0.0;
+  s.accepted_histogram = hist;
+  s.prefix_reused_tokens = reused;
+  s.k = speculative ? ctl.k_start : 0;
+  s.k_final = speculative ? ctl.k_ : 0;
+  s.fallbacks = speculative ? ctl.fallbacks : 0;
+  s.fallback_tokens = speculative ? ctl.fallback_tokens : 0;
+  s.k_shrinks = speculative ? ctl.shrinks : 0;
+  res.finish_reason = finish;
+  return res;
+}
+
+}  // namespace specedge

@@ -1,0 +1,172 @@
+// The generation loop (mirrors specedge/runtime/generator.py, drafters/model.py, drafters/ngram.py):
+// chunked prefill, propose -> verify -> commit -> roll back, stop rules, streaming text, stats,
+// and the speculation guard that shrinks k or falls back to target-only decoding when the draft
+// does not pay for itself.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "manifest.h"
+#include "ort_backend.h"
+#include "sampling.h"
+#include "tokenizer.h"
+
+namespace specedge {
+
+// Which tokens occupy a backend's cache slots (generator.py's CacheTracker).
+class CacheTracker {
+ public:
+  CacheTracker(OrtBackend* b, int chunk) : backend_(b), chunk_(chunk) {}
+  int position() const { return int(tokens_.size()); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  void reset() { tokens_.clear(); exact_ = 0; }
+  void rollback(int position);
+  int reuse(const std::vector<int32_t>& prompt, bool keep_last = true);
+  const float* feed(const int32_t* ids, int n);            // one call: logits [n, V]
+  const float* feed_chunked(const int32_t* ids, int n);    // last row's logits [V]
+  OrtBackend* backend() const { return backend_; }
+  int chunk() const { return chunk_; }
+
+ private:
+  OrtBackend* backend_;
+  int chunk_;
+  std::vector<int32_t> tokens_;
+  int exact_ = 0;
+};
+
+// Prompt lookup: propose what followed the latest earlier occurrence of the history's suffix.
+class NgramDrafter {
+ public:
+  explicit NgramDrafter(std::vector<int> sizes = {3, 2, 1});
+  void reset();
+  std::vector<int32_t> propose(const std::vector<int32_t>& history, int k);
+
+ private:
+  void sync(const std::vector<int32_t>& history);
+  void extend_index(size_t end);
+  std::vector<int> sizes_;
+  std::vector<int32_t> tokens_;
+  std::vector<std::unordered_map<std::string, size_t>> index_;
+  size_t covered_ = 0;
+};
+
+// The draft model: one T=1 call per proposed token, cache synced to the committed sequence.
+class ModelDrafter {
+ public:
+  ModelDrafter(OrtBackend* b, int chunk, int vocab) : cache_(b, chunk), vocab_(vocab) {}
+  void reset() { cache_.reset(); base_ = 0; }
+  void start(const std::vector<int32_t>& prompt) { base_ = cache_.reuse(prompt, false); }
+  // Tokens, and their q rows [k, vocab] when sampling.
+  std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
+                               std::vector<double>* q);
+
+ private:
+  CacheTracker cache_;
+  int vocab_;
+  int base_ = 0;
+};
+
+struct CostModel {
+  std::map<int, double> target;  // T -> seconds
+  double draft = 0.0;
+  double alpha = 0.2;
+  double target_cost(int t) const;
+  void observe_target(int t, double s);
+  void observe_draft(double s);
+};
+
+class SpecController {
+ public:
+  SpecController(int k, CostModel* costs, bool guard, bool learn);
+  int next_k() const { return fallback_left_ > 0 ? 0 : k_; }
+  void record_plain(int n_tokens, double seconds);
+  void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted);
+  double speedup(int k) const;
+  int k_start, k_, fallbacks = 0, shrinks = 0;
+  int64_t fallback_tokens = 0;
+
+ private:
+  double alpha() const { return acc_ / (acc_ + rej_); }
+  CostModel* costs_;
+  bool guard_, learn_;
+  double acc_ = 2.0, rej_ = 1.0;
+  int rounds_since_ = 0, fallback_left_ = 0, backoff_ = 16, min_rounds_ = 4;
+  double decay_ = 0.9;
+};
+
+struct GenConfig {
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  int spec_tokens = 0;  // 0 = the model's
+  bool speculative = true;
+  bool guard = true;
+};
+
+struct Stats {
+  int64_t tokens = 0, prompt_tokens = 0, target_calls = 0, drafted = 0, accepted = 0, fallback_tokens = 0;
+  double tokens_per_s = 0, e2e_tokens_per_s = 0, ttft_s = 0, decode_s = 0, total_s = 0;
+  double time_draft_s = 0, time_verify_s = 0, time_other_s = 0, acceptance_rate = 0, mean_accepted = 0;
+  bool speculative = false;
+  std::string drafter;
+  int k = 0, k_final = 0, fallbacks = 0, k_shrinks = 0;
+  std::vector<int64_t> accepted_histogram;
+  int64_t prefix_reused_tokens = 0;
+};
+
+struct GenResult {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  std::string finish_reason;
+  Stats stats;
+};
+
+// Called per committed token with the text that became printable; return false to cancel.
+// A last call with token -1 carries text released at the end (held back or flushed), if any.
+using TokenCallback = std::function<bool(int32_t token, const std::string& text)>;
+
+struct EngineOptions {
+  BackendOptions backend;
+  int spec_tokens = 0;        // 0 = bundle's
+  std::string draft;          // "", "model", "ngram"
+  std::string verify = "full";
+  int allow_spinning = -1;    // -1 auto
+  bool warmup = true;
+};
+
+class Engine {
+ public:
+  Engine(const std::string& bundle, const EngineOptions& opts);
+  ~Engine();
+  std::vector<int32_t> encode(const std::string& text, int add_bos = -1) const;
+  std::string decode(const std::vector<int32_t>& ids) const { return tok_.decode(ids); }
+  std::string apply_chat(const std::vector<std::pair<std::string, std::string>>& messages, bool add_gen) const;
+  GenResult generate(const std::vector<int32_t>& prompt, const GenConfig& cfg, const TokenCallback& cb);
+  const Manifest& manifest() const { return m_; }
+  int vocab() const { return vocab_; }
+  std::string drafter_kind() const { return ngram_ ? "ngram" : (drafter_ ? "model" : "none"); }
+  void calibrate(int repeats = 3);
+
+ private:
+  std::vector<int32_t> target_step(const std::vector<int32_t>& tokens, const SamplingParams& p, Rng& rng);
+  Manifest m_;
+  Tokenizer tok_;
+  std::unique_ptr<OrtBackend> target_, draft_backend_;
+  std::unique_ptr<CacheTracker> tcache_;
+  std::unique_ptr<ModelDrafter> drafter_;
+  std::unique_ptr<NgramDrafter> ngram_;
+  std::vector<int64_t> eos_;
+  int vocab_ = 0, spec_tokens_ = 0;
+  CostModel costs_, static_costs_;
+  std::vector<double> p_rows_, q_rows_;
+};
+
+}  // namespace specedge

@@ -1,0 +1,201 @@
+#include "ort_backend.h"
+
+#include <cstring>
+#include <mutex>
+#include <onnxruntime_cxx_api.h>
+
+#include "error.h"
+
+namespace specedge {
+
+namespace {
+Ort::Env& env() {
+  static Ort::Env* e = new Ort::Env(ORT_LOGGING_LEVEL_ERROR, "specedge");  // process lifetime
+  return *e;
+}
+
+ONNXTensorElementDataType element_type(const std::string& dtype, size_t* bytes) {
+  if (dtype == "float32") { *bytes = 4; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  if (dtype == "float16") { *bytes = 2; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
+  if (dtype == "bfloat16") { *bytes = 2; return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
+  fail_bundle("unsupported KV dtype '" + dtype + "'");
+}
+
+std::string first_line(const std::string& s) {
+  auto p = s.find('\n');
+  return p == std::string::npos ? s : s.substr(0, p);
+}
+}  // namespace
+
+struct OrtBackend::Impl {
+  const ModelSpec* spec = nullptr;
+  std::unique_ptr<Ort::Session> session;
+  Ort::MemoryInfo mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  bool delta = false;
+  int B = 1, L = 0, H = 0, S = 0, D = 0, V = 0, t_max = 0;
+  size_t elem = 4;
+  ONNXTensorElementDataType kv_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  std::vector<uint8_t> kv;       // [2L, B, H, S, D]
+  std::vector<uint8_t> delta_buf;  // [2L, B, H, t_max, D]
+  std::vector<int64_t> ids, pos;
+  std::vector<float> logits;
+  std::vector<std::string> extra_outputs;
+  struct Binding {
+    std::unique_ptr<Ort::IoBinding> io;
+    std::vector<Ort::Value> values;  // kept alive with the binding
+  };
+  std::map<int, Binding> bindings;
+  Ort::RunOptions run_opts;
+
+  size_t layer_bytes() const { return size_t(B) * H * S * D * elem; }
+  uint8_t* kv_ptr(int j) { return kv.data() + size_t(j) * layer_bytes(); }
+
+  void allocate(int t) {
+    t_max = t;
+    ids.assign(size_t(B) * t_max, 0);
+    pos.assign(size_t(B), 0);
+    logits.assign(size_t(B) * t_max * V, 0.f);
+    if (delta) delta_buf.assign(size_t(2) * L * B * H * t_max * D * elem, 0);
+    bindings.clear();
+  }
+
+  Binding& binding(int t) {
+    auto it = bindings.find(t);
+    if (it != bindings.end()) return it->second;
+    Binding b;
+    b.io = std::make_unique<Ort::IoBinding>(*session);
+    auto bind_in = [&](const std::string& name, void* p, size_t bytes, std::vector<int64_t> shape,
+                       ONNXTensorElementDataType ty) {
+      b.values.push_back(Ort::Value::CreateTensor(mem, p, bytes, shape.data(), shape.size(), ty));
+      b.io->BindInput(name.c_str(), b.values.back());
+    };
+    auto bind_out = [&](const std::string& name, void* p, size_t bytes, std::vector<int64_t> shape,
+                        ONNXTensorElementDataType ty) {
+      b.values.push_back(Ort::Value::CreateTensor(mem, p, bytes, shape.data(), shape.size(), ty));
+      b.io->BindOutput(name.c_str(), b.values.back());
+    };
+    bind_in("input_ids", ids.data(), size_t(B) * t * 8, {B, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+    bind_in("position", pos.data(), size_t(B) * 8, {B}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+    bind_out("logits", logits.data(), size_t(B) * t * V * 4, {B, t, V}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+    size_t delta_elems = size_t(B) * H * t * D;
+    for (int kind = 0; kind < 2; ++kind) {
+      const char* kname = kind ? "value" : "key";
+      for (int i = 0; i < L; ++i) {
+        int j = kind * L + i;
+        std::string idx = std::to_string(i);
+        bind_in(std::string("past_") + kname + "." + idx, kv_ptr(j), layer_bytes(), {B, H, S, D}, kv_type);
+        if (!delta)
+          bind_out(std::string("present_") + kname + "." + idx, kv_ptr(j), layer_bytes(), {B, H, S, D}, kv_type);
+        else
+          bind_out(std::string("new_") + kname + "." + idx, delta_buf.data() + size_t(j) * delta_elems * elem,
+                   delta_elems * elem, {B, H, t, D}, kv_type);
+      }
+    }
+    for (const auto& name : extra_outputs) b.io->BindOutput(name.c_str(), mem);
+    return bindings.emplace(t, std::move(b)).first->second;
+  }
+};
+
+OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts) : impl_(new Impl) {
+  if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
+  if (opts.backend != "ort-cpu")
+    fail_arg("backend '" + opts.backend + "' is not available in this build (available: ort-cpu)");
+  Impl& s = *impl_;
+  s.spec = &spec;
+  role_ = spec.role;
+  s.delta = m.kv_mode == "delta";
+  s.B = m.batch;
+  s.L = spec.num_layers;
+  s.H = spec.num_kv_heads;
+  s.S = m.max_seq;
+  s.D = spec.head_dim;
+  s.V = int(spec.vocab_size);
+  vocab_ = s.V;
+  max_seq_ = m.max_seq;
+  s.kv_type = element_type(spec.kv_dtype, &s.elem);
+  const GraphSpec& g = spec.graph_for(opts.backend);
+  std::string path = m.path(g.path);
+  try {
+    Ort::SessionOptions so;
+    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+    so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
+    so.SetInterOpNumThreads(1);
+    if (opts.threads > 0) so.SetIntraOpNumThreads(opts.threads);
+    so.SetLogSeverityLevel(3);
+    if (!opts.allow_spinning) {
+      so.AddConfigEntry("session.intra_op.allow_spinning", "0");
+      so.AddConfigEntry("session.inter_op.allow_spinning", "0");
+    }
+    s.session = std::make_unique<Ort::Session>(env(), path.c_str(), so);
+  } catch (const Ort::Exception& e) {
+    fail_backend("ONNX Runtime cannot load the " + spec.role + " graph '" + g.path + "': " + first_line(e.what()));
+  }
+  // Check the graph's names against the contract (DESIGN.md).
+  std::vector<std::string> got_in, got_out;
+  Ort::AllocatorWithDefaultOptions alloc;
+  for (size_t i = 0; i < s.session->GetInputCount(); ++i) got_in.push_back(s.session->GetInputNameAllocated(i, alloc).get());
+  for (size_t i = 0; i < s.session->GetOutputCount(); ++i) got_out.push_back(s.session->GetOutputNameAllocated(i, alloc).get());
+  std::vector<std::string> want_in{"input_ids", "position"}, want_out{"logits"};
+  for (int i = 0; i < s.L; ++i) {
+    want_in.push_back("past_key." + std::to_string(i));
+    want_in.push_back("past_value." + std::to_string(i));
+    want_out.push_back((s.delta ? "new_key." : "present_key.") + std::to_string(i));
+    want_out.push_back((s.delta ? "new_value." : "present_value.") + std::to_string(i));
+  }
+  auto has = [](const std::vector<std::string>& v, const std::string& n) {
+    for (const auto& x : v)
+      if (x == n) return true;
+    return false;
+  };
+  for (const auto& n : want_in)
+    if (!has(got_in, n)) fail_bundle("the " + spec.role + " graph lacks input '" + n + "' that the manifest promises");
+  for (const auto& n : got_in)
+    if (!has(want_in, n)) fail_bundle("the " + spec.role + " graph has an unexpected input '" + n + "'");
+  for (const auto& n : want_out)
+    if (!has(got_out, n)) fail_bundle("the " + spec.role + " graph lacks output '" + n + "' that the manifest promises");
+  for (const auto& n : got_out)
+    if (!has(want_out, n)) s.extra_outputs.push_back(n);
+  // sizes come from a checked manifest, but guard the multiplication anyway
+  double kv_bytes = 2.0 * s.L * s.B * s.H * double(s.S) * s.D * double(s.elem);
+  if (kv_bytes > double(1ull << 40)) fail_bundle("the " + spec.role + " KV cache would need more than 1 TiB");
+  try {
+    s.kv.assign(size_t(kv_bytes), 0);
+  } catch (const std::bad_alloc&) {
+    fail_backend("cannot allocate the " + spec.role + " KV cache (" + std::to_string(size_t(kv_bytes) >> 20) + " MiB)");
+  }
+  s.allocate(std::max(m.prefill_chunk, 2 * kMaxSpecTokens + 2));
+}
+
+OrtBackend::~OrtBackend() = default;
+
+const float* OrtBackend::run(const int32_t* ids, int t, int position) {
+  Impl& s = *impl_;
+  if (t < 1) fail_arg("input_ids must hold at least one token");
+  if (position < 0 || position + t > s.S)
+    fail_arg(std::to_string(t) + " tokens at position " + std::to_string(position) + " do not fit max_seq " +
+             std::to_string(s.S));
+  if (t > s.t_max) s.allocate(t);
+  for (int b = 0; b < s.B; ++b)
+    for (int i = 0; i < t; ++i) s.ids[size_t(b) * t + i] = ids[i];
+  for (int b = 0; b < s.B; ++b) s.pos[size_t(b)] = position;
+  Impl::Binding& bd = s.binding(t);
+  try {
+    s.session->Run(s.run_opts, *bd.io);
+  } catch (const Ort::Exception& e) {
+    fail_backend("ONNX Runtime failed to run the " + role_ + " graph (T=" + std::to_string(t) + ", position " +
+                 std::to_string(position) + "): " + first_line(e.what()));
+  }
+  if (s.delta) {
+    size_t row = size_t(t) * s.D * s.elem, slot = size_t(s.D) * s.elem;
+    size_t delta_elems = size_t(s.B) * s.H * t * s.D;
+    for (int j = 0; j < 2 * s.L; ++j) {
+      const uint8_t* src = s.delta_buf.data() + size_t(j) * delta_elems * s.elem;
+      uint8_t* dst = s.kv_ptr(j);
+      for (int bh = 0; bh < s.B * s.H; ++bh)
+        std::memcpy(dst + (size_t(bh) * s.S + size_t(position)) * slot, src + size_t(bh) * row, row);
+    }
+  }
+  return s.logits.data();
+}
+
+}  // namespace specedge

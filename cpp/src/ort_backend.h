@@ -1,0 +1,43 @@
+// One model on an ONNX Runtime session with static, IO-bound buffers (mirrors
+// specedge/runtime/backends/ort.py): a zeroed KV arena [2L, B, kv_heads, S, head_dim] allocated
+// once; input_ids / position / logits buffers; one Ort::IoBinding per distinct T, kept. Scatter
+// mode binds present_* to the very address of past_* (ONNX Runtime updates the cache in place);
+// delta mode binds new_* to a delta arena and copies the new entries to slot `position`.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "manifest.h"
+
+namespace specedge {
+
+struct BackendOptions {
+  int threads = 0;            // 0 = ONNX Runtime's default
+  bool allow_spinning = true;
+  std::string backend = "ort-cpu";
+};
+
+class OrtBackend {
+ public:
+  OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts);
+  ~OrtBackend();
+  OrtBackend(const OrtBackend&) = delete;
+  OrtBackend& operator=(const OrtBackend&) = delete;
+
+  // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
+  const float* run(const int32_t* ids, int t, int position);
+  int vocab_size() const { return vocab_; }
+  int max_seq() const { return max_seq_; }
+  const std::string& role() const { return role_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int vocab_ = 0, max_seq_ = 0;
+  std::string role_;
+};
+
+}  // namespace specedge

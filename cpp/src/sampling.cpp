@@ -1,0 +1,137 @@
+#include "sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "error.h"
+
+namespace specedge {
+
+void validate(const SamplingParams& p) {
+  if (std::isnan(p.temperature)) fail_arg("temperature must not be NaN");
+  if (std::isnan(p.top_p)) fail_arg("top_p must not be NaN");
+  if (p.temperature < 0) fail_arg("temperature must be >= 0, got " + std::to_string(p.temperature));
+  if (std::isinf(p.temperature)) fail_arg("temperature must be finite");
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail_arg("top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  if (p.top_k < 0) fail_arg("top_k must be >= 0 (0 disables it), got " + std::to_string(p.top_k));
+}
+
+int argmax(const float* x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+void probs_from_logits(const float* logits, int n, const SamplingParams& p, std::vector<double>& out) {
+  out.assign(size_t(n), 0.0);
+  for (int i = 0; i < n; ++i)
+    if (std::isnan(logits[i]) || (std::isinf(logits[i]) && logits[i] > 0)) fail_backend("the model produced NaN or +inf logits");
+  if (p.greedy()) {
+    out[size_t(argmax(logits, n))] = 1.0;
+    return;
+  }
+  double mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]));
+  if (std::isinf(mx)) fail_backend("every logit of a row is -inf, so no token can be chosen");
+  std::vector<double> z(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) z[size_t(i)] = (double(logits[i]) - mx) / p.temperature;
+  std::vector<char> keep(size_t(n), 1);
+  if (p.top_k > 0 && p.top_k < n) {
+    std::vector<double> tmp(z);
+    std::nth_element(tmp.begin(), tmp.begin() + (n - p.top_k), tmp.end());
+    double kth = tmp[size_t(n - p.top_k)];  // k-th largest value
+    int count = 0;
+    for (int i = 0; i < n; ++i) {
+      keep[size_t(i)] = z[size_t(i)] > kth;
+      count += keep[size_t(i)];
+    }
+    for (int i = 0; i < n && count < p.top_k; ++i)
+      if (z[size_t(i)] == kth) { keep[size_t(i)] = 1; ++count; }
+  }
+  double total = 0;
+  for (int i = 0; i < n; ++i)
+    if (keep[size_t(i)]) { out[size_t(i)] = std::exp(z[size_t(i)]); total += out[size_t(i)]; }
+  for (double& v : out) v /= total;
+  if (p.top_p < 1.0) {
+    std::vector<int> order;
+    for (int i = 0; i < n; ++i)
+      if (out[size_t(i)] > 0) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return out[size_t(a)] > out[size_t(b)]; });
+    double cum = 0;
+    size_t n_keep = 0;
+    for (int id : order) {
+      cum += out[size_t(id)];
+      if (cum < p.top_p) ++n_keep; else break;
+    }
+    n_keep = std::min(n_keep + 1, order.size());
+    double kept = 0;
+    for (size_t i = 0; i < n_keep; ++i) kept += out[size_t(order[i])];
+    std::vector<double> res(size_t(n), 0.0);
+    for (size_t i = 0; i < n_keep; ++i) res[size_t(order[i])] = out[size_t(order[i])] / kept;
+    out.swap(res);
+  }
+}
+
+int sample(const double* p, int n, Rng& rng) {
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!(p[i] >= 0) || std::isinf(p[i])) fail_backend("a probability row is not finite and non-negative");
+    total += p[i];
+  }
+  if (!(total > 0) || std::isinf(total)) fail_backend("a probability row has no mass");
+  double u = rng.uniform() * total, cdf = 0;
+  int last_nonzero = -1;
+  for (int i = 0; i < n; ++i) {
+    if (p[i] > 0) last_nonzero = i;
+    cdf += p[i];
+    if (cdf > u && p[i] > 0) return i;
+  }
+  return last_nonzero;
+}
+
+std::vector<int32_t> verify_greedy(const std::vector<int32_t>& draft, const float* logits, int V) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < draft.size(); ++i) {
+    int best = argmax(logits + i * size_t(V), V);
+    if (draft[i] != best) {
+      out.push_back(best);
+      return out;
+    }
+    out.push_back(draft[i]);
+  }
+  out.push_back(argmax(logits + draft.size() * size_t(V), V));
+  return out;
+}
+
+std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const std::vector<double>& q_all,
+                                     const std::vector<double>& p_all, int V, Rng& rng) {
+  std::vector<int32_t> out;
+  std::vector<double> residual(static_cast<size_t>(V));
+  for (size_t i = 0; i < draft.size(); ++i) {
+    const double* p = p_all.data() + i * size_t(V);
+    const double* q = q_all.data() + i * size_t(V);
+    int x = draft[i];
+    double qx = q[x];
+    bool onehot = !(qx > 0);
+    if (onehot) qx = 1.0;
+    if (rng.uniform() * qx < p[x]) {
+      out.push_back(x);
+      continue;
+    }
+    double sum = 0;
+    for (int v = 0; v < V; ++v) {
+      double qv = onehot ? (v == x ? 1.0 : 0.0) : q[v];
+      residual[size_t(v)] = std::max(p[v] - qv, 0.0);
+      sum += residual[size_t(v)];
+    }
+    out.push_back(sum > 0 ? sample(residual.data(), V, rng) : sample(p, V, rng));
+    return out;
+  }
+  out.push_back(sample(p_all.data() + draft.size() * size_t(V), V, rng));
+  return out;
+}
+
+}  // namespace specedge

