@@ -6,7 +6,7 @@
 Configurations (each runs in its own subprocess, so one engine's thread pools, OpenMP spinning and
 memory never touch another's measurement; the peak RSS is that process's own):
 
-  specedge         target-only (fp32), speculative with the bundle's int4 self-draft (k from the
+  specedge         target-only (fp32), speculative with the bundle's self-draft (k from the
                    manifest, guard on: what an application gets), speculative with the n-gram drafter
   onnxruntime-genai  its model builder's fp32 and int4 (CPU defaults: accuracy_level 4, block 32)
                    models of the same checkpoint, target-only; its own speculative decoding with the
@@ -61,10 +61,11 @@ DEFAULT_BUNDLE = REPO / "bundles" / "smollm2-135m-instruct"
 CATEGORIES = ("code", "chat", "grounded", "summarization")
 MARK_BEGIN, MARK_END = "<!-- peers:begin -->", "<!-- peers:end -->"
 
-# name, engine, weights, drafter, options
+SPEC_NAME = "specedge speculative (self-draft)"
+# name, engine, weights, drafter, options (specedge's drafter label is read from the bundle)
 CONFIGS = [
     ("specedge target-only", "specedge", "fp32", None, {"draft": "ngram", "speculative": False}),
-    ("specedge speculative (int4 self-draft)", "specedge", "fp32", "int4 self-draft", {"draft": "model", "speculative": True}),
+    (SPEC_NAME, "specedge", "fp32", "self-draft", {"draft": "model", "speculative": True}),
     ("specedge speculative (n-gram)", "specedge", "fp32", "n-gram", {"draft": "ngram", "speculative": True}),
     ("onnxruntime-genai fp32", "ortgenai", "fp32", None, {"model": "fp32"}),
     ("onnxruntime-genai int4", "ortgenai", "int4", None, {"model": "int4"}),
@@ -515,7 +516,7 @@ def _load(r: dict) -> str:
 def markdown(res: dict) -> str:
     m = res["machine"]
     rows = res["results"]
-    ref = next((r for r in rows if r["name"] == "specedge speculative (int4 self-draft)" and r["status"] == "ok"), None)
+    ref = next((r for r in rows if r["name"] == SPEC_NAME and r["status"] == "ok"), None)
     ref_tps = ref["tokens_per_s"] if ref else None
     lines = [
         f"Measured {res['created']} on {m['cpu']} ({m['logical_cpus']} logical CPUs), {res['threads']} threads per "
@@ -552,7 +553,7 @@ def markdown(res: dict) -> str:
         lines.append("")
     prof = res.get("profile")
     if prof:
-        lines.append(f"Where specedge's speculative time goes (int4 self-draft, all prompts): {prof}")
+        lines.append(f"Where specedge's speculative time goes (self-draft, all prompts): {prof}")
         lines.append("")
     lines.append(f"Command: `{res['command']}` (JSON: `{res['json']}`).")
     return "\n".join(lines)
@@ -682,6 +683,8 @@ def main(argv=None) -> int:
     for name, engine, weights, drafter, options in CONFIGS:
         if engine not in engines or (only and not any(s in name.lower() for s in only)):
             continue
+        if name == SPEC_NAME:
+            drafter = _draft_label(Path(paths["bundle"]))
         row = {"name": name, "engine": ENGINE_NAMES[engine], "weights": weights, "drafter": drafter, "options": options}
         if engine in prep_errors:
             row.update(status="not run", error=prep_errors[engine])
@@ -771,12 +774,22 @@ def main(argv=None) -> int:
     return 0
 
 
+def _draft_label(bundle: Path) -> str:
+    """What the bundle's draft is, e.g. "int4 self-draft (gguf-exact)"."""
+    m = json.loads((bundle / "manifest.json").read_text())
+    d = m["models"]["draft"]
+    if d.get("kind") == "ngram" or not d.get("graphs"):
+        return "n-gram"
+    method = (d.get("quantization") or {}).get("method")
+    return f"{d.get('precision', '?')} self-draft" + (f" ({method})" if method else "")
+
+
 def _row(results, name):
     return next((r for r in results if r["name"] == name and r["status"] == "ok"), None)
 
 
 def figures(results) -> dict:
-    spec = _row(results, "specedge speculative (int4 self-draft)")
+    spec = _row(results, SPEC_NAME)
     ng = _row(results, "specedge speculative (n-gram)")
     base = _row(results, "specedge target-only")
     hf = _row(results, "transformers assisted (int8 self-draft)")
@@ -801,7 +814,7 @@ def figures(results) -> dict:
 
 
 def profile(results) -> str | None:
-    spec = _row(results, "specedge speculative (int4 self-draft)")
+    spec = _row(results, SPEC_NAME)
     if not spec:
         return None
     t = spec["info"]["totals"]

@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 if [ ! -f bundles/smollm2-135m-instruct/manifest.json ]; then
   echo "== exporting the default bundle"
-  export-models --quiet
+  # --quiet means nothing on stderr (no third-party progress bars either): checked here, on the real model.
+  err=$(export-models --quiet 2>&1 >/dev/null) || { echo "$err"; exit 1; }
+  if [ -n "$err" ]; then echo "export-models --quiet wrote to stderr:"; echo "$err"; exit 1; fi
 fi
 echo "== building the C++ runtime"
 bash scripts/cpp_setup.sh

@@ -75,6 +75,9 @@ def export_graph(
     dtype = TORCH_DTYPES.get(precision, torch.float32)
     model = model.eval().to(dtype)
     model.kv_mode = "gqa" if flavour == "ort" else kv_mode
+    model.fuse_projections()
+    if flavour == "ort":
+        model.prepare_rope_tables(max_seq, dtype)
     cache = model.empty_cache(max_seq, batch, dtype)
     ids = torch.zeros((batch, 3), dtype=torch.int64)
     pos = torch.zeros((batch,), dtype=torch.int64)

@@ -6,6 +6,8 @@ Nothing is downloaded: a source that is not on this machine is a clear error. Ev
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -201,7 +203,8 @@ def load(source: str | None, progress=None) -> Checkpoint:
         say(f"loading {path.name} (dequantizing GGUF)")
         try:
             config = AutoConfig.from_pretrained(folder, gguf_file=fname)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+            with _no_gguf_bar():
+                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
             say("loading tokenizer")
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         except UserError:
@@ -247,6 +250,20 @@ def load(source: str | None, progress=None) -> Checkpoint:
         chat_template=chat_template,
         extra=extra,
     )
+
+
+@contextlib.contextmanager
+def _no_gguf_bar():
+    """transformers' GGUF reader draws a plain tqdm bar that disable_progress_bar() does not reach
+    (it printed even under --quiet); the CLI's own "loading" stage stands for it."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    orig = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(orig, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = orig
 
 
 def _check_safetensors(folder: Path) -> None:

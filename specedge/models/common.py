@@ -46,6 +46,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # One ONNX RMSNormalization node (opset 23) instead of seven elementwise ones: at T=1
+            # on a small CPU the per-node overhead is a third of a step.
+            w = self.weight + self.offset if self.offset else self.weight
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         # Rounding follows transformers in half precision: Llama-style norms cast to the input
@@ -127,6 +132,17 @@ class Rotary(nn.Module):
         for n, b in keep.items():
             self._buffers[n] = b.to(self._buffers[n].device)
         return self
+
+    def cache(self, max_seq: int, dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos and sin [max_seq, rot_dim / 2] for attention ops that rotate q and k themselves
+        (GroupQueryAttention's do_rotary), with the attention scaling folded in; None when this
+        rope cannot be a fixed table (longrope switches tables at run time) or the op's kernel
+        does not take its width (a multiple of 8)."""
+        half = self.inv_freq.shape[0]
+        if self.long_inv_freq is not None or half % 8:
+            return None
+        freqs = torch.arange(max_seq, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [B, T] -> cos, sin [B, 1, T, rot_dim]
@@ -241,14 +257,62 @@ class StaticKVAttention(nn.Module):
         self.window = window
         self.softcap = softcap
 
+    # Set by CausalLM.prepare_rope_cache for the ort graph flavour: cos/sin arrive as tables and
+    # GroupQueryAttention rotates q and k itself.
+    rope_in_op: bool = False
+
+    def fuse_projections(self) -> None:
+        """Replace q/k/v by one qkv_proj (rows concatenated): one MatMul per layer instead of
+        three. Idempotent; the outputs are unchanged up to float summation order."""
+        if not hasattr(self, "q_proj"):
+            return
+        self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _split_sizes(self) -> list[int]:
+        return [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+
+    def project_flat(self, x: torch.Tensor):
+        """q, k, v as [B, T, heads * head_dim] (the layout GroupQueryAttention reads)."""
+        if hasattr(self, "qkv_proj"):
+            return self.qkv_proj(x).split(self._split_sizes(), dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def project(self, x: torch.Tensor):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        return q, k, v
+        q, k, v = self.project_flat(x)
+        return (
+            q.reshape(b, t, self.heads, self.head_dim),
+            k.reshape(b, t, self.kv_heads, self.head_dim),
+            v.reshape(b, t, self.kv_heads, self.head_dim),
+        )
+
+    def _forward_gqa(self, x, cos, sin, position, past_k, past_v):
+        # Scatter contract, one fused op: ONNX Runtime's GroupQueryAttention in the graph.
+        from .gqa import gqa
+
+        b, t, _ = x.shape
+        # In gqa mode the model passes (seqlens_k, total_len) where other modes get `position`.
+        args = (*position, float(self.scale), int(self.window or 0), float(self.softcap or 0.0), self.heads)
+        if self.rope_in_op and self.q_norm is None and hasattr(self, "qkv_proj"):
+            # Packed q|k|v straight from the fused projection: no split, no transposes.
+            out, kc, vc = gqa(self.qkv_proj(x).to(past_k.dtype), None, None, past_k, past_v, cos, sin, *args)
+            return self.o_proj(out.to(x.dtype)), kc, vc
+        q, k, v = self.project_flat(x)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(b, t, self.heads, self.head_dim)).reshape(b, t, -1)
+            k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
+        if not self.rope_in_op:
+            q = _flat(apply_rope(q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin))
+            k = _flat(apply_rope(k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin))
+            cos = sin = None
+        dt = past_k.dtype
+        out, kc, vc = gqa(q.to(dt), k.to(dt), v.to(dt), past_k, past_v, cos, sin, *args)
+        return self.o_proj(out.to(x.dtype)), kc, vc
 
     def forward(self, x, cos, sin, position, past_k, past_v, kv_mode: str):
+        if kv_mode == "gqa":
+            return self._forward_gqa(x, cos, sin, position, past_k, past_v)
         b, t, _ = x.shape
         q, k, v = self.project(x)
         if self.q_norm is not None:
@@ -257,13 +321,6 @@ class StaticKVAttention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin).to(past_k.dtype)
         v = v.transpose(1, 2).to(past_v.dtype)
         slots = past_k.shape[-2]
-        if kv_mode == "gqa":
-            # Scatter contract, one fused op: ONNX Runtime's GroupQueryAttention in the graph.
-            from .gqa import gqa
-
-            out, kc, vc = gqa(q, k, v, past_k, past_v, position, float(self.scale), int(self.window or 0),
-                              float(self.softcap or 0.0))
-            return self.o_proj(out.to(x.dtype)), kc, vc
         if kv_mode == "scatter":
             kc = cache_write(past_k, k, position)
             vc = cache_write(past_v, v, position)
@@ -273,6 +330,27 @@ class StaticKVAttention(nn.Module):
         mask = delta_mask(position, t, slots, self.window)
         out = attend(q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), mask, self.scale, self.softcap)
         return self.o_proj(out.to(x.dtype)), k, v
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, T, D] -> [B, T, H * D]."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+@torch.no_grad()
+def _concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    first = linears[0]
+    bias = [lin.bias for lin in linears]
+    if any(b is not None for b in bias):
+        bias = [b if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
+                for b, lin in zip(bias, linears)]
+    fused = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=bias[0] is not None,
+                      dtype=first.weight.dtype, device=first.weight.device)
+    fused.weight.copy_(torch.cat([lin.weight for lin in linears], 0))
+    if fused.bias is not None:
+        fused.bias.copy_(torch.cat(bias, 0))
+    return fused
 
 
 _ACTIVATIONS = {
@@ -301,7 +379,17 @@ class GatedMLP(nn.Module):
         self.act = act
         self.act_fn = activation(act)
 
+    def fuse_projections(self) -> None:
+        """One gate|up MatMul instead of two. Idempotent."""
+        if not hasattr(self, "gate_proj"):
+            return
+        self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act_fn(gate) * up)
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -338,7 +426,12 @@ class CausalLM(nn.Module):
         h = self.embed(input_ids)
         pos = new_positions(position, t)
         # cos/sin once per rotary kind (gemma3 has a local and a global one), not once per layer.
-        rope = {name: r(pos) for name, r in self.rotaries.items()}
+        tables = getattr(self, "rope_tables", {}) if self.kv_mode == "gqa" else {}
+        if self.kv_mode == "gqa":
+            from .gqa import gqa_lengths
+
+            position = gqa_lengths(position, t)
+        rope = {name: tables[name] if name in tables else r(pos) for name, r in self.rotaries.items()}
         outs = []
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.layer_rope[i]]
@@ -347,6 +440,24 @@ class CausalLM(nn.Module):
         return (self.final_logits(h), *outs)
 
     # -- helpers used by export and tests
+    def fuse_projections(self) -> None:
+        """Fused q|k|v and gate|up projections (fewer, larger MatMuls in the graph)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "fuse_projections"):
+                m.fuse_projections()
+
+    def prepare_rope_tables(self, max_seq: int, dtype) -> None:
+        """cos/sin tables for attention that rotates inside GroupQueryAttention (ort flavour);
+        layers whose rope cannot be a table keep rotating in the graph."""
+        self.rope_tables = {}
+        for name, r in self.rotaries.items():
+            t = r.cache(max_seq, dtype)
+            if t is not None:
+                self.rope_tables[name] = t
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.rope_in_op = self.layer_rope[i] in self.rope_tables
+
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)

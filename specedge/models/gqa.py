@@ -11,32 +11,49 @@ from __future__ import annotations
 
 import torch
 
-from .common import attend, attention_mask, cache_write
+from .common import apply_rope, attend, attention_mask, cache_write, new_positions
 
 
 @torch.library.custom_op("specedge::gqa", mutates_args=())
 def gqa(
-    q: torch.Tensor,  # [B, H, T, D], rope applied
-    k: torch.Tensor,  # [B, KVH, T, D]
-    v: torch.Tensor,
+    q: torch.Tensor,  # [B, T, H*D]; packed [B, T, (H + 2 KVH)*D] when k and v are None
+    k: torch.Tensor | None,  # [B, T, KVH*D]
+    v: torch.Tensor | None,
     past_k: torch.Tensor,  # [B, KVH, S, D]
     past_v: torch.Tensor,
-    position: torch.Tensor,  # [B]
+    cos: torch.Tensor | None,  # [S, rot/2]: rotate q and k inside (rotate-half layout); None: done
+    sin: torch.Tensor | None,
+    seqlens_k: torch.Tensor,  # int32 [B]: position + T - 1, GroupQueryAttention's own input
+    total_len: torch.Tensor,  # int32 scalar: max over the batch of position + T
     scale: float,
     window: int,  # <= 0: no sliding window
     softcap: float,  # <= 0: none
+    num_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kc = cache_write(past_k, k, position)
-    vc = cache_write(past_v, v, position)
-    mask = attention_mask(position, q.shape[2], past_k.shape[2], window if window > 0 else None)
-    out = attend(q, kc, vc, mask, scale, softcap if softcap > 0 else None)
+    b, t, _ = q.shape
+    kvh, d = past_k.shape[1], past_k.shape[3]
+    position = seqlens_k.long() + 1 - t
+    if k is None or v is None:
+        q, k, v = q.split([num_heads * d, kvh * d, kvh * d], dim=-1)
+    qh = q.reshape(b, t, num_heads, d).transpose(1, 2)
+    kh = k.reshape(b, t, kvh, d).transpose(1, 2)
+    vh = v.reshape(b, t, kvh, d).transpose(1, 2)
+    if cos is not None and sin is not None:
+        pos = new_positions(position, t)  # [B, T]
+        c = torch.cat([cos[pos], cos[pos]], dim=-1)[:, None]  # [B, 1, T, rot]
+        s_ = torch.cat([sin[pos], sin[pos]], dim=-1)[:, None]
+        qh, kh = apply_rope(qh, c, s_), apply_rope(kh, c, s_)
+    kc = cache_write(past_k, kh, position)
+    vc = cache_write(past_v, vh, position)
+    mask = attention_mask(position, t, past_k.shape[2], window if window > 0 else None)
+    out = attend(qh, kc, vc, mask, scale, softcap if softcap > 0 else None)
     return out.to(q.dtype), kc, vc
 
 
 @gqa.register_fake
-def _gqa_fake(q, k, v, past_k, past_v, position, scale, window, softcap):
-    b, h, t, d = q.shape
-    return q.new_empty((b, t, h * v.shape[-1])), torch.empty_like(past_k), torch.empty_like(past_v)
+def _gqa_fake(q, k, v, past_k, past_v, cos, sin, seqlens_k, total_len, scale, window, softcap, num_heads):
+    b, t, _ = q.shape
+    return q.new_empty((b, t, num_heads * past_v.shape[-1])), torch.empty_like(past_k), torch.empty_like(past_v)
 
 
 def _gqa_schema():
@@ -45,7 +62,10 @@ def _gqa_schema():
     FP = OpSchema.FormalParameter
     T = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
     ins = [FP(n, "T") for n in ("query", "key", "value", "past_key", "past_value")]
+    ins[1] = FP("key", "T", param_option=OpSchema.FormalParameterOption.Optional)
+    ins[2] = FP("value", "T", param_option=OpSchema.FormalParameterOption.Optional)
     ins += [FP("seqlens_k", "M"), FP("total_sequence_length", "M")]
+    ins += [FP(n, "T", param_option=OpSchema.FormalParameterOption.Optional) for n in ("cos_cache", "sin_cache")]
     outs = [FP(n, "T") for n in ("output", "present_key", "present_value")]
     A = OpSchema.AttrType
     attrs = [
@@ -55,6 +75,7 @@ def _gqa_schema():
         OpSchema.Attribute("local_window_size", A.INT, "sliding window, -1 for none"),
         OpSchema.Attribute("softcap", A.FLOAT, "logit soft-capping, 0 for none"),
         OpSchema.Attribute("do_rotary", A.INT, "rotary inside the op"),
+        OpSchema.Attribute("rotary_interleaved", A.INT, "0: rotate-half layout"),
     ]
     return OpSchema(
         "GroupQueryAttention", "com.microsoft", 1, inputs=ins, outputs=outs,
@@ -62,29 +83,29 @@ def _gqa_schema():
     )
 
 
-def gqa_onnx(q, k, v, past_k, past_v, position, scale: float, window: int, softcap: float):
-    """ONNX translation: com.microsoft GroupQueryAttention (do_rotary=0: rope is already applied
-    by our graph, which keeps every family's rope variant exact)."""
+def gqa_onnx(q, k, v, past_k, past_v, cos, sin, seqlens_k, total_len, scale: float, window: int,
+             softcap: float, num_heads: int):
+    """ONNX translation: com.microsoft GroupQueryAttention. With cos/sin tables the op rotates q
+    and k itself (do_rotary=1, positions from seqlens_k); without, rope was applied in the graph
+    (longrope, or tables the kernel cannot take)."""
     from onnxscript import values
     from onnxscript.onnx_opset import opset24 as op
-    from onnxscript import ir
 
     # ONNX has no schema for ONNX Runtime's contrib ops; the exporter needs one to emit the node.
     group_query_attention = values.Op(values.Opset("com.microsoft", 1), "GroupQueryAttention", _gqa_schema())
-    heads = q.shape[1]
     kv_heads = past_k.shape[1]
-    # [B, H, T, D] -> [B, T, H*D], the layout GroupQueryAttention takes.
-    qf = op.Reshape(op.Transpose(q, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
-    kf = op.Reshape(op.Transpose(k, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
-    vf = op.Reshape(op.Transpose(v, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
-    t = op.Shape(q, start=2, end=3)
-    total = op.Add(position, t)  # [B] int64: keys visible to the last new token
-    seqlens = op.Cast(op.Sub(total, op.Constant(value_ints=[1])), to=ir.DataType.INT32)
-    total_len = op.Cast(op.ReduceMax(total, keepdims=0), to=ir.DataType.INT32)
+    rotary = cos is not None
     out, pk, pv = group_query_attention(
-        qf, kf, vf, past_k, past_v, seqlens, total_len,
-        num_heads=int(heads), kv_num_heads=int(kv_heads), scale=float(scale),
+        q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin,
+        num_heads=int(num_heads), kv_num_heads=int(kv_heads), scale=float(scale),
         local_window_size=int(window) if window > 0 else -1, softcap=float(softcap) if softcap > 0 else 0.0,
-        do_rotary=0,
+        do_rotary=int(rotary), rotary_interleaved=0,
     )
     return out, pk, pv
+
+
+def gqa_lengths(position: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GroupQueryAttention's seqlens_k and total_sequence_length, computed once per forward (not
+    once per layer) from the write offset and the number of new tokens."""
+    total = position + t
+    return (total - 1).to(torch.int32), total.max().to(torch.int32)

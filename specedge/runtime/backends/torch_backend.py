@@ -97,6 +97,7 @@ def to_specedge_module(torch, model):
 
     if isinstance(model, CausalLM):
         model.kv_mode = "delta"
+        model.fuse_projections()  # one GEMM for q|k|v and one for gate|up: fewer kernel launches
         return model
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(model, "state_dict"):
@@ -108,6 +109,7 @@ def to_specedge_module(torch, model):
         load_weights(m, model.state_dict())
     except ValueError as e:
         raise BackendError(str(e)) from None
+    m.fuse_projections()
     return m
 
 
