@@ -31,7 +31,7 @@ typedef enum specedge_status {
   SPECEDGE_OK = 0,
   SPECEDGE_ERR_INVALID_ARGUMENT = 1, /* a bad parameter or prompt */
   SPECEDGE_ERR_BUNDLE = 2,           /* the bundle is missing, malformed or fails its checksums */
-  SPECEDGE_ERR_BACKEND = 3,          /* ONNX Runtime could not load or run a graph */
+  SPECEDGE_ERR_BACKEND = 3,          /* ONNX Runtime / TensorRT / CUDA could not load or run a graph */
   SPECEDGE_ERR_IO = 4,               /* a file could not be read */
   SPECEDGE_ERR_INTERNAL = 5          /* a bug or out of memory */
 } specedge_status;
@@ -42,7 +42,9 @@ typedef struct specedge_result specedge_result; /* one finished generation */
 /* ------------------------------------------------------------------ opening a bundle */
 
 typedef struct specedge_open_options {
-  const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) */
+  const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) or "tensorrt": the native
+                           TensorRT backend, engines from `specedge build-engines` (a library built without
+                           TensorRT refuses it with SPECEDGE_ERR_INVALID_ARGUMENT and the reason) */
   int threads;          /* intra-op threads per ONNX Runtime session; 0 = ONNX Runtime's default */
   int spec_tokens;      /* default k (draft tokens per round), 1..16; 0 = the bundle's */
   const char* draft;    /* "model", "ngram", or NULL = the bundle's own kind */

@@ -257,6 +257,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)
     fail_arg("spec_tokens (k) must be in 1..16 (0 = the bundle's), got " + std::to_string(opts.spec_tokens));
   if (opts.backend.threads < 0) fail_arg("threads must be >= 0, got " + std::to_string(opts.backend.threads));
+  check_backend_name(opts.backend.backend);  // before the bundle: a build without TensorRT says so first
   m_ = load_manifest(bundle, opts.verify);
   std::string tok_rel;
   for (const auto& f : m_.tokenizer_files) {
@@ -269,13 +270,14 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (draft == "model" && !m_.draft.is_model())
     fail_arg("this bundle's draft is an n-gram drafter: it has no draft model (use draft 'ngram')");
   BackendOptions bo = opts.backend;
-  if (bo.backend.empty() || bo.backend == "auto") bo.backend = "ort-cpu";
+  bo.backend = resolve_backend_name(bo.backend);
+  bo.verify = opts.verify;
   bool two = draft == "model";
   bo.allow_spinning = opts.allow_spinning < 0 ? !two : opts.allow_spinning != 0;
-  target_ = std::make_unique<OrtBackend>(m_, m_.target, bo);
+  target_ = make_backend(m_, m_.target, bo);
   vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
   if (two) {
-    draft_backend_ = std::make_unique<OrtBackend>(m_, m_.draft, bo);
+    draft_backend_ = make_backend(m_, m_.draft, bo);
     vocab_ = std::min(vocab_, draft_backend_->vocab_size());
     drafter_ = std::make_unique<ModelDrafter>(draft_backend_.get(), m_.prefill_chunk, vocab_);
   } else {
@@ -284,6 +286,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
   eos_ = m_.eos_token_ids;
   spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;
+  check_call_size(spec_tokens_);
   double r;
   if (ngram_)
     r = 0.01;
@@ -299,7 +302,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
 Engine::~Engine() = default;
 
 void Engine::calibrate(int repeats) {
-  auto timeit = [&](OrtBackend* b, int t) {
+  auto timeit = [&](Backend* b, int t) {
     std::vector<int32_t> ids(size_t(t), 0);
     b->run(ids.data(), t, 0);
     std::vector<double> ts;
@@ -322,6 +325,16 @@ void Engine::calibrate(int repeats) {
   }
   tcache_->reset();
   if (drafter_) drafter_->reset();
+}
+
+void Engine::check_call_size(int k) const {
+  // Verification feeds k + 1 tokens in one call: refuse up front what the target's backend cannot run (a TensorRT
+  // engine is built for T up to its largest optimization profile), rather than in the middle of a generation.
+  int cap = target_->max_call_tokens();
+  if (k + 1 > cap)
+    fail_arg("spec_tokens (k) " + std::to_string(k) + " needs " + std::to_string(k + 1) +
+             " tokens per verification call, but the target's " + target_->name() + " engine takes at most " +
+             std::to_string(cap) + " (use k <= " + std::to_string(cap - 1) + ", or rebuild the engines for a larger k)");
 }
 
 std::vector<int32_t> Engine::encode(const std::string& text, int add_bos) const {
@@ -397,6 +410,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   if (int64_t(prompt.size()) >= max_seq)
     fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +
              std::to_string(max_seq) + " (prompt + at least one new token must fit)");
+  if (cfg.speculative && cfg.spec_tokens) check_call_size(cfg.spec_tokens);
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "manifest.h"
-#include "ort_backend.h"
+#include "backend.h"
 #include "sampling.h"
 #include "tokenizer.h"
 
@@ -23,7 +23,7 @@ namespace specedge {
 // Which tokens occupy a backend's cache slots (generator.py's CacheTracker).
 class CacheTracker {
  public:
-  CacheTracker(OrtBackend* b, int chunk) : backend_(b), chunk_(chunk) {}
+  CacheTracker(Backend* b, int chunk) : backend_(b), chunk_(chunk) {}
   int position() const { return int(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   void reset() { tokens_.clear(); exact_ = 0; }
@@ -31,11 +31,11 @@ class CacheTracker {
   int reuse(const std::vector<int32_t>& prompt, bool keep_last = true);
   const float* feed(const int32_t* ids, int n);            // one call: logits [n, V]
   const float* feed_chunked(const int32_t* ids, int n);    // last row's logits [V]
-  OrtBackend* backend() const { return backend_; }
+  Backend* backend() const { return backend_; }
   int chunk() const { return chunk_; }
 
  private:
-  OrtBackend* backend_;
+  Backend* backend_;
   int chunk_;
   std::vector<int32_t> tokens_;
   int exact_ = 0;
@@ -60,7 +60,7 @@ class NgramDrafter {
 // The draft model: one T=1 call per proposed token, cache synced to the committed sequence.
 class ModelDrafter {
  public:
-  ModelDrafter(OrtBackend* b, int chunk, int vocab) : cache_(b, chunk), vocab_(vocab) {}
+  ModelDrafter(Backend* b, int chunk, int vocab) : cache_(b, chunk), vocab_(vocab) {}
   void reset() { cache_.reset(); base_ = 0; }
   void start(const std::vector<int32_t>& prompt) { base_ = cache_.reuse(prompt, false); }
   // Tokens, and their q rows [k, vocab] when sampling.
@@ -156,10 +156,11 @@ class Engine {
   void calibrate(int repeats = 3);
 
  private:
+  void check_call_size(int k) const;
   std::vector<int32_t> target_step(const std::vector<int32_t>& tokens, const SamplingParams& p, Rng& rng);
   Manifest m_;
   Tokenizer tok_;
-  std::unique_ptr<OrtBackend> target_, draft_backend_;
+  std::unique_ptr<Backend> target_, draft_backend_;
   std::unique_ptr<CacheTracker> tcache_;
   std::unique_ptr<ModelDrafter> drafter_;
   std::unique_ptr<NgramDrafter> ngram_;

@@ -98,8 +98,7 @@ struct OrtBackend::Impl {
 
 OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts) : impl_(new Impl) {
   if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
-  if (opts.backend != "ort-cpu")
-    fail_arg("backend '" + opts.backend + "' is not available in this build (available: ort-cpu)");
+  if (opts.backend != "ort-cpu") fail_arg("OrtBackend runs backend 'ort-cpu', not '" + opts.backend + "'");
   Impl& s = *impl_;
   s.spec = &spec;
   role_ = spec.role;

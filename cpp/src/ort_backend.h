@@ -10,28 +10,24 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "manifest.h"
 
 namespace specedge {
 
-struct BackendOptions {
-  int threads = 0;            // 0 = ONNX Runtime's default
-  bool allow_spinning = true;
-  std::string backend = "ort-cpu";
-};
-
-class OrtBackend {
+class OrtBackend : public Backend {
  public:
   OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts);
-  ~OrtBackend();
+  ~OrtBackend() override;
   OrtBackend(const OrtBackend&) = delete;
   OrtBackend& operator=(const OrtBackend&) = delete;
 
   // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
-  const float* run(const int32_t* ids, int t, int position);
-  int vocab_size() const { return vocab_; }
-  int max_seq() const { return max_seq_; }
-  const std::string& role() const { return role_; }
+  const float* run(const int32_t* ids, int t, int position) override;
+  int vocab_size() const override { return vocab_; }
+  int max_seq() const override { return max_seq_; }
+  const std::string& role() const override { return role_; }
+  std::string name() const override { return "ort-cpu"; }
 
  private:
   struct Impl;

@@ -18,7 +18,7 @@ namespace {
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                         [--seed S] [--spec-tokens K] [--no-spec] [--no-guard] [--draft model|ngram]\n"
-    "                         [--stop STR]... [--threads N] [--backend ort-cpu] [--verify full|size|none]\n"
+    "                         [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt] [--verify full|size|none]\n"
     "                         [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
 
@@ -103,8 +103,9 @@ int main(int argc, char** argv) {
         gp.stop.push_back(s);
       } else if (a == "--backend") {
         std::string b = value();
-        if (b != "auto" && b != "ort-cpu")
-          throw UsageError("unknown backend '" + b + "' (--backend); this build has: auto, ort-cpu");
+        // "tensorrt" is passed on: the library says whether it was built with TensorRT, and how to get it.
+        if (b != "auto" && b != "ort-cpu" && b != "tensorrt")
+          throw UsageError("argument --backend: invalid choice: '" + b + "' (choose from 'auto', 'ort-cpu', 'tensorrt')");
         oo.backend(b);
       } else if (a == "--verify") {
         std::string v = value();

@@ -1,0 +1,52 @@
+// The interface every model backend implements (ONNX Runtime CPU in ort_backend.cpp, native TensorRT in
+// trt_backend.cpp), and the factory that picks one by name. The generation loop (engine.cpp) only calls run():
+// `t` new tokens at cache slot `position` -> logits [t, vocab] for batch row 0. The backend owns the static KV
+// cache of its model; rolling back is the caller's business (it just passes an earlier position next time).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "manifest.h"
+
+namespace specedge {
+
+struct BackendOptions {
+  std::string backend = "ort-cpu";  // "ort-cpu" or "tensorrt" ("auto" / "" are resolved by the engine)
+  int threads = 0;                  // ONNX Runtime intra-op threads; 0 = its default
+  bool allow_spinning = true;       // ONNX Runtime intra-op spinning
+  std::string verify = "full";      // TensorRT plan check: "full" (size + sha256), "size" or "none"
+  int device_id = 0;                // CUDA device of the TensorRT backend
+  bool cuda_graphs = true;          // TensorRT: capture one CUDA graph per exact-shape profile
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
+  virtual const float* run(const int32_t* ids, int t, int position) = 0;
+  virtual int vocab_size() const = 0;
+  virtual int max_seq() const = 0;
+  virtual const std::string& role() const = 0;
+  virtual std::string name() const = 0;  // "ort-cpu", "tensorrt"
+  // The most tokens one run() accepts (TensorRT: the largest optimization profile).
+  virtual int max_call_tokens() const { return 1 << 30; }
+};
+
+// Whether this library was compiled with the native TensorRT backend.
+bool tensorrt_compiled();
+// The backend names this build accepts ("auto" included).
+std::vector<std::string> backend_names();
+// Refuses (SPECEDGE_ERR_INVALID_ARGUMENT, one sentence) a name this build does not have; "tensorrt" in a build
+// without TensorRT says so and how to rebuild.
+void check_backend_name(const std::string& name);
+// "auto" / "" -> "ort-cpu"; other names checked and returned as they are.
+std::string resolve_backend_name(const std::string& name);
+std::unique_ptr<Backend> make_backend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts);
+
+// The sentence for "tensorrt" in a build without it (also used by the tests). A function, not a global: the tests
+// link the core both statically and through libspecedge, and a global would be defined twice.
+const char* no_tensorrt_message();
+
+}  // namespace specedge
