@@ -31,6 +31,7 @@ from specedge.errors import UserError
 from specedge.manifest import ModelSpec, graph_io, load_manifest
 from specedge.runtime.backends.base import BackendError
 from specedge.runtime.backends.binding import (
+    ARENA_ALIGN,
     KVLayout,
     binding_plan,
     check_graph_names,
@@ -117,32 +118,132 @@ def test_binding_plan_scatter_aliases_present_to_past():
 
 def test_binding_plan_delta_maps_new_entries_into_the_delta_arena():
     b = {x.name: x for x in binding_plan(spec(), "delta", S, 5, batch=2, argmax=True)}
-    tb = 2 * KVH * 5 * HD * 2
+    assert 2 * KVH * 5 * HD * 2 == 160  # one fp16 delta tensor: padded to a 256-byte stride
+    tb = ARENA_ALIGN
     assert b["new_key.1"].buffer == "delta" and b["new_key.1"].offset == 1 * tb
     assert b["new_value.0"].offset == L * tb and b["new_value.0"].shape == (2, KVH, 5, HD)
     assert b["past_value.2"].offset == (L + 2) * 2 * KVH * S * HD * 2
     assert b["argmax"].shape == (2, 5, 1)
 
 
-def test_delta_copy_is_one_2d_copy_equal_to_per_layer_writes():
-    """Simulate cudaMemcpy2D on byte arrays and compare with writing each layer's slice."""
-    for batch, t, pos in ((1, 1, 0), (1, 5, 7), (2, 3, S - 3)):
-        cache = KVLayout.for_cache(spec(), S, batch)
-        delta = KVLayout.for_delta(spec(), t, batch)
-        rng = np.random.default_rng(t)
-        arena = rng.standard_normal(cache.total_elems).astype(np.float16)
-        new = rng.standard_normal(delta.total_elems).astype(np.float16)
-        want = arena.reshape((2 * L,) + cache.tensor_shape).copy()
-        want[:, :, :, pos : pos + t] = new.reshape((2 * L,) + delta.tensor_shape)
-        c = delta_copy(cache, t, pos)
-        dst, src = arena.view(np.uint8), new.view(np.uint8)
-        assert c.height == 2 * L * batch * KVH and c.width == t * HD * 2 and c.dpitch == S * HD * 2
+def _spec(layers, kv_heads, head_dim, kv_dtype="float16"):
+    return ModelSpec(role="target", kind="model", precision="fp16", kv_dtype=kv_dtype, num_layers=layers,
+                     num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=V)
+
+
+# (spec, max_seq): kv_heads 3 x head_dim 64 fp16 gives 384-byte delta tensors at T = 1 (misaligned
+# every other tensor when packed); max_seq 33 pads the cache too; the toy spec() is dense at S = 32.
+LAYOUT_CASES = [
+    (spec(), S),
+    (_spec(2, 3, 64), 32),
+    (_spec(2, 3, 64), 33),
+    (_spec(3, 1, 8, "float32"), 7),
+    (_spec(2, 5, 24, "bfloat16"), 19),
+]
+
+
+def _simulate(copies, dst: np.ndarray, src: np.ndarray) -> None:
+    """cudaMemcpy2D on byte arrays: `height` rows of `width` bytes, each side with its own pitch."""
+    for c in copies:
+        assert c.width <= c.dpitch and c.width <= c.spitch
         for r in range(c.height):
             d0, s0 = c.dst_offset + r * c.dpitch, c.src_offset + r * c.spitch
+            assert d0 + c.width <= dst.size and s0 + c.width <= src.size
             dst[d0 : d0 + c.width] = src[s0 : s0 + c.width]
-        np.testing.assert_array_equal(arena.reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("sp,max_seq", LAYOUT_CASES)
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_every_bound_arena_offset_is_256_byte_aligned(sp, max_seq, kv_mode):
+    """TensorRT's setTensorAddress wants 256-byte aligned pointers; the arena bases are (cudaMalloc),
+    so every offset into an arena must be a multiple of 256, for every T and batch."""
+    assert ARENA_ALIGN == 256
+    for batch in (1, 2):
+        cache = KVLayout.for_cache(sp, max_seq, batch)
+        for t in (1, 2, 3, 5, max_seq):
+            delta = KVLayout.for_delta(sp, t, batch)
+            plan = binding_plan(sp, kv_mode, max_seq, t, batch, argmax=True)
+            arena = [b for b in plan if b.buffer in ("cache", "delta")]
+            assert len(arena) == 4 * sp.num_layers  # past_* and present_* (scatter) or new_* (delta)
+            for b in arena:
+                assert b.offset % 256 == 0, (b.name, b.offset)
+                layout = cache if b.buffer == "cache" else delta
+                nbytes = int(np.prod(b.shape)) * layout.itemsize
+                assert nbytes == layout.tensor_bytes and b.offset + nbytes <= layout.total_bytes
+            for layout in (cache, delta):  # padded strides, no overlap, allocation holds every tensor
+                assert layout.tensor_stride % 256 == 0 and layout.total_bytes % 256 == 0
+                assert 0 <= layout.tensor_stride - layout.tensor_bytes < 256
+                assert layout.total_elems * layout.itemsize == layout.total_bytes
+            # a delta arena allocated for the profile's t_max holds the layout of any smaller T
+            assert delta.total_bytes <= KVLayout.for_delta(sp, max_seq, batch).total_bytes
+
+
+def test_padding_where_expected():
+    d = KVLayout.for_delta(_spec(2, 3, 64), 1)
+    assert (d.tensor_bytes, d.tensor_stride, d.dense) == (384, 512, False)
+    assert [d.offset(k, i) for k in (0, 1) for i in (0, 1)] == [0, 512, 1024, 1536]
+    assert KVLayout.for_cache(_spec(2, 3, 64), 32).dense  # 3 * 32 * 64 * 2 = 12288 = 48 * 256
+    c = KVLayout.for_cache(_spec(2, 3, 64), 33)
+    assert (c.tensor_bytes, c.tensor_stride) == (12672, 12800) and not c.dense
+
+
+@pytest.mark.parametrize(
+    "sp,max_seq,batch,t,pos,n_copies",
+    [
+        (_spec(2, 3, 64), 32, 1, 1, 0, 4),  # padded delta (384 -> 512), dense cache
+        (_spec(2, 3, 64), 32, 1, 5, 7, 4),  # padded delta (1920 -> 2048)
+        (_spec(2, 3, 64), 32, 2, 5, 27, 1),  # batch 2: 2 * 3 * 5 * 64 * 2 = 3840 = 15 * 256, dense
+        (_spec(2, 3, 40), 32, 2, 5, 27, 4),  # batch 2, last slots, 2400-byte delta tensors
+        (_spec(2, 3, 64), 33, 1, 1, 32, 4),  # padded cache too
+        (_spec(2, 4, 64), 32, 1, 1, 3, 1),  # unpadded: 512-byte delta tensors, 16 KiB cache tensors
+        (_spec(2, 4, 64), 32, 2, 5, 9, 1),
+        (spec(), S, 2, 8, 3, 1),  # toy spec: 2 * 2 * 8 * 4 * 2 = 256-byte delta tensors, dense
+        (spec(), S, 1, 5, 7, 2 * L),  # 80-byte delta tensors, padded
+        (spec(), S, 2, 3, S - 3, 2 * L),
+        (_spec(3, 1, 8, "float32"), 7, 1, 2, 5, 6),  # both arenas padded (224-byte cache tensors)
+    ],
+)
+def test_delta_copies_write_the_same_cache_as_a_direct_numpy_write(sp, max_seq, batch, t, pos, n_copies):
+    """Simulate the 2-D copies on byte arrays (delta arena -> cache arena at `position`) and compare
+    with writing the new entries straight into an unpadded numpy cache; padding stays untouched."""
+    cache = KVLayout.for_cache(sp, max_seq, batch)
+    delta = KVLayout.for_delta(sp, t, batch)
+    dt = {"float16": np.float16, "float32": np.float32}[sp.kv_dtype]
+    rng = np.random.default_rng(t * 100 + pos)
+    old = rng.standard_normal((cache.num_tensors,) + cache.tensor_shape).astype(dt)
+    new = rng.standard_normal((delta.num_tensors,) + delta.tensor_shape).astype(dt)
+    want = old.copy()
+    want[:, :, :, pos : pos + t] = new  # the reference: unpadded, direct write
+
+    # the arenas as the backends allocate them, padding filled with a sentinel (0xAB) to catch strays
+    dst = np.full(cache.total_bytes, 0xAB, np.uint8)
+    src = np.full(delta.total_bytes, 0xAB, np.uint8)
+    cache.tensors(dst.view(dt))[...] = old
+    delta.tensors(src.view(dt))[...] = new
+    for layout, buf, tensors in ((cache, dst, old), (delta, src, new)):  # offset() agrees with tensors()
+        for j in range(layout.num_tensors):
+            kind, layer = divmod(j, sp.num_layers)
+            o = layout.offset(kind, layer)
+            np.testing.assert_array_equal(buf[o : o + layout.tensor_bytes].view(dt).reshape(layout.tensor_shape), tensors[j])
+
+    copies = delta_copy(cache, t, pos)
+    assert len(copies) == n_copies == (1 if cache.dense and delta.dense else 2 * sp.num_layers)
+    rows = sum(c.height for c in copies)
+    assert rows == 2 * sp.num_layers * batch * sp.num_kv_heads
+    assert all(c.width == t * sp.head_dim * cache.itemsize and c.dpitch == max_seq * sp.head_dim * cache.itemsize for c in copies)
+    _simulate(copies, dst, src)
+    np.testing.assert_array_equal(cache.tensors(dst.view(dt)), want)
+    pad = np.ones(cache.total_bytes, bool)  # every byte outside the tensors is still the sentinel
+    for j in range(cache.num_tensors):
+        pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
+    assert (dst[pad] == 0xAB).all()
+
+
+def test_delta_copy_refuses_overflow_and_empty_calls():
     with pytest.raises(ValueError, match="overflows"):
         delta_copy(KVLayout.for_cache(spec(), S), 4, S - 3)
+    with pytest.raises(ValueError, match="T must be >= 1"):
+        delta_copy(KVLayout.for_cache(spec(), S), 0, 0)
 
 
 def test_check_graph_names():

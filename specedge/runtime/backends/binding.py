@@ -3,15 +3,21 @@
 Buffer layout (every GPU backend uses it, so the arithmetic is tested once, on the CPU):
 
 * **cache arena**: one allocation holding all K and V caches, tensor j = kind * L + layer
-  (kind 0 = key, 1 = value), each [B, kv_heads, S, head_dim] row-major. Seen as a matrix it has
-  2·L·B·kv_heads rows of S·head_dim elements.
+  (kind 0 = key, 1 = value), each [B, kv_heads, S, head_dim] row-major, starting at j * stride where
+  the stride is the tensor's size rounded up to a multiple of ARENA_ALIGN (256) bytes: TensorRT
+  wants every bound address 256-byte aligned. Each tensor is a matrix of B·kv_heads rows of
+  S·head_dim elements; when no padding is needed (the tensor size is already a multiple of 256
+  bytes, as it usually is for the cache) the whole arena is one matrix of 2·L·B·kv_heads rows.
 * **delta arena** (delta mode, one per call size T): the graph's `new_key.i` / `new_value.i`
-  outputs, same order, each [B, kv_heads, T, head_dim]: 2·L·B·kv_heads rows of T·head_dim.
+  outputs, same order and same padding rule, each [B, kv_heads, T, head_dim]. Here padding is the
+  common case (kv_heads 3, head_dim 64, fp16, T = 1: 384-byte tensors, stride 512).
 
-With that layout, writing every layer's new entries at `position` is a **single 2-D copy**
-(cudaMemcpy2DAsync): `height` = 2·L·B·kv_heads rows of `width` = T·head_dim·itemsize bytes, source
-pitch `width`, destination pitch S·head_dim·itemsize, destination offset position·head_dim·itemsize.
-In scatter mode `present_*` bind to the same addresses as `past_*` (in-place update).
+Writing every layer's new entries at `position` is a 2-D copy (cudaMemcpy2DAsync) of rows of
+`width` = T·head_dim·itemsize bytes, source pitch `width`, destination pitch S·head_dim·itemsize,
+destination offset position·head_dim·itemsize: **one** copy of all 2·L·B·kv_heads rows when neither
+arena is padded, else one per K/V tensor (B·kv_heads rows each, 2·L copies) — `delta_copy` returns
+the list and the backends issue every copy in it. In scatter mode `present_*` bind to the same
+addresses as `past_*` (in-place update).
 
 Also here: the graph-name check (does a session or engine follow the manifest contract) and the
 profile option strings of ONNX Runtime's TensorRT execution provider.
@@ -20,13 +26,22 @@ profile option strings of ONNX Runtime's TensorRT execution provider.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...manifest import DTYPE_BYTES, ModelSpec, TensorSpec, graph_io
 
 KEY, VALUE = 0, 1
 _KV_NAME = re.compile(r"^(past_key|past_value|present_key|present_value|new_key|new_value)\.(\d+)$")
 ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK over logits)
+
+# Every tensor in an arena starts on a multiple of this many bytes. TensorRT's
+# IExecutionContext::setTensorAddress (Python: set_tensor_address) documents "The pointer must have
+# at least 256-byte alignment" (NvInferRuntime.h), and tensors packed back to back break that as
+# soon as one tensor's size is not a multiple of 256 bytes (e.g. a delta tensor with kv_heads 3,
+# head_dim 64, fp16, T = 1 is 384 bytes). cudaMalloc and ONNX Runtime's CUDA allocator return
+# 256-byte aligned bases, so aligned offsets give aligned addresses. Same value as kTensorAlign in
+# cpp/src/trt_plan.h.
+ARENA_ALIGN = 256
 
 
 def parse_kv_name(name: str) -> tuple[str, int, int] | None:
@@ -40,7 +55,8 @@ def parse_kv_name(name: str) -> tuple[str, int, int] | None:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """2·L tensors of [B, kv_heads, seq, head_dim] back to back in one allocation."""
+    """2·L tensors of [B, kv_heads, seq, head_dim] in one allocation, each starting on a multiple of
+    `align` bytes (tensor j at j * tensor_stride)."""
 
     num_layers: int
     batch: int
@@ -48,6 +64,7 @@ class KVLayout:
     seq: int
     head_dim: int
     itemsize: int
+    align: int = ARENA_ALIGN
 
     @classmethod
     def for_cache(cls, spec: ModelSpec, max_seq: int, batch: int = 1) -> "KVLayout":
@@ -56,6 +73,10 @@ class KVLayout:
     @classmethod
     def for_delta(cls, spec: ModelSpec, t: int, batch: int = 1) -> "KVLayout":
         return cls(spec.num_layers, batch, spec.num_kv_heads, t, spec.head_dim, DTYPE_BYTES[spec.kv_dtype])
+
+    def __post_init__(self):
+        if self.align < 1 or self.align % self.itemsize:
+            raise ValueError(f"arena alignment {self.align} is not a multiple of the element size {self.itemsize}")
 
     @property
     def tensor_shape(self) -> tuple[int, int, int, int]:
@@ -67,23 +88,40 @@ class KVLayout:
 
     @property
     def tensor_bytes(self) -> int:
+        """Bytes of one tensor's data (without padding)."""
         return self.tensor_elems * self.itemsize
+
+    @property
+    def tensor_stride(self) -> int:
+        """Bytes from one tensor to the next: tensor_bytes rounded up to a multiple of `align`."""
+        return -(-self.tensor_bytes // self.align) * self.align
+
+    @property
+    def dense(self) -> bool:
+        """No padding between tensors: the arena is one matrix of `rows` rows of `row_bytes`."""
+        return self.tensor_stride == self.tensor_bytes
 
     @property
     def num_tensors(self) -> int:
         return 2 * self.num_layers
 
     @property
-    def total_elems(self) -> int:
-        return self.num_tensors * self.tensor_elems
+    def total_bytes(self) -> int:
+        """Bytes to allocate for the arena, padding included."""
+        return self.num_tensors * self.tensor_stride
 
     @property
-    def total_bytes(self) -> int:
-        return self.num_tensors * self.tensor_bytes
+    def total_elems(self) -> int:
+        """Elements to allocate for the arena, padding included (align is a multiple of itemsize)."""
+        return self.total_bytes // self.itemsize
 
     @property
     def rows(self) -> int:
-        return self.num_tensors * self.batch * self.kv_heads
+        return self.num_tensors * self.rows_per_tensor
+
+    @property
+    def rows_per_tensor(self) -> int:
+        return self.batch * self.kv_heads
 
     @property
     def row_bytes(self) -> int:
@@ -95,8 +133,14 @@ class KVLayout:
         return kind * self.num_layers + layer
 
     def offset(self, kind: int, layer: int) -> int:
-        """Byte offset of one tensor in the arena."""
-        return self.index(kind, layer) * self.tensor_bytes
+        """Byte offset of one tensor in the arena (a multiple of `align`)."""
+        return self.index(kind, layer) * self.tensor_stride
+
+    def tensors(self, flat):
+        """View a flat numpy array of `total_elems` elements (the arena) as [2·L, B, kv_heads, seq,
+        head_dim], skipping the padding (a view, not a copy)."""
+        n = self.tensor_stride // self.itemsize
+        return flat.reshape(self.num_tensors, n)[:, : self.tensor_elems].reshape((self.num_tensors,) + self.tensor_shape)
 
 
 @dataclass(frozen=True)
@@ -111,22 +155,32 @@ class Copy2D:
     height: int
 
 
-def delta_copy(cache: KVLayout, t: int, position: int) -> Copy2D:
-    """The single 2-D copy that writes a delta arena for T = t into the cache arena at `position`
-    (all layers, K and V, every batch row at the same position)."""
+def delta_copy(cache: KVLayout, t: int, position: int) -> list[Copy2D]:
+    """The 2-D copies that write the delta arena for T = t (laid out as `replace(cache, seq=t)`, i.e.
+    KVLayout.for_delta) into the cache arena at `position`, all layers, K and V, every batch row at
+    the same position: one copy of every row when neither arena is padded, else one per K/V tensor.
+    The caller must issue every copy in the list."""
     if t < 1:
         raise ValueError(f"T must be >= 1, got {t}")
     if position < 0 or position + t > cache.seq:
         raise ValueError(f"writing {t} entries at position {position} overflows the cache of {cache.seq} slots")
-    width = t * cache.head_dim * cache.itemsize
-    return Copy2D(
-        dst_offset=position * cache.head_dim * cache.itemsize,
-        dpitch=cache.row_bytes,
-        src_offset=0,
-        spitch=width,
-        width=width,
-        height=cache.rows,
-    )
+    delta = replace(cache, seq=t)
+    width = delta.row_bytes  # T·head_dim elements
+    dst0 = position * cache.head_dim * cache.itemsize
+    if cache.dense and delta.dense:  # each arena is one matrix: a single copy of every row
+        return [Copy2D(dst_offset=dst0, dpitch=cache.row_bytes, src_offset=0, spitch=width, width=width, height=cache.rows)]
+    return [
+        Copy2D(
+            dst_offset=cache.offset(kind, layer) + dst0,
+            dpitch=cache.row_bytes,
+            src_offset=delta.offset(kind, layer),
+            spitch=width,
+            width=width,
+            height=cache.rows_per_tensor,
+        )
+        for kind in (KEY, VALUE)
+        for layer in range(cache.num_layers)
+    ]
 
 
 @dataclass(frozen=True)

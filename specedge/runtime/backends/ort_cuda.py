@@ -12,8 +12,9 @@ execution provider (`ort-trt`), with IO binding and CUDA graphs.
   place (`update_inplace`) between replays. Other sizes (prefill) run with gpu_graph_id = -1. When
   the session cannot capture (nodes left on the CPU, an old onnxruntime-gpu) it falls back to
   plain runs and says why in describe() and the log.
-* Delta mode: after each run one 2-D device copy (cuda-python's cudaMemcpy2D) writes every layer's
-  new entries at `position`.
+* Delta mode: after each run 2-D device copies (cuda-python's cudaMemcpy2D) write every layer's
+  new entries at `position`: one copy, or one per K/V tensor when the arenas are padded (arena
+  tensors start on 256-byte boundaries, binding.ARENA_ALIGN, which the TensorRT EP needs too).
 * Greedy: `argmax` runs a one-node ArgMax session bound to the logits buffer (when the onnx package
   is there to build it), so only T int64 values are copied to the host.
 
@@ -265,7 +266,7 @@ class OrtCudaBackend(Backend):
         return self.ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem_type, self.device_type, self.device_id)
 
     def _allocate(self) -> None:
-        n = self.cache.total_elems
+        n = self.cache.total_elems  # padding included (binding.ARENA_ALIGN)
         if self._copier is not None:
             self.arena = self._ortvalue([n], self.elem_type)
             self._copier.memset0(self.arena.data_ptr(), self.cache.total_bytes)
@@ -368,10 +369,9 @@ class OrtCudaBackend(Backend):
             s.ids.update_inplace(np.ascontiguousarray(np.tile(ids, (self.batch, 1))))
             self.session.run_with_iobinding(s.binding, s.run_options)
         if self.kv_mode == "delta":
-            c = delta_copy(self.cache, t, position)
-            self._copier.copy2d(
-                self.arena_ptr + c.dst_offset, c.dpitch, s.delta.data_ptr() + c.src_offset, c.spitch, c.width, c.height
-            )
+            src = s.delta.data_ptr()
+            for c in delta_copy(self.cache, t, position):  # one, or one per K/V tensor when padded
+                self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height)
         s.ran = True
         return s
 
@@ -396,7 +396,7 @@ class OrtCudaBackend(Backend):
 
     def cache_array(self) -> np.ndarray:
         """The whole cache arena as a host array [2L, B, kv_heads, S, head_dim] (a copy; tests)."""
-        return self.arena.numpy().reshape((self.cache.num_tensors,) + self.cache.tensor_shape)
+        return self.cache.tensors(self.arena.numpy()).copy()
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -5,10 +5,13 @@
 * One execution context per optimization profile (T = 1, k + 1, prefill chunk; engines/profiles.py),
   all sharing the engine's weights. Every tensor is bound by address (`set_tensor_address`) into
   buffers allocated once (layout in binding.py): one cache arena for all layers' K and V, per
-  profile an input_ids / logits / argmax buffer and, in delta mode, a delta arena.
+  profile an input_ids / logits / argmax buffer and, in delta mode, a delta arena. TensorRT wants
+  every bound address 256-byte aligned: arena tensors are padded to 256-byte strides
+  (binding.ARENA_ALIGN) and the draft chain's per-step slots are 256 bytes apart.
 * Scatter mode (TensorRT >= 10.15): `present_*` are bound to the addresses of `past_*` and TensorRT
-  updates the cache in place (IKVCacheUpdateLayer). Delta mode: after each step one
-  cudaMemcpy2DAsync writes every layer's new entries at `position`.
+  updates the cache in place (IKVCacheUpdateLayer). Delta mode: after each step cudaMemcpy2DAsync
+  writes every layer's new entries at `position` (one copy, or one per K/V tensor when the arenas
+  are padded; binding.delta_copy).
 * Inputs travel from pinned host buffers; `execute_async_v3` runs on a stream of our own. For each
   exact-shape profile a CUDA graph (H2D copies + the engine) is captured after a warm-up enqueue and
   replayed every step; capture failure falls back to plain enqueues with the reason in describe().
@@ -29,7 +32,7 @@ import numpy as np
 
 from ...manifest import Manifest, ModelSpec
 from .base import Backend, BackendError
-from .binding import ARGMAX_OUTPUT, KVLayout, binding_plan, check_graph_names, delta_copy, expected_names
+from .binding import ARENA_ALIGN, ARGMAX_OUTPUT, KVLayout, binding_plan, check_graph_names, delta_copy, expected_names
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +300,7 @@ class TensorRTBackend(Backend):
             }
             if self.has_argmax:
                 b["argmax"] = self._dmalloc(isz * B * t)
-            if self.kv_mode == "delta":
+            if self.kv_mode == "delta":  # padded strides: the layout of any T <= t_max fits in it
                 b["delta"] = self._dmalloc(KVLayout.for_delta(self.spec, t, B).total_bytes)
             self._bufs.append(b)
         self._stream = self.cu.stream()
@@ -389,11 +392,12 @@ class TensorRTBackend(Backend):
             self._bind(pi, t)
             self._enqueue(pi, t)
         if self.kv_mode == "delta":
-            c = delta_copy(self.cache, t, position)
-            self.cu.memcpy2d_async(
-                self._cache_ptr + c.dst_offset, c.dpitch, self._bufs[pi]["delta"] + c.src_offset, c.spitch,
-                c.width, c.height, self.cu.D2D, self._stream,
-            )
+            delta_ptr = self._bufs[pi]["delta"]
+            for c in delta_copy(self.cache, t, position):  # one, or one per K/V tensor when padded
+                self.cu.memcpy2d_async(
+                    self._cache_ptr + c.dst_offset, c.dpitch, delta_ptr + c.src_offset, c.spitch,
+                    c.width, c.height, self.cu.D2D, self._stream,
+                )
         return pi, t
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
@@ -427,6 +431,7 @@ class TensorRTBackend(Backend):
         chain_ok = (
             self.cuda_graphs and self.kv_mode == "scatter" and self.has_argmax and self._amax_dtype == np.int64
             and 1 in self.graph_sizes and self.batch == 1
+            and k <= getattr(self, "_chain_slots", k)  # the chain buffers, once allocated, hold this many steps
         )
         if not chain_ok:
             out, tok = [], int(token)
@@ -443,27 +448,33 @@ class TensorRTBackend(Backend):
         if g is None:  # capture failed: graphs are off now
             return self.draft_greedy(token, position, k)
         cu.launch(g, s)
-        cu.memcpy_async(self._amax_host_ptr, self._chain_amax, 8 * k, cu.D2H, s)
+        # step j's argmax sits at _chain_amax + j * ARENA_ALIGN: gather the k values into the host buffer
+        cu.memcpy2d_async(self._amax_host_ptr, 8, self._chain_amax, ARENA_ALIGN, 8, k, cu.D2H, s)
         cu.sync(s)
         return self._amax_host[:k].astype(np.int64).copy()
 
     def _capture_chain(self, k: int):
         cu, s = self.cu, self._stream
         pi = self._profile_index(1)
-        if not hasattr(self, "_chain_amax"):
-            kmax = self.manifest.spec_tokens
-            self._chain_amax = self._dmalloc(8 * max(k, kmax))
-            self._chain_pos = self._dmalloc(8 * max(k, kmax))
+        # One slot of ARENA_ALIGN bytes per step (an int64 each): every address bound below is
+        # 256-byte aligned, as set_tensor_address requires (binding.ARENA_ALIGN).
+        slot = ARENA_ALIGN
+        if not hasattr(self, "_chain_amax"):  # once: captured chains keep these addresses
+            n = max(k, self.manifest.spec_tokens)
+            self._chain_amax = self._dmalloc(slot * n)
+            self._chain_pos = self._dmalloc(slot * n)
+            self._chain_slots = n
         ids0 = self._bufs[pi]["input_ids"]
 
         def enqueue_chain():
             cu.memcpy_async(ids0, self._ids_host_ptr, 8, cu.H2D, s)
-            cu.memcpy_async(self._chain_pos, self._pos_host_ptr, 8 * k, cu.H2D, s)
+            # positions from the packed host buffer into one slot per step
+            cu.memcpy2d_async(self._chain_pos, slot, self._pos_host_ptr, 8, 8, k, cu.H2D, s)
             for j in range(k):
                 self._bind(pi, 1, {
-                    "input_ids": ids0 if j == 0 else self._chain_amax + 8 * (j - 1),
-                    "position": self._chain_pos + 8 * j,
-                    ARGMAX_OUTPUT: self._chain_amax + 8 * j,
+                    "input_ids": ids0 if j == 0 else self._chain_amax + slot * (j - 1),
+                    "position": self._chain_pos + slot * j,
+                    ARGMAX_OUTPUT: self._chain_amax + slot * j,
                 })
                 if not self._contexts[pi].execute_async_v3(int(s)):
                     raise BackendError("TensorRT failed to enqueue the engine")
