@@ -82,6 +82,9 @@ class ModelSpec:
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    # int4/int8: how the weights were quantized, e.g. {"method": "gguf-exact" | "gguf-exact+requantized"
+    # | "requantized", "exact_matmuls": n, "requantized_matmuls": m, ...}. Informational.
+    quantization: dict = field(default_factory=dict)
 
     @property
     def is_model(self) -> bool:
@@ -119,6 +122,7 @@ class ModelSpec:
             "graphs": [g.to_json() for g in self.graphs],
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
+            **({"quantization": dict(self.quantization)} if self.quantization else {}),
             "extra": dict(self.extra),
         }
 
@@ -239,6 +243,22 @@ def _tensor(d: dict, where: str) -> TensorSpec:
     return TensorSpec(name, dtype, shape)
 
 
+def _quantization(d: dict, where: str) -> dict:
+    """The optional `quantization` object of a model entry (informational; its counts checked)."""
+    q = d.get("quantization", {})
+    if q is None:
+        return {}
+    if not isinstance(q, dict):
+        raise BundleError(f"the manifest's 'quantization' in {where} must be an object")
+    for key in ("exact_matmuls", "requantized_matmuls"):
+        v = q.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise BundleError(f"the manifest's quantization.{key} in {where} must be a count")
+    if "method" in q and not isinstance(q["method"], str):
+        raise BundleError(f"the manifest's quantization.method in {where} must be text")
+    return dict(q)
+
+
 def _model(d: dict, role: str) -> ModelSpec:
     where = f"models.{role}"
     kind = _req(d, "kind", str, where)
@@ -269,6 +289,7 @@ def _model(d: dict, role: str) -> ModelSpec:
         inputs=[_tensor(t, where + ".inputs") for t in _req(d, "inputs", list, where)],
         outputs=[_tensor(t, where + ".outputs") for t in _req(d, "outputs", list, where)],
         extra=d.get("extra", {}) or {},
+        quantization=_quantization(d, where),
     )
     if m.kv_dtype not in DTYPE_BYTES:
         raise BundleError(f"the manifest's {role} kv_dtype '{m.kv_dtype}' is not supported")

@@ -1,7 +1,8 @@
 """End-to-end check of the real default bundle (SmolLM2-135M-Instruct, fp32 target + int8 self
 draft): the exported graphs against transformers on the packaged GGUF. Slow (loads the GGUF
 through transformers): run with `-m slow`. CI exports the bundle first (`export-models`); the
-`default_bundle` fixture skips when it is missing.
+`default_bundle` fixture skips when it is missing. The draft-agreement tests also export an int4
+self draft (GGUF-exact weights, specedge/export/gguf_exact.py) into a temporary folder.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ PROMPT = (
     "        a, b = b, a + b\n    return a\n"
 )
 SHORT_PROMPT = "The capital of France is Paris, and the capital of Italy is"
+# A real chat turn: the target answers greedily, the draft is teacher-forced on that answer.
+CHAT = [{"role": "user", "content": "Explain how speculative decoding makes a language model answer faster, "
+         "step by step, and then write a short Python function that checks whether a number is prime."}]
+GREEDY_TOKENS = 96
+MIN_GREEDY_POSITIONS = 64
 
 
 def _gguf() -> Path:
@@ -125,18 +131,69 @@ def test_target_matches_transformers(manifest, tokenizer, hf_model):
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 
-def test_self_draft_agrees_with_target(manifest, tokenizer):
-    """The default self draft (int8 since int4 re-quantization of the Q4_1 GGUF measured only 63%
-    agreement; see BENCHMARKS.md) must agree with the target on >= 90% of positions."""
-    if not manifest.draft.is_model:
-        pytest.skip("the default bundle has no draft model")
-    assert manifest.draft.precision in ("int8", "int4")
-    ids = tokenizer.encode(PROMPT).ids
+@pytest.fixture(scope="module")
+def int4_exact_bundle(tmp_path_factory) -> Path:
+    """The default model exported with `--draft self --draft-precision int4`: every weight of the
+    Q4_1 GGUF (and its Q8_0 tied head) stored exactly, nothing re-quantized."""
+    from specedge.export.pipeline import ExportOptions, export_bundle
+
+    _gguf()
+    out = tmp_path_factory.mktemp("int4-exact") / "bundle"
+    export_bundle(ExportOptions(target=None, draft="self", draft_precision="int4", out=str(out)))
+    return out
+
+
+@pytest.fixture(scope="module", params=["default-draft", "int4-gguf-exact"])
+def draft_manifest(request):
+    """The default bundle's self draft (int8), then an int4 GGUF-exact self draft."""
+    if request.param == "default-draft":
+        m = request.getfixturevalue("manifest")
+        if not m.draft.is_model:
+            pytest.skip("the default bundle has no draft model")
+        assert m.draft.precision in ("int8", "int4")
+        return m
+    m = load_manifest(request.getfixturevalue("int4_exact_bundle"), verify="size")
+    q = m.draft.quantization
+    assert m.draft.precision == "int4" and q["method"] == "gguf-exact", q
+    assert q["requantized_matmuls"] == 0 and q["source_types"] == {"Q4_1": q["exact_matmuls"] - 1, "Q8_0": 1}, q
+    return m
+
+
+def test_self_draft_agrees_with_target(draft_manifest):
+    """Teacher-forced on prose: the self draft must agree with the fp32 target on >= 90% of
+    positions (int4 re-quantization of the Q4_1 GGUF measured only 63%; GGUF-exact int4 ~95%)."""
+    from tokenizers import Tokenizer
+
+    m = draft_manifest
+    ids = Tokenizer.from_file(str(m.path("tokenizer.json"))).encode(PROMPT).ids
     assert 90 <= len(ids) <= 160, len(ids)
-    chunk = manifest.prefill_chunk
-    t = Runner(manifest, manifest.target).prefill(ids, chunk)
-    d = Runner(manifest, manifest.draft).prefill(ids, chunk)
+    chunk = m.prefill_chunk
+    t = Runner(m, m.target).prefill(ids, chunk)
+    d = Runner(m, m.draft).prefill(ids, chunk)
     agree = float((t.argmax(-1) == d.argmax(-1)).mean())
-    print(f"\ndefault model {manifest.draft.precision} draft vs fp32 target: greedy top-1 agreement {agree:.1%} "
-          f"on {len(ids)} positions (teacher-forced)")
+    print(f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
+          f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(ids)} positions (teacher-forced prose)")
+    assert agree >= AGREEMENT_MIN
+
+
+def test_self_draft_agrees_on_a_greedy_chat_answer(draft_manifest):
+    """The target answers a chat turn greedily (>= 64 tokens); the draft, teacher-forced on that
+    answer, must predict the target's token at >= 90% of the positions."""
+    from specedge.runtime.api import Tokenizer as ChatTokenizer
+
+    m = draft_manifest
+    ids = ChatTokenizer(m).encode_chat(CHAT)
+    target = Runner(m, m.target)
+    logits = target.prefill(ids, m.prefill_chunk)[-1]
+    answer: list[int] = []
+    for i in range(GREEDY_TOKENS):
+        answer.append(int(logits.argmax()))
+        if answer[-1] in m.eos_token_ids:
+            break
+        logits = target.step(answer[-1:], len(ids) + i)[-1]
+    assert len(answer) >= MIN_GREEDY_POSITIONS, f"the target stopped after {len(answer)} tokens"
+    d = Runner(m, m.draft).prefill(ids + answer[:-1], m.prefill_chunk)
+    agree = float((d[len(ids) - 1:].argmax(-1) == np.array(answer)).mean())
+    print(f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
+          f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(answer)} positions of a greedy chat answer")
     assert agree >= AGREEMENT_MIN

@@ -16,19 +16,63 @@ ACCURACY_LEVEL = 4
 
 
 def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
-                     accuracy_level: int = ACCURACY_LEVEL) -> onnx.ModelProto:
-    """Weight-only quantization of every MatMul with a constant weight (lm_head included)."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+                     accuracy_level: int = ACCURACY_LEVEL, *, gguf: str | None = None, say=None,
+                     info: dict | None = None) -> onnx.ModelProto:
+    """Weight-only quantization of every MatMul with a constant weight (lm_head included).
 
-    for name in ("onnxruntime.quantization", "root"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    q = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
-                             accuracy_level=accuracy_level)
-    q.process()
-    out = q.model.model
-    if not any(n.op_type == "MatMulNBits" for n in out.graph.node):
+    With `gguf` (the checkpoint's GGUF file), weights that came from its Q4_0/Q4_1/Q4_K/Q8_0
+    tensors are stored exactly as the file holds them (gguf_exact.py); the other MatMuls are
+    re-quantized by onnxruntime's quantizer (symmetric, `block_size`). `info`, when given, is
+    filled with how each weight was quantized (recorded in the manifest)."""
+    say = say or (lambda msg: None)
+    exact = None
+    if gguf is not None:
+        from .gguf_exact import rewrite_exact, row_index
+
+        index = row_index(gguf, say=say)
+        exact = rewrite_exact(proto, index, bits, accuracy_level, say=say)
+    inits = {t.name for t in proto.graph.initializer}
+    keep = exact.helper_nodes if exact is not None else set()
+    rest = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep]
+    out = proto
+    if rest:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        say(f"re-quantizing {len(rest)} MatMul weights (int{bits}, block {block_size})")
+        for name in ("onnxruntime.quantization", "root"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        q = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level, nodes_to_exclude=sorted(keep))
+        q.process()
+        out = q.model.model
+    total = sum(n.op_type == "MatMulNBits" for n in out.graph.node)
+    if not total:
         raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
+    if info is not None:
+        n_exact = exact.exact if exact is not None else 0
+        info.clear()
+        info["method"] = ("gguf-exact" if n_exact == total else "gguf-exact+requantized" if n_exact
+                          else "requantized")
+        info["exact_matmuls"] = n_exact
+        info["requantized_matmuls"] = total - n_exact
+        if exact is not None:
+            info.update(exact.to_json())
+        if total - n_exact:
+            info["requantized"] = {"bits": bits, "block_size": block_size, "symmetric": True,
+                                   "tool": "onnxruntime MatMulNBitsQuantizer"}
+        info["accuracy_level"] = accuracy_level
     return out
+
+
+def describe(precision: str, info: dict) -> str:
+    """One line for the manifest's `weights` field (shown by `specedge inspect`)."""
+    head = f"{precision} weight-only (MatMulNBits"
+    if not info or not info.get("exact_matmuls"):
+        return head + ")"
+    n, m = info["exact_matmuls"], info.get("requantized_matmuls", 0)
+    types = ", ".join(info.get("source_types", {}))
+    tail = f"; {m} re-quantized to {precision}" if m else ""
+    return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail})"
 
 
 def share_tied_embedding(proto: onnx.ModelProto) -> bool:
