@@ -1,6 +1,8 @@
 """Which precision for the `self` draft? Greedy top-1 agreement with the fp32 target (teacher-forced
 on tests/test_default_model.py's ~117-token prompt) and T=1 step time at position 100, for several
-weight-only quantizations of the default bundle's fp32 target graph. Writes JSON to stdout.
+weight-only quantizations of the default bundle's fp32 target graph: ONNX Runtime's quantizer
+(re-quantizing the dequantized GGUF weights) and the export's GGUF-exact path (the file's own
+blocks, specedge/export/gguf_exact.py). Writes JSON to stdout.
 
     python scripts/draft_precision.py [BUNDLE] [--hqq]
 """
@@ -23,6 +25,7 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_default_model import PROMPT  # noqa: E402
 
+from specedge.export.quantize import quantize_weights  # noqa: E402
 from specedge.manifest import load_manifest  # noqa: E402
 
 
@@ -70,11 +73,14 @@ def main():
     ids = Tokenizer.from_file(str(m.path("tokenizer.json"))).encode(PROMPT).ids
     ref = prompt_logits(target, m, ids).argmax(-1)
     base = onnx.load(target)
+    gguf = m.target.source
     variants = {
-        "int4 sym acc4 (export default before)": dict(bits=4, block_size=32, is_symmetric=True, accuracy_level=4),
+        "int4 GGUF-exact acc4 (export default)": dict(gguf=gguf, bits=4),
+        "int8 GGUF-exact acc4": dict(gguf=gguf, bits=8),
+        "int4 sym acc4": dict(bits=4, block_size=32, is_symmetric=True, accuracy_level=4),
         "int4 asym acc4": dict(bits=4, block_size=32, is_symmetric=False, accuracy_level=4),
         "int4 asym acc0": dict(bits=4, block_size=32, is_symmetric=False, accuracy_level=0),
-        "int8 sym acc4 (export default)": dict(bits=8, block_size=32, is_symmetric=True, accuracy_level=4),
+        "int8 sym acc4": dict(bits=8, block_size=32, is_symmetric=True, accuracy_level=4),
     }
     if "--hqq" in sys.argv:  # two minutes of quantization
         variants["int4 HQQ block 32"] = dict(algo_config=HQQWeightOnlyQuantConfig(block_size=32, bits=4))
@@ -84,10 +90,14 @@ def main():
         for name, kw in variants.items():
             work = onnx.ModelProto()
             work.CopyFrom(base)
-            q = MatMulNBitsQuantizer(work, **kw)
-            q.process()
+            if "gguf" in kw:
+                proto = quantize_weights(work, kw["bits"], gguf=kw["gguf"])
+            else:
+                q = MatMulNBitsQuantizer(work, **kw)
+                q.process()
+                proto = q.model.model
             p = os.path.join(tmp, "q.onnx")
-            onnx.save_model(q.model.model, p, save_as_external_data=True, location="q.onnx.data")
+            onnx.save_model(proto, p, save_as_external_data=True, location="q.onnx.data")
             agree = float((prompt_logits(p, m, ids).argmax(-1) == ref).mean())
             out["variants"][name] = {"agreement": round(agree, 3), "step_ms": round(step_ms(p, m), 1)}
             print(name, out["variants"][name], file=sys.stderr, flush=True)

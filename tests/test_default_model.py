@@ -1,8 +1,7 @@
-"""End-to-end check of the real default bundle (SmolLM2-135M-Instruct, fp32 target + int8 self
-draft): the exported graphs against transformers on the packaged GGUF. Slow (loads the GGUF
-through transformers): run with `-m slow`. CI exports the bundle first (`export-models`); the
-`default_bundle` fixture skips when it is missing. The draft-agreement tests also export an int4
-self draft (GGUF-exact weights, specedge/export/gguf_exact.py) into a temporary folder.
+"""End-to-end check of the real default bundle (SmolLM2-135M-Instruct, fp32 target + int4 self
+draft with GGUF-exact weights, specedge/export/gguf_exact.py): the exported graphs against
+transformers on the packaged GGUF. Slow (loads the GGUF through transformers): run with `-m slow`.
+CI exports the bundle first (`export-models`); the `default_bundle` fixture skips when it is missing.
 """
 
 from __future__ import annotations
@@ -132,27 +131,12 @@ def test_target_matches_transformers(manifest, tokenizer, hf_model):
 
 
 @pytest.fixture(scope="module")
-def int4_exact_bundle(tmp_path_factory) -> Path:
-    """The default model exported with `--draft self --draft-precision int4`: every weight of the
-    Q4_1 GGUF (and its Q8_0 tied head) stored exactly, nothing re-quantized."""
-    from specedge.export.pipeline import ExportOptions, export_bundle
-
-    _gguf()
-    out = tmp_path_factory.mktemp("int4-exact") / "bundle"
-    export_bundle(ExportOptions(target=None, draft="self", draft_precision="int4", out=str(out)))
-    return out
-
-
-@pytest.fixture(scope="module", params=["default-draft", "int4-gguf-exact"])
-def draft_manifest(request):
-    """The default bundle's self draft (int8), then an int4 GGUF-exact self draft."""
-    if request.param == "default-draft":
-        m = request.getfixturevalue("manifest")
-        if not m.draft.is_model:
-            pytest.skip("the default bundle has no draft model")
-        assert m.draft.precision in ("int8", "int4")
-        return m
-    m = load_manifest(request.getfixturevalue("int4_exact_bundle"), verify="size")
+def draft_manifest(manifest):
+    """The default bundle's self draft: int4 with every weight of the Q4_1 GGUF (and its Q8_0 tied
+    head) stored exactly, nothing re-quantized."""
+    m = manifest
+    if not m.draft.is_model:
+        pytest.skip("the default bundle has no draft model")
     q = m.draft.quantization
     assert m.draft.precision == "int4" and q["method"] == "gguf-exact", q
     assert q["requantized_matmuls"] == 0 and q["source_types"] == {"Q4_1": q["exact_matmuls"] - 1, "Q8_0": 1}, q

@@ -500,7 +500,7 @@ class FakeTRT(types.ModuleType):
         self.Builder, self.OnnxParser = Builder, Parser
 
 
-def _bundle(tmp_path, kv_mode="scatter"):
+def _bundle(tmp_path, kv_mode="scatter", precision="fp16"):
     d = tmp_path / "bundle"
     (d / "target").mkdir(parents=True)
     data = b"not really onnx"
@@ -512,7 +512,7 @@ def _bundle(tmp_path, kv_mode="scatter"):
         "tokenizer": {"vocab_size": V, "eos_token_ids": [0], "bos_token_id": None, "add_bos": False, "files": []},
         "models": {
             "target": {
-                "kind": "model", "family": "toy", "source": "", "precision": "fp16", "kv_dtype": "float16",
+                "kind": "model", "family": "toy", "source": "", "precision": precision, "kv_dtype": "float16",
                 "num_layers": L, "num_kv_heads": KVH, "head_dim": HD, "hidden_size": 8, "vocab_size": V,
                 "graphs": [{"flavour": "portable", "path": "target/model.onnx", "backends": ["tensorrt"]}],
                 "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
@@ -576,6 +576,16 @@ def test_build_engines_refuses_scatter_on_tensorrt_10_3(tmp_path, fake_trt, caps
     err = capsys.readouterr().err
     assert err.startswith("error: this bundle updates the KV cache in place") and "--kv-update delta" in err
     assert not (b / "engines").exists()
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_build_engines_refuses_matmulnbits_graphs(tmp_path, fake_trt, capsys, precision):
+    fake = fake_trt()
+    b = _bundle(tmp_path, precision=precision)
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the target is {precision} (ONNX Runtime's MatMulNBits)") and "--precision fp16" in err
+    assert fake.calls["builds"] == 0 and not (b / "engines").exists()
 
 
 def test_build_engines_delta_bundle_on_tensorrt_10_3(tmp_path, fake_trt):

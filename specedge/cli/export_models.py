@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft checkpoint, 'self' (target at --draft-precision, default) or 'ngram' (no draft model)")
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
-    p.add_argument("--draft-precision", default="int8", choices=PRECISIONS, help="self-draft precision (default int8)")
+    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, help="self-draft precision (default int4)")
     p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
     p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k (1..16, default 4)")
     p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"),
