@@ -587,15 +587,11 @@ from a busy machine are noted with its load average.
 
 
 def write_benchmarks_md(path: Path, table: str) -> None:
-    text = path.read_text(encoding="utf-8") if path.exists() else SKELETON
-    if MARK_BEGIN not in text or MARK_END not in text:
-        text = text.rstrip("\n") + "\n\n## specedge against the field (`scripts/bench_peers.py`)\n\n" + MARK_BEGIN + "\n" + MARK_END + "\n"
-    head, rest = text.split(MARK_BEGIN, 1)
-    _, tail = rest.split(MARK_END, 1)
-    new = head + MARK_BEGIN + "\n" + table.strip() + "\n" + MARK_END + tail
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, path)
+    from specedge.bench.report import replace_section
+
+    if not path.exists():
+        path.write_text(SKELETON, encoding="utf-8")
+    replace_section(path, "peers", table, heading="## specedge against the field (`scripts/bench_peers.py`)")
 
 
 # ============================================================================ main

@@ -327,6 +327,30 @@ def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
     assert after == before  # only manifest.json may change
     assert not list(bundle.glob("*.tmp"))
 
+    # scripts/bench_md.py puts this run into BENCHMARKS.md's bench section, nothing else changes
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# B\n\n<!-- peers:begin -->\nPEERS\n<!-- peers:end -->\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\ntail\n")
+    import runpy
+
+    bench_md = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "bench_md.py"))
+    assert bench_md["main"]([str(out / "bench.json"), "--benchmarks-md", str(md)]) == 0
+    text = md.read_text()
+    assert "PEERS" in text and text.endswith("tail\n") and "old" not in text
+    body = text.split("<!-- bench:begin -->")[1].split("<!-- bench:end -->")[0]
+    assert "specedge bench" in body and "greedy    3" in body and "k ∈ [0, 1, 3]" in body
+
+
+def test_replace_section_appends_a_missing_section_and_keeps_the_rest(tmp_path):
+    from specedge.bench.report import replace_section
+
+    md = tmp_path / "B.md"
+    md.write_text("# B\n\n<!-- a:begin -->\nA\n<!-- a:end -->\n")
+    replace_section(md, "b", "BODY", heading="## Section b")
+    replace_section(md, "a", "A2")
+    text = md.read_text()
+    assert text == "# B\n\n<!-- a:begin -->\nA2\n<!-- a:end -->\n\n## Section b\n\n<!-- b:begin -->\nBODY\n<!-- b:end -->\n"
+    assert not list(tmp_path.glob("*.tmp"))
+
 
 def test_tune_manifest_writes_k_atomically(tiny_bundle, tmp_path):
     from specedge.bench.runner import tune_manifest

@@ -4,7 +4,8 @@ streamed text, peak RSS. Same prompt, same threads, greedy, speculative (the bun
     python cpp/tools/bench_native_vs_python.py [BUNDLE] [--threads 2] [--max-new-tokens 64]
         [--repeats 2] [--out bench_out/native_vs_python.json]
 
-Each repeat runs both CLIs alternately; the JSON keeps every run and the best (fastest) of each.
+Each repeat runs both CLIs alternately; the JSON keeps every run and the median of each figure,
+and `--benchmarks-md` writes the medians into that file's `native` section.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -53,7 +55,8 @@ def main() -> None:
     ap.add_argument("--prompt", default="def fibonacci(n):")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--benchmarks-md", default="", help="write the table into this file's `native` section")
     ap.add_argument("--out", default=str(REPO / "bench_out" / "native_vs_python.json"))
     a = ap.parse_args()
     common = [a.bundle, a.prompt, "--max-new-tokens", str(a.max_new_tokens), "--threads", str(a.threads), "--stats"]
@@ -62,18 +65,38 @@ def main() -> None:
         "python": [sys.executable, "-m", "specedge", "generate", *common],
     }
     runs = {k: [] for k in cmds}
+    load0 = os.getloadavg()[0]
     for _ in range(a.repeats):
         for k, c in cmds.items():
             runs[k].append(run(c))
             print(k, runs[k][-1], flush=True)
-    best = {k: {"tokens_per_s": max(r.get("tokens_per_s", 0) for r in v),
-                "first_text_s": min(r["first_text_s"] for r in v),
-                "peak_rss_mib": min(r["peak_rss_mib"] for r in v)} for k, v in runs.items()}
+    load1 = os.getloadavg()[0]
+    median = {k: {f: statistics.median(r.get(f) or 0.0 for r in v)
+                  for f in ("tokens_per_s", "first_text_s", "peak_rss_mib")} for k, v in runs.items()}
     result = {"bundle": a.bundle, "prompt": a.prompt, "threads": a.threads, "max_new_tokens": a.max_new_tokens,
-              "greedy": True, "speculative": True, "best": best, "runs": runs}
+              "greedy": True, "speculative": True, "load_avg_start": load0, "load_avg_end": load1,
+              "median": median, "runs": runs}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(best, indent=2))
+    print(json.dumps(median, indent=2))
+    if a.benchmarks_md:
+        sys.path.insert(0, str(REPO))
+        from specedge.bench.report import replace_section
+
+        n, py = median["native"], median["python"]
+        rows = [
+            "| figure (median of %d runs each) | native `specedge_generate` | Python `specedge generate` | native ÷ Python |" % a.repeats,
+            "|---|---:|---:|---:|",
+            f"| decode tokens/s | {n['tokens_per_s']:.1f} | {py['tokens_per_s']:.1f} | {n['tokens_per_s'] / py['tokens_per_s']:.2f}× |",
+            f"| process start → first text (s) | {n['first_text_s']:.2f} | {py['first_text_s']:.2f} | {n['first_text_s'] / py['first_text_s']:.2f}× |",
+            f"| peak RSS (MiB) | {n['peak_rss_mib']:.0f} | {py['peak_rss_mib']:.0f} | {n['peak_rss_mib'] / py['peak_rss_mib']:.2f}× |",
+        ]
+        cmd = "python cpp/tools/bench_native_vs_python.py " + " ".join(sys.argv[1:])
+        body = (f"Prompt `{a.prompt}`, greedy, speculative (the bundle's drafter), {a.max_new_tokens} new tokens, "
+                f"{a.threads} threads, bundle `{Path(a.bundle).name}`; load average {load0:.2f} → {load1:.2f}. "
+                f"Command: `{cmd}` (JSON: `{Path(a.out).relative_to(REPO) if Path(a.out).is_relative_to(REPO) else a.out}`).\n\n"
+                + "\n".join(rows))
+        replace_section(a.benchmarks_md, "native", body, heading="## Native (C++) vs Python runtime (issue 6)")
 
 
 if __name__ == "__main__":
