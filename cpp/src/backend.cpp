@@ -14,6 +14,13 @@ const char* no_tensorrt_message() {
          "and the CUDA toolkit (on JetPack: sudo apt install libnvinfer-dev)";
 }
 
+void Backend::check_call(int t, int position) const {
+  if (t < 1) fail_arg("input_ids must hold at least one token");
+  if (position < 0 || position + t > max_seq_)
+    fail_arg(std::to_string(t) + " tokens at position " + std::to_string(position) + " do not fit max_seq " +
+             std::to_string(max_seq_));
+}
+
 bool tensorrt_compiled() {
 #ifdef SPECEDGE_WITH_TENSORRT
   return true;

@@ -26,12 +26,22 @@ class Backend {
   virtual ~Backend() = default;
   // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
   virtual const float* run(const int32_t* ids, int t, int position) = 0;
-  virtual int vocab_size() const = 0;
-  virtual int max_seq() const = 0;
-  virtual const std::string& role() const = 0;
+  int vocab_size() const { return vocab_; }
+  int max_seq() const { return max_seq_; }
+  const std::string& role() const { return role_; }
   virtual std::string name() const = 0;  // "ort-cpu", "tensorrt"
   // The most tokens one run() accepts (TensorRT: the largest optimization profile).
   virtual int max_call_tokens() const { return 1 << 30; }
+
+ protected:
+  Backend(const Manifest& m, const ModelSpec& spec)
+      : vocab_(int(spec.vocab_size)), max_seq_(m.max_seq), role_(spec.role) {}
+  // Refuses (SPECEDGE_ERR_INVALID_ARGUMENT) a run() of no tokens or one that does not fit max_seq.
+  void check_call(int t, int position) const;
+
+ private:
+  int vocab_, max_seq_;
+  std::string role_;
 };
 
 // Whether this library was compiled with the native TensorRT backend.

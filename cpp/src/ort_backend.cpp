@@ -96,12 +96,12 @@ struct OrtBackend::Impl {
   }
 };
 
-OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts) : impl_(new Impl) {
+OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
+    : Backend(m, spec), impl_(new Impl) {
   if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
   if (opts.backend != "ort-cpu") fail_arg("OrtBackend runs backend 'ort-cpu', not '" + opts.backend + "'");
   Impl& s = *impl_;
   s.spec = &spec;
-  role_ = spec.role;
   s.delta = m.kv_mode == "delta";
   s.B = m.batch;
   s.L = spec.num_layers;
@@ -109,8 +109,6 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.S = m.max_seq;
   s.D = spec.head_dim;
   s.V = int(spec.vocab_size);
-  vocab_ = s.V;
-  max_seq_ = m.max_seq;
   s.kv_type = element_type(spec.kv_dtype, &s.elem);
   const GraphSpec& g = spec.graph_for(opts.backend);
   std::string path = m.path(g.path);
@@ -169,10 +167,7 @@ OrtBackend::~OrtBackend() = default;
 
 const float* OrtBackend::run(const int32_t* ids, int t, int position) {
   Impl& s = *impl_;
-  if (t < 1) fail_arg("input_ids must hold at least one token");
-  if (position < 0 || position + t > s.S)
-    fail_arg(std::to_string(t) + " tokens at position " + std::to_string(position) + " do not fit max_seq " +
-             std::to_string(s.S));
+  check_call(t, position);
   if (t > s.t_max) s.allocate(t);
   for (int b = 0; b < s.B; ++b)
     for (int i = 0; i < t; ++i) s.ids[size_t(b) * t + i] = ids[i];
@@ -181,7 +176,7 @@ const float* OrtBackend::run(const int32_t* ids, int t, int position) {
   try {
     s.session->Run(s.run_opts, *bd.io);
   } catch (const Ort::Exception& e) {
-    fail_backend("ONNX Runtime failed to run the " + role_ + " graph (T=" + std::to_string(t) + ", position " +
+    fail_backend("ONNX Runtime failed to run the " + role() + " graph (T=" + std::to_string(t) + ", position " +
                  std::to_string(position) + "): " + first_line(e.what()));
   }
   if (s.delta) {

@@ -24,16 +24,11 @@ class OrtBackend : public Backend {
 
   // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
   const float* run(const int32_t* ids, int t, int position) override;
-  int vocab_size() const override { return vocab_; }
-  int max_seq() const override { return max_seq_; }
-  const std::string& role() const override { return role_; }
   std::string name() const override { return "ort-cpu"; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int vocab_ = 0, max_seq_ = 0;
-  std::string role_;
 };
 
 }  // namespace specedge

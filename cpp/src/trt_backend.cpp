@@ -349,19 +349,20 @@ struct TrtBackend::Impl {
   }
 };
 
-TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts) : impl_(new Impl) {
+TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
+    : Backend(m, spec), impl_(new Impl) {
   if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run on TensorRT");
   if (opts.verify != "full" && opts.verify != "size" && opts.verify != "none")
     fail_arg("verify must be 'full', 'size' or 'none', got '" + opts.verify + "'");
   Impl& s = *impl_;
   s.spec = &spec;
-  s.role = role_ = spec.role;
+  s.role = spec.role;
   s.kv_mode = m.kv_mode;
   s.delta_mode = m.kv_mode == "delta";
   s.bundle = m.root;
   s.B = m.batch;
-  s.S = max_seq_ = m.max_seq;
-  s.V = vocab_ = int(spec.vocab_size);
+  s.S = m.max_seq;
+  s.V = int(spec.vocab_size);
   s.device = opts.device_id;
   s.graphs_on = opts.cuda_graphs && !env_off("SPECEDGE_CUDA_GRAPHS");
   if (!s.graphs_on) s.graph_note = "CUDA graphs are off (SPECEDGE_CUDA_GRAPHS=0 or the option)";
@@ -557,10 +558,7 @@ int TrtBackend::max_call_tokens() const { return impl_->t_max; }
 
 const float* TrtBackend::run(const int32_t* ids, int t, int position) {
   Impl& s = *impl_;
-  if (t < 1) fail_arg("input_ids must hold at least one token");
-  if (position < 0 || position + t > s.S)
-    fail_arg(std::to_string(t) + " tokens at position " + std::to_string(position) + " do not fit max_seq " +
-             std::to_string(s.S));
+  check_call(t, position);
   const int pi = trt::select_profile(s.profiles, t);
   auto* ih = static_cast<int64_t*>(s.ids_host.p);
   auto* ph = static_cast<int64_t*>(s.pos_host.p);

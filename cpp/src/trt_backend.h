@@ -38,9 +38,6 @@ class TrtBackend : public Backend {
   TrtBackend& operator=(const TrtBackend&) = delete;
 
   const float* run(const int32_t* ids, int t, int position) override;
-  int vocab_size() const override { return vocab_; }
-  int max_seq() const override { return max_seq_; }
-  const std::string& role() const override { return role_; }
   std::string name() const override { return "tensorrt"; }
   int max_call_tokens() const override;
   // Why CUDA graphs are off, when they are ("" otherwise).
@@ -49,8 +46,6 @@ class TrtBackend : public Backend {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int vocab_ = 0, max_seq_ = 0;
-  std::string role_;
 };
 
 }  // namespace specedge
