@@ -59,7 +59,6 @@ sys.path.insert(0, str(REPO))
 SCHEMA = "specedge.bench.peers/1"
 DEFAULT_BUNDLE = REPO / "bundles" / "smollm2-135m-instruct"
 CATEGORIES = ("code", "chat", "grounded", "summarization")
-MARK_BEGIN, MARK_END = "<!-- peers:begin -->", "<!-- peers:end -->"
 
 SPEC_NAME = "specedge speculative (self-draft)"
 # name, engine, weights, drafter, options (specedge's drafter label is read from the bundle)

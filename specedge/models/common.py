@@ -426,11 +426,12 @@ class CausalLM(nn.Module):
         h = self.embed(input_ids)
         pos = new_positions(position, t)
         # cos/sin once per rotary kind (gemma3 has a local and a global one), not once per layer.
-        tables = getattr(self, "rope_tables", {}) if self.kv_mode == "gqa" else {}
+        tables = {}
         if self.kv_mode == "gqa":
             from .gqa import gqa_lengths
 
-            position = gqa_lengths(position, t)
+            tables = getattr(self, "rope_tables", {})
+            position = gqa_lengths(position, t)  # (seqlens_k, total_len) for every layer's attention
         rope = {name: tables[name] if name in tables else r(pos) for name, r in self.rotaries.items()}
         outs = []
         for i, layer in enumerate(self.layers):
