@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_default_model import PROMPT  # noqa: E402
 
-from specedge.export.quantize import quantize_weights  # noqa: E402
+from specedge.export.quantize import quantize_weights, weight_bytes  # noqa: E402
 from specedge.manifest import load_manifest  # noqa: E402
 
 
@@ -85,7 +85,8 @@ def main():
     if "--hqq" in sys.argv:  # two minutes of quantization
         variants["int4 HQQ block 32"] = dict(algo_config=HQQWeightOnlyQuantConfig(block_size=32, bits=4))
     out = {"bundle": bundle, "positions": len(ids), "load_avg": os.getloadavg()[0],
-           "fp32_target_step_ms": step_ms(target, m), "variants": {}}
+           "fp32_target_step_ms": step_ms(target, m), "fp32_target_nodes": len(base.graph.node),
+           "fp32_target_weight_bytes": weight_bytes(base), "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in variants.items():
             work = onnx.ModelProto()
@@ -96,10 +97,16 @@ def main():
                 q = MatMulNBitsQuantizer(work, **kw)
                 q.process()
                 proto = q.model.model
-            p = os.path.join(tmp, "q.onnx")
+            # a folder per variant: onnx appends to an existing external-data file
+            d = os.path.join(tmp, str(len(out["variants"])))
+            os.mkdir(d)
+            p = os.path.join(d, "q.onnx")
             onnx.save_model(proto, p, save_as_external_data=True, location="q.onnx.data")
             agree = float((prompt_logits(p, m, ids).argmax(-1) == ref).mean())
-            out["variants"][name] = {"agreement": round(agree, 3), "step_ms": round(step_ms(p, m), 1)}
+            files = sum(os.path.getsize(os.path.join(d, f)) for f in ("q.onnx", "q.onnx.data"))
+            out["variants"][name] = {"agreement": round(agree, 3), "step_ms": round(step_ms(p, m), 1),
+                                     "nodes": len(proto.graph.node), "files_mb": round(files / 1e6, 1),
+                                     "weight_bytes_mb": round(weight_bytes(proto) / 1e6, 1)}
             print(name, out["variants"][name], file=sys.stderr, flush=True)
     print(json.dumps(out, indent=2))
 
