@@ -6,7 +6,8 @@
  *   specedge_last_error() returns a one-sentence message for the calling thread (valid until the
  *   thread's next specedge call). No C++ exception ever crosses this boundary.
  * - Handles are opaque. A specedge_model is used by one thread at a time; open one handle per
- *   thread to generate concurrently (handles share nothing).
+ *   thread to generate concurrently. Handles share no state, only ONNX Runtime's process-wide
+ *   intra-op thread pool (see specedge_open_options.threads).
  * - Strings are UTF-8, NUL-terminated unless a length is given. Token ids are int32_t.
  */
 #ifndef SPECEDGE_H
@@ -45,12 +46,17 @@ typedef struct specedge_open_options {
   const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) or "tensorrt": the native
                            TensorRT backend, engines from `specedge build-engines` (a library built without
                            TensorRT refuses it with SPECEDGE_ERR_INVALID_ARGUMENT and the reason) */
-  int threads;          /* intra-op threads per ONNX Runtime session; 0 = ONNX Runtime's default */
+  int threads;          /* ONNX Runtime intra-op threads; 0 = ONNX Runtime's default. The first handle
+                           opened in the process creates one thread pool of this size (spinning
+                           unless allow_spinning is 0); the target and draft sessions of every
+                           handle asking for the same threads and spinning run on it. Other
+                           values get a pool per session. */
   int spec_tokens;      /* default k (draft tokens per round), 1..16; 0 = the bundle's */
   const char* draft;    /* "model", "ngram", or NULL = the bundle's own kind */
   const char* verify;   /* bundle file check: "full" (sha256, default), "size" or "none" */
-  int allow_spinning;   /* ONNX Runtime intra-op spinning: -1 = auto (off when a draft session
-                           exists), 0 = off, 1 = on */
+  int allow_spinning;   /* ONNX Runtime intra-op spinning: -1 = auto (on for the shared pool; on a
+                           per-session pool, off when a draft session takes turns with the
+                           target), 0 = off, 1 = on */
   int warmup;           /* 1 (default): run each call shape once and measure step costs */
 } specedge_open_options;
 

@@ -15,7 +15,8 @@ namespace specedge {
 struct BackendOptions {
   std::string backend = "ort-cpu";  // "ort-cpu" or "tensorrt" ("auto" / "" are resolved by the engine)
   int threads = 0;                  // ONNX Runtime intra-op threads; 0 = its default
-  bool allow_spinning = true;       // ONNX Runtime intra-op spinning
+  int allow_spinning = -1;          // ONNX Runtime intra-op spinning: -1 auto, 0 off, 1 on
+  bool alternating = false;         // another session of the same handle runs in turn (the draft)
   std::string verify = "full";      // TensorRT plan check: "full" (size + sha256), "size" or "none"
   int device_id = 0;                // CUDA device of the TensorRT backend
   bool cuda_graphs = true;          // TensorRT: capture one CUDA graph per exact-shape profile

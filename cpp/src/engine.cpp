@@ -273,7 +273,8 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   bo.backend = resolve_backend_name(bo.backend);
   bo.verify = opts.verify;
   bool two = draft == "model";
-  bo.allow_spinning = opts.allow_spinning < 0 ? !two : opts.allow_spinning != 0;
+  bo.allow_spinning = opts.allow_spinning;
+  bo.alternating = two;
   target_ = make_backend(m_, m_.target, bo);
   vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
   if (two) {

@@ -1,5 +1,6 @@
 #include "ort_backend.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <onnxruntime_cxx_api.h>
@@ -9,8 +10,21 @@
 namespace specedge {
 
 namespace {
-Ort::Env& env() {
-  static Ort::Env* e = new Ort::Env(ORT_LOGGING_LEVEL_ERROR, "specedge");  // process lifetime
+// ONNX Runtime allows one environment per process; the first backend's options size its pool.
+Ort::Env& env(const BackendOptions& opts, PoolKey* global) {
+  static std::mutex mu;
+  static Ort::Env* e = nullptr;  // process lifetime, like ORT's own environment
+  static PoolKey key;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!e) {
+    key = pool_key_for(opts);
+    Ort::ThreadingOptions to;
+    to.SetGlobalIntraOpNumThreads(key.threads);
+    to.SetGlobalInterOpNumThreads(1);
+    to.SetGlobalSpinControl(key.spinning ? 1 : 0);
+    e = new Ort::Env(to, ORT_LOGGING_LEVEL_ERROR, "specedge");
+  }
+  *global = key;
   return *e;
 }
 
@@ -21,11 +35,39 @@ ONNXTensorElementDataType element_type(const std::string& dtype, size_t* bytes) 
   fail_bundle("unsupported KV dtype '" + dtype + "'");
 }
 
+// Zero-filled bytes from calloc: large blocks come straight from mmap, so pages the model never
+// writes (the KV rows past the current context) are never touched and cost no resident memory,
+// as with numpy's np.zeros in the Python runtime. std::vector would memset all of them.
+class ZeroedBytes {
+ public:
+  void reset(size_t n) {
+    p_.reset(nullptr);
+    if (n == 0) return;
+    p_.reset(static_cast<uint8_t*>(std::calloc(n, 1)));
+    if (!p_) throw std::bad_alloc();
+  }
+  uint8_t* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> p_;
+};
+
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');
   return p == std::string::npos ? s : s.substr(0, p);
 }
 }  // namespace
+
+PoolKey pool_key_for(const BackendOptions& opts) { return {opts.threads, opts.allow_spinning != 0}; }
+
+SessionThreading choose_threading(const BackendOptions& opts, const PoolKey& global) {
+  if (pool_key_for(opts) == global) return {true, global.spinning};
+  bool spin = opts.allow_spinning < 0 ? !opts.alternating : opts.allow_spinning != 0;
+  return {false, spin};
+}
 
 struct OrtBackend::Impl {
   const ModelSpec* spec = nullptr;
@@ -35,8 +77,8 @@ struct OrtBackend::Impl {
   int B = 1, L = 0, H = 0, S = 0, D = 0, V = 0, t_max = 0;
   size_t elem = 4;
   ONNXTensorElementDataType kv_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  std::vector<uint8_t> kv;       // [2L, B, H, S, D]
-  std::vector<uint8_t> delta_buf;  // [2L, B, H, t_max, D]
+  ZeroedBytes kv;         // [2L, B, H, S, D]
+  ZeroedBytes delta_buf;  // [2L, B, H, t_max, D]
   std::vector<int64_t> ids, pos;
   std::vector<float> logits;
   std::vector<std::string> extra_outputs;
@@ -46,6 +88,7 @@ struct OrtBackend::Impl {
   };
   std::map<int, Binding> bindings;
   Ort::RunOptions run_opts;
+  SessionThreading threading;
 
   size_t layer_bytes() const { return size_t(B) * H * S * D * elem; }
   uint8_t* kv_ptr(int j) { return kv.data() + size_t(j) * layer_bytes(); }
@@ -55,7 +98,7 @@ struct OrtBackend::Impl {
     ids.assign(size_t(B) * t_max, 0);
     pos.assign(size_t(B), 0);
     logits.assign(size_t(B) * t_max * V, 0.f);
-    if (delta) delta_buf.assign(size_t(2) * L * B * H * t_max * D * elem, 0);
+    if (delta) delta_buf.reset(size_t(2) * L * B * H * t_max * D * elem);
     bindings.clear();
   }
 
@@ -116,14 +159,21 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
     Ort::SessionOptions so;
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
-    so.SetInterOpNumThreads(1);
-    if (opts.threads > 0) so.SetIntraOpNumThreads(opts.threads);
     so.SetLogSeverityLevel(3);
-    if (!opts.allow_spinning) {
-      so.AddConfigEntry("session.intra_op.allow_spinning", "0");
-      so.AddConfigEntry("session.inter_op.allow_spinning", "0");
+    PoolKey global;
+    Ort::Env& e = env(opts, &global);
+    s.threading = choose_threading(opts, global);
+    if (s.threading.shared_pool) {
+      so.DisablePerSessionThreads();
+    } else {
+      so.SetInterOpNumThreads(1);
+      if (opts.threads > 0) so.SetIntraOpNumThreads(opts.threads);
+      if (!s.threading.spinning) {
+        so.AddConfigEntry("session.intra_op.allow_spinning", "0");
+        so.AddConfigEntry("session.inter_op.allow_spinning", "0");
+      }
     }
-    s.session = std::make_unique<Ort::Session>(env(), path.c_str(), so);
+    s.session = std::make_unique<Ort::Session>(e, path.c_str(), so);
   } catch (const Ort::Exception& e) {
     fail_backend("ONNX Runtime cannot load the " + spec.role + " graph '" + g.path + "': " + first_line(e.what()));
   }
@@ -156,7 +206,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   double kv_bytes = 2.0 * s.L * s.B * s.H * double(s.S) * s.D * double(s.elem);
   if (kv_bytes > double(1ull << 40)) fail_bundle("the " + spec.role + " KV cache would need more than 1 TiB");
   try {
-    s.kv.assign(size_t(kv_bytes), 0);
+    s.kv.reset(size_t(kv_bytes));
   } catch (const std::bad_alloc&) {
     fail_backend("cannot allocate the " + spec.role + " KV cache (" + std::to_string(size_t(kv_bytes) >> 20) + " MiB)");
   }
@@ -164,6 +214,8 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
 }
 
 OrtBackend::~OrtBackend() = default;
+
+const SessionThreading& OrtBackend::threading() const { return impl_->threading; }
 
 const float* OrtBackend::run(const int32_t* ids, int t, int position) {
   Impl& s = *impl_;

@@ -15,6 +15,27 @@
 
 namespace specedge {
 
+// How a session gets its intra-op threads. The first ONNX Runtime backend in the process creates
+// ORT's (process-wide) environment with one global thread pool of its `threads`, spinning unless
+// spinning was turned off; every later session asking for the same (threads, spinning) runs on
+// that pool. A draft and a target on one pool take turns on the same hot threads, where two
+// per-session pools would make each spin against the other (DESIGN.md, Threads), so spinning
+// stays on and a round costs no thread wake-ups. A session asking for something else gets its own
+// pool, with spinning off when another session alternates with it (auto).
+struct PoolKey {
+  int threads = 0;
+  bool spinning = true;
+  bool operator==(const PoolKey& o) const { return threads == o.threads && spinning == o.spinning; }
+};
+struct SessionThreading {
+  bool shared_pool = false;
+  bool spinning = true;  // of the session's own pool (shared: the pool's)
+};
+// The pool the first backend creates for these options.
+PoolKey pool_key_for(const BackendOptions& opts);
+// `global` is the process's pool (the key of the first backend).
+SessionThreading choose_threading(const BackendOptions& opts, const PoolKey& global);
+
 class OrtBackend : public Backend {
  public:
   OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts);
@@ -25,6 +46,7 @@ class OrtBackend : public Backend {
   // Run `t` tokens at `position`; returns logits [t, vocab] (batch row 0), valid until the next run.
   const float* run(const int32_t* ids, int t, int position) override;
   std::string name() const override { return "ort-cpu"; }
+  const SessionThreading& threading() const;
 
  private:
   struct Impl;

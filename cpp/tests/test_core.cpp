@@ -1,4 +1,5 @@
-// Unit tests: sha256, manifest validation, sampling, verification, n-gram drafter, cost model.
+// Unit tests: sha256, manifest validation, sampling, verification, n-gram drafter, cost model,
+// ONNX Runtime thread-pool choice.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "engine.h"
 #include "error.h"
 #include "manifest.h"
+#include "ort_backend.h"
 #include "sampling.h"
 #include "sha256.h"
 
@@ -334,4 +336,41 @@ TEST_CASE("cost model and speculation guard") {
   for (int i = 0; i < 10; ++i) good.record_round(4, 4, 0.2, 1.2, 4);
   CHECK(good.next_k() == 4);
   CHECK(good.fallbacks == 0);
+}
+
+TEST_CASE("threads: sessions with the first backend's options share its spinning pool") {
+  BackendOptions first;
+  first.threads = 2;
+  PoolKey global = pool_key_for(first);
+  CHECK(global.threads == 2);
+  CHECK(global.spinning);  // auto spins: target and draft take turns on the same threads
+  SessionThreading t = choose_threading(first, global);
+  CHECK(t.shared_pool);
+  CHECK(t.spinning);
+  BackendOptions draft = first;
+  draft.alternating = true;
+  CHECK(choose_threading(draft, global).shared_pool);
+  CHECK(choose_threading(draft, global).spinning);
+  // other thread counts get their own pool; auto spinning is off only where sessions alternate
+  BackendOptions four = draft;
+  four.threads = 4;
+  t = choose_threading(four, global);
+  CHECK_FALSE(t.shared_pool);
+  CHECK_FALSE(t.spinning);
+  four.alternating = false;
+  CHECK(choose_threading(four, global).spinning);
+  four.allow_spinning = 0;
+  CHECK_FALSE(choose_threading(four, global).spinning);
+  // spinning turned off explicitly is a different pool from a spinning one
+  BackendOptions quiet = first;
+  quiet.allow_spinning = 0;
+  CHECK_FALSE(choose_threading(quiet, global).shared_pool);
+  CHECK_FALSE(choose_threading(quiet, global).spinning);
+  PoolKey quiet_global = pool_key_for(quiet);
+  CHECK_FALSE(quiet_global.spinning);
+  CHECK(choose_threading(quiet, quiet_global).shared_pool);
+  CHECK_FALSE(choose_threading(quiet, quiet_global).spinning);
+  BackendOptions forced = first;
+  forced.allow_spinning = 1;
+  CHECK(choose_threading(forced, global).shared_pool);  // 1 and auto are the same spinning pool
 }

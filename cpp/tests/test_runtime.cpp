@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "catch.h"
+#include "manifest.h"
+#include "ort_backend.h"
 #include "specedge.h"
 #include "specedge.hpp"
 
@@ -188,4 +190,26 @@ TEST_CASE("one handle per thread: concurrent generations agree") {
   for (auto& t : threads) t.join();
   CHECK(got[0] == ref);
   CHECK(got[1] == ref);
+}
+
+TEST_CASE("threads: a second session with the same options joins the process's pool") {
+  NEED_BUNDLE(b, "scatter_self");
+  specedge::Manifest m = specedge::load_manifest(b, "full");
+  specedge::BackendOptions o;
+  o.threads = 1;
+  specedge::OrtBackend target(m, m.target, o);
+  o.alternating = true;
+  specedge::OrtBackend draft(m, m.draft, o);
+  // whichever backend came first in this process sized the pool: both agree with it
+  CHECK(draft.threading().shared_pool == target.threading().shared_pool);
+  specedge::BackendOptions other = o;
+  other.threads = 7;  // no test opens a 7-thread backend first
+  specedge::OrtBackend own(m, m.target, other);
+  CHECK_FALSE(own.threading().shared_pool);
+  CHECK_FALSE(own.threading().spinning);  // alternating, auto: no spinning on its own pool
+  std::vector<int32_t> ids{1, 2, 3};
+  const float* a = target.run(ids.data(), 3, 0);
+  std::vector<float> row(a, a + target.vocab_size());
+  const float* c = own.run(ids.data(), 3, 0);  // the same graph on its own pool: the same logits
+  for (int i = 0; i < target.vocab_size(); ++i) REQUIRE(std::abs(c[i] - row[size_t(i)]) < 1e-3f);
 }
