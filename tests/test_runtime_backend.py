@@ -263,3 +263,61 @@ def test_unknown_provider_and_pass_through(scatter_bundle):
                     allow_spinning=False, session_config={"session.intra_op.allow_spinning": "0"})
     assert be.describe()["providers"] == ["CPUExecutionProvider"] and be.describe()["allow_spinning"] is False
     assert be.run(np.array([1, 2]), 0).shape == (2, m.target.vocab_size)
+
+
+
+def test_choose_threading_rules():
+    from specedge.runtime.backends.ort import choose_threading
+
+    # no process pool: a pool of its own, spinning off where a draft alternates (auto)
+    assert choose_threading(2, None, True, None) == (False, False)
+    assert choose_threading(2, None, False, None) == (False, True)
+    assert choose_threading(None, True, True, None) == (False, True)
+    assert choose_threading(None, False, False, None) == (False, False)
+    # a process pool: every session joins it, spinning
+    assert choose_threading(2, None, True, 2) == (True, True)
+    assert choose_threading(None, None, False, 2) == (True, True)
+    assert choose_threading(None, True, True, 0) == (True, True)
+    assert choose_threading(3, None, False, -1) == (True, True)  # made outside specedge: size unknown
+    with pytest.raises(BackendError, match=r"threads=4, but this process's ONNX Runtime sessions share one pool "
+                                           r"of 2 threads .* use threads=2 or another process"):
+        choose_threading(4, None, True, 2)
+    with pytest.raises(BackendError, match="use threads=None or another process"):
+        choose_threading(4, None, True, 0)
+    with pytest.raises(BackendError, match="allow_spinning=False, but .* one spinning pool"):
+        choose_threading(2, False, False, 2)
+
+
+SHARED_POOL_CHILD = """
+import sys, numpy as np
+from specedge.manifest import load_manifest
+from specedge.runtime.backends.base import BackendError
+from specedge.runtime.backends.ort import OrtBackend
+m = load_manifest(sys.argv[1])
+own = OrtBackend(m, m.target, threads=1, alternating=True)
+assert own.describe()["shared_pool"] is False and own.describe()["allow_spinning"] is False
+target = OrtBackend(m, m.target, threads=1, shared_pool=True)
+draft = OrtBackend(m, m.target, threads=1, alternating=True)  # joins: ORT allows nothing else now
+assert target.describe()["shared_pool"] and draft.describe()["shared_pool"] and draft.describe()["allow_spinning"]
+ids = np.array([1, 2, 3])
+np.testing.assert_allclose(draft.run(ids, 0), own.run(ids, 0), rtol=1e-4, atol=1e-4)
+try:
+    OrtBackend(m, m.target, threads=2)
+    raise SystemExit("a 2-thread session was made beside a 1-thread process pool")
+except BackendError as e:
+    assert "share one pool of 1 threads" in str(e), e
+print("ok")
+"""
+
+
+def test_sessions_share_the_process_pool(scatter_bundle):
+    # a process of its own: once made, the pool would be forced on every later test's sessions
+    p = subprocess.run([sys.executable, "-c", SHARED_POOL_CHILD, str(scatter_bundle)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout + p.stderr
+
+
+def test_allow_spinning_must_be_a_bool_or_none(scatter_bundle):
+    m = load_manifest(scatter_bundle)
+    with pytest.raises(BackendError, match="allow_spinning must be True, False or None, got 'yes'"):
+        OrtBackend(m, m.target, allow_spinning="yes")

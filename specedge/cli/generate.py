@@ -69,6 +69,7 @@ def load_pipeline(args):
     return load(
         args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
         providers=args.provider, draft=args.draft, verify=args.verify,
+        shared_pool=True,  # the CLI owns its process: target and draft on one spinning pool
     )
 
 

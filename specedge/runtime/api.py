@@ -365,7 +365,7 @@ def _accepts(klass, name: str) -> bool:
 
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
-         spinning: bool | None = None, backend_options: dict | None = None) -> Pipeline:
+         spinning: bool | None = None, shared_pool: bool = False, backend_options: dict | None = None) -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -378,6 +378,10 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     warmup: run each call shape once and measure step costs (`Pipeline.calibrate`).
     spinning: ONNX Runtime intra-op spinning; None = off whenever a draft session exists (two
       spinning pools on a small CPU slow each other down), on otherwise.
+    shared_pool: run every ONNX Runtime CPU session on one process-wide spinning pool of `threads`
+      threads, so the target and draft take turns on the same hot threads (the CLI does). Once made, onnxruntime's Python binding runs every
+      session of the process on it: other thread counts or spinning off are refused, and sessions
+      the host application makes itself must not ask for pools of their own.
     """
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
@@ -394,13 +398,16 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     if providers is not None and not all(n.startswith("ort-") for n in (tname, dname) if n):
         raise BackendError("providers apply to the ONNX Runtime backends (ort-cpu, ort-cuda, ort-trt) only")
     two_sessions = dname is not None
-    spin = (not two_sessions) if spinning is None else bool(spinning)
 
     def make(name, spec):
         opts = dict(backend_options or {})
         klass = backend_class(name)
         if _accepts(klass, "allow_spinning"):
-            opts["allow_spinning"] = spin
+            opts["allow_spinning"] = spinning
+        if _accepts(klass, "alternating"):
+            opts["alternating"] = two_sessions
+        if shared_pool and _accepts(klass, "shared_pool"):
+            opts["shared_pool"] = True
         # threads size ONNX Runtime's CPU pools; GPU-only backends have none and ignore it
         t = threads if _accepts(klass, "threads") else None
         return create_backend(name, manifest, spec, threads=t, providers=providers, **opts)

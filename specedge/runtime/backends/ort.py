@@ -21,13 +21,15 @@ when the two differ, and copies the whole cache every step).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError
 from .binding import check_graph_names, expected_names, ort_element_type
 
-__all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers"]
+__all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers", "choose_threading"]
 
 # Which package provides an execution provider that this onnxruntime build lacks.
 PROVIDER_PACKAGES = {
@@ -113,12 +115,58 @@ def normalize_providers(providers) -> tuple[list[str], list[dict]]:
     return names, options
 
 
+# ONNX Runtime's process-wide intra-op pool: its size once made (0 = ORT's default), -1 when it was
+# made outside specedge (size unknown), None while there is none. Once it exists, onnxruntime's
+# Python binding refuses sessions with pools of their own, so every later session joins it.
+_POOL_LOCK = threading.Lock()
+_POOL: int | None = None
+
+
+def choose_threading(threads: int | None, allow_spinning: bool | None, alternating: bool,
+                     pool: int | None) -> tuple[bool, bool]:
+    """(shared pool?, spinning?) for a new session, given the process pool (see _POOL).
+
+    On the shared pool a draft and a target take turns on the same hot, spinning threads, where
+    two per-session pools would spin against each other (DESIGN.md, Threads). Without it a session
+    gets its own pool, spinning off when another session alternates with it (auto).
+    """
+    if pool is None:
+        return False, (not alternating) if allow_spinning is None else bool(allow_spinning)
+    if threads is not None and pool >= 0 and threads != pool:
+        raise BackendError(
+            f"threads={threads}, but this process's ONNX Runtime sessions share one pool of "
+            f"{pool or 'the default number of'} threads (made by the first load(shared_pool=True)), "
+            "and onnxruntime's Python binding cannot mix it with pools of their own: "
+            f"use threads={pool or None} or another process")
+    if allow_spinning is False:
+        raise BackendError("allow_spinning=False, but this process's ONNX Runtime sessions share one spinning "
+                           "pool (made by load(shared_pool=True)): it cannot be turned off per session")
+    return True, True
+
+
+def _process_pool(ort, threads: int | None) -> int:
+    """Make the process pool with `threads` unless there is one; return its size (-1: not ours)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            try:
+                ort.capi._pybind_state.set_global_thread_pool_sizes(threads or 0, 1)
+                _POOL = threads or 0
+            except Exception:  # made outside specedge: sessions must join it all the same
+                _POOL = -1
+        return _POOL
+
+
 class OrtBackend(Backend):
     """One model on an ONNX Runtime session with static, IO-bound buffers (see module docstring).
 
     threads: intra-op threads (None = ONNX Runtime's default, one per physical core).
-    allow_spinning: False when another session runs in the same process (the drafter): two
-      spinning thread pools on a small CPU slow each other down 2-3x (DESIGN.md, Threads).
+    shared_pool: run on ONNX Runtime's process-wide pool, made with `threads` by the first
+      backend that asks; once it exists every session of the process runs on it (onnxruntime's
+      Python binding allows nothing else), always spinning (`choose_threading`).
+    allow_spinning: None (auto): on a pool of its own, spin unless `alternating`. False / True:
+      off / on.
+    alternating: another session runs in turn with this one in the process (the drafter).
     providers: execution providers (names, aliases such as "cuda", or (name, options) pairs).
     session_config: extra `add_session_config_entry` pairs.
     use_env_allocators: share the environment's registered allocator between sessions.
@@ -136,7 +184,9 @@ class OrtBackend(Backend):
         *,
         threads: int | None = None,
         providers=None,
-        allow_spinning: bool = True,
+        allow_spinning: bool | None = None,
+        alternating: bool = False,
+        shared_pool: bool = False,
         session_config: dict | None = None,
         use_env_allocators: bool = False,
         graph_optimization: str = "all",
@@ -149,7 +199,8 @@ class OrtBackend(Backend):
         self.ort = ort
         self.batch = manifest.batch
         self.threads = threads
-        self.allow_spinning = bool(allow_spinning)
+        if allow_spinning is not None and not isinstance(allow_spinning, bool):
+            raise BackendError(f"allow_spinning must be True, False or None, got {allow_spinning!r}")
         names, popts = normalize_providers(providers if providers is not None else ["CPUExecutionProvider"])
         self.providers = names
 
@@ -164,11 +215,16 @@ class OrtBackend(Backend):
             raise BackendError(f"graph_optimization must be one of {', '.join(levels)}, got '{graph_optimization}'")
         so.graph_optimization_level = levels[graph_optimization]
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.inter_op_num_threads = 1
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise BackendError(f"threads must be a positive integer, got {threads!r}")
-            so.intra_op_num_threads = threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise BackendError(f"threads must be a positive integer, got {threads!r}")
+        pool = _process_pool(ort, threads) if shared_pool else _POOL
+        self.shared_pool, self.allow_spinning = choose_threading(threads, allow_spinning, alternating, pool)
+        if self.shared_pool:
+            so.use_per_session_threads = False
+        else:
+            so.inter_op_num_threads = 1
+            if threads is not None:
+                so.intra_op_num_threads = threads
         so.log_severity_level = int(log_level)  # 3 = errors only; 2 shows warnings (tests look for copies)
         if not self.allow_spinning:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -291,6 +347,7 @@ class OrtBackend(Backend):
             providers=list(self.providers),
             threads=self.threads,
             allow_spinning=self.allow_spinning,
+            shared_pool=self.shared_pool,
             graph=str(self.graph_path.name),
         )
         return d

@@ -226,8 +226,14 @@ class OrtCudaBackend(Backend):
         return [(self.provider, opts), "CPUExecutionProvider"]
 
     def _session_options(self):
+        from . import ort as ort_cpu
+
         so = self.ort.SessionOptions()
         so.log_severity_level = 3
+        # a process pool made by a shared_pool CPU backend: onnxruntime then refuses sessions with
+        # pools of their own (the GPU session's CPU threads only run the few host-side nodes)
+        if ort_cpu._POOL is not None:
+            so.use_per_session_threads = False
         return so
 
     def _create_session(self):
