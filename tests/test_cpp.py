@@ -215,6 +215,17 @@ def test_cpp_unit_tests(tiny_bundles):
     assert "skipped" not in p.stdout, p.stdout[-2000:]
 
 
+def test_cpp_host_environment_fallback(tiny_bundles):
+    """A host application made ONNX Runtime's (one, process-wide) environment without global pools
+    before specedge: sessions fall back to pools of their own. Alone in its process on purpose."""
+    if not UNIT.is_file():
+        pytest.skip(f"{UNIT} not built (configure with -DSPECEDGE_BUILD_TESTS=ON)")
+    env = dict(os.environ, SPECEDGE_TINY_BUNDLES=str(tiny_bundles))
+    p = subprocess.run([str(UNIT), "[hostenv]"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "skipped" not in p.stdout and "1 test case" in p.stdout, p.stdout[-2000:]
+
+
 def test_cpp_unit_tests_asan(tiny_bundles):
     """The unit tests built with -DSPECEDGE_ASAN=ON in cpp/build-asan (AddressSanitizer, leak
     checking, UBSan that aborts on the first report), run clean."""

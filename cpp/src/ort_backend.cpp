@@ -155,25 +155,36 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.kv_type = element_type(spec.kv_dtype, &s.elem);
   const GraphSpec& g = spec.graph_for(opts.backend);
   std::string path = m.path(g.path);
-  try {
+  auto make_session = [&](Ort::Env& e, const SessionThreading& t) {
     Ort::SessionOptions so;
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
     so.SetLogSeverityLevel(3);
-    PoolKey global;
-    Ort::Env& e = env(opts, &global);
-    s.threading = choose_threading(opts, global);
-    if (s.threading.shared_pool) {
+    if (t.shared_pool) {
       so.DisablePerSessionThreads();
     } else {
       so.SetInterOpNumThreads(1);
       if (opts.threads > 0) so.SetIntraOpNumThreads(opts.threads);
-      if (!s.threading.spinning) {
+      if (!t.spinning) {
         so.AddConfigEntry("session.intra_op.allow_spinning", "0");
         so.AddConfigEntry("session.inter_op.allow_spinning", "0");
       }
     }
     s.session = std::make_unique<Ort::Session>(e, path.c_str(), so);
+  };
+  try {
+    PoolKey global;
+    Ort::Env& e = env(opts, &global);
+    s.threading = choose_threading(opts, global);
+    try {
+      make_session(e, s.threading);
+    } catch (const Ort::Exception&) {
+      if (!s.threading.shared_pool) throw;
+      // The host application made ORT's environment before us, without global pools (ORT keeps
+      // one environment per process and ignores our threading options then): a pool of its own.
+      s.threading = choose_threading(opts, PoolKey{-1, false});
+      make_session(e, s.threading);
+    }
   } catch (const Ort::Exception& e) {
     fail_backend("ONNX Runtime cannot load the " + spec.role + " graph '" + g.path + "': " + first_line(e.what()));
   }

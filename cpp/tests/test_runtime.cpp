@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <onnxruntime_cxx_api.h>
+
 #include "catch.h"
 #include "manifest.h"
 #include "ort_backend.h"
@@ -212,4 +214,25 @@ TEST_CASE("threads: a second session with the same options joins the process's p
   std::vector<float> row(a, a + target.vocab_size());
   const float* c = own.run(ids.data(), 3, 0);  // the same graph on its own pool: the same logits
   for (int i = 0; i < target.vocab_size(); ++i) REQUIRE(std::abs(c[i] - row[size_t(i)]) < 1e-3f);
+}
+
+// Hidden: run alone in a fresh process (tests/test_cpp.py does), since it must make ONNX Runtime's
+// environment before specedge does, as a host application would.
+TEST_CASE("threads: a host application's ORT environment without global pools", "[.][hostenv]") {
+  NEED_BUNDLE(b, "scatter_self");
+  Ort::Env host(ORT_LOGGING_LEVEL_ERROR, "host app");  // ORT's one environment: no global pools
+  specedge::Manifest m = specedge::load_manifest(b, "full");
+  specedge::BackendOptions o;
+  o.threads = 1;
+  specedge::OrtBackend target(m, m.target, o);  // asks for the shared pool, gets its own
+  CHECK_FALSE(target.threading().shared_pool);
+  CHECK(target.threading().spinning);
+  o.alternating = true;
+  specedge::OrtBackend draft(m, m.target, o);
+  CHECK_FALSE(draft.threading().shared_pool);
+  CHECK_FALSE(draft.threading().spinning);  // auto: two pools of their own must not both spin
+  std::vector<int32_t> ids{1, 2, 3};
+  std::vector<float> a(target.run(ids.data(), 3, 0), target.run(ids.data(), 3, 0) + target.vocab_size());
+  const float* c = draft.run(ids.data(), 3, 0);
+  for (int i = 0; i < target.vocab_size(); ++i) REQUIRE(std::abs(c[i] - a[size_t(i)]) < 1e-3f);
 }
