@@ -285,6 +285,24 @@ def tiny_bundle(request, tmp_path_factory):
     return Path(tiny_bundle(tmp_path_factory.mktemp("bench") / "tiny", family="llama", draft="self", max_seq=128))
 
 
+def test_cli_bench_shared_pool_in_its_own_process(tiny_bundle, tmp_path):
+    """The CLI default: target-only and speculative pipelines on one process-wide pool; greedy
+    speculative output still equals target-only output."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "specedge", "bench", str(tiny_bundle), "--quick", "--k", "0,2",
+                        "--max-new-tokens", "8", "--prompts-per-category", "1", "--categories", "code",
+                        "--modes", "greedy", "--threads", "1", "--out", str(out), "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "bench.json").read_text())
+    assert res["config"]["shared_pool"] is True
+    spec = [r for r in res["runs"] if r["k"] == 2]
+    assert spec and all(r["matches_target_only"] for r in spec)
+
+
 def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from specedge.cli.main import main
@@ -295,13 +313,15 @@ def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in bundle.rglob("*") if p.is_file() and p.name != "manifest.json"}
     out = tmp_path / "out"
     rc = main(["bench", str(bundle), "--quick", "--k", "0,1,3", "--max-new-tokens", "12",
-               "--prompts-per-category", "1", "--threads", "1", "--out", str(out), "--tune", "--json", "--quiet"])
+               "--prompts-per-category", "1", "--threads", "1", "--out", str(out), "--tune", "--json", "--quiet",
+               "--no-shared-pool"])  # in-process: a process pool would bind every later test's sessions
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     res = json.loads((out / "bench.json").read_text())
     validate_results(res)
     assert printed["files"]["json"] == str(out / "bench.json")
     assert res["config"]["ks"] == [0, 1, 3] and res["config"]["quick"] is True
+    assert res["config"]["shared_pool"] is False
     assert len(res["runs"]) == 2 * 3 * 4  # modes x ks x prompts (1 per category, 1 repeat)
     assert {r["category"] for r in res["summary"]} == set(CATEGORIES) | {"all"}
     for r in res["runs"]:

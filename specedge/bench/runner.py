@@ -6,7 +6,9 @@ For every decoding mode (greedy; sampled at temperature 0.7 with fixed seeds) an
 sweep (k = 0 is target-only decoding, then 1..8 by default), every prompt of the suite is generated
 `repeats` times with `max_new_tokens` new tokens. k = 0 runs on a pipeline that has only the target
 session (ONNX Runtime's default intra-op spinning on: the target alone at its best); k >= 1 runs on
-a pipeline with the drafter (spinning off whenever a draft session exists, see DESIGN.md). Each
+a pipeline with the drafter. With `shared_pool` (the CLI's default) both pipelines' sessions run on
+one process-wide spinning pool, as `specedge generate` does; without it spinning is off whenever a
+draft session exists (see DESIGN.md). Each
 pipeline is warmed up on every call shape before anything is timed, and within a pipeline the
 repeats are interleaved over k so that a change of machine load hits every k alike. By default the
 runtime's speculation guard is off (`guard=False`), so that each k is measured as itself; `--guard`
@@ -22,7 +24,7 @@ Results (JSON, `schema` = "specedge.bench/1")
     bundle        path, target {precision, weight_bytes, num_params}, draft {kind, precision,
                   weight_bytes}, max_seq, k_manifest
     config        ks, repeats, max_new_tokens, modes, temperature, seeds, draft, guard, threads,
-                  backend, quick, prompts (ids), categories
+                  backend, quick, prompts (ids), categories, shared_pool
     runs          one record per generation: mode, k, repeat, prompt, category, seed, prompt_tokens,
                   truncated, tokens, finish_reason, tokens_per_s, ttft_s, decode_s, drafted,
                   accepted, target_calls, histogram, time_draft_s, time_verify_s, time_other_s,
@@ -157,6 +159,7 @@ class BenchConfig:
     per_category: int | None = None
     categories: list[str] | None = None
     verify: str = "full"
+    shared_pool: bool = False  # load(shared_pool=...): `specedge bench` turns it on, as generate does
 
     def validate(self) -> BenchConfig:
         if not self.ks:
@@ -301,7 +304,8 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 def _load_pipeline(bundle, cfg: BenchConfig, draft: str | None, verify: str):
     from ..runtime.api import load
 
-    kw = _accepted_kwargs(load, {"backend": cfg.backend, "threads": cfg.threads, "draft": draft, "verify": verify})
+    kw = _accepted_kwargs(load, {"backend": cfg.backend, "threads": cfg.threads, "draft": draft, "verify": verify,
+                                 "shared_pool": cfg.shared_pool})
     return load(bundle, **kw)
 
 

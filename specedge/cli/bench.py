@@ -47,6 +47,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats of every prompt (default 3, --quick: 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per generation (default 128, --quick: 64)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per ONNX Runtime session")
+    p.add_argument("--no-shared-pool", action="store_true",
+                   help="a thread pool per ONNX Runtime session, spinning off when a draft runs (the library's "
+                        "default) instead of one process-wide spinning pool (the CLI's)")
     p.add_argument("--draft", choices=("model", "ngram"), default=None,
                    help="drafter: the bundle's draft model or prompt lookup (default: the bundle's own kind)")
     p.add_argument("--backend", default="auto", help="runtime backend (auto, ort-cpu, ort-cuda, ...)")
@@ -86,6 +89,7 @@ def _config(args):
     cfg.backend = args.backend
     cfg.seed = args.seed
     cfg.guard = bool(args.guard)
+    cfg.shared_pool = not args.no_shared_pool
     return cfg.validate()
 
 
