@@ -108,7 +108,8 @@ def worker_specedge(job: dict) -> dict:
     from specedge.runtime.api import load
 
     opts = job["config"]["options"]
-    pipe = load(job["paths"]["bundle"], threads=job["threads"], draft=opts["draft"], verify="size")
+    # a worker process of its own: one process-wide pool for target and draft, as the CLI runs
+    pipe = load(job["paths"]["bundle"], threads=job["threads"], draft=opts["draft"], verify="size", shared_pool=True)
     n = job["max_new_tokens"]
     first = job["prompts"][0]["ids"]
     pipe.generate(token_ids=first, max_new_tokens=16, speculative=opts["speculative"])  # warm-up
