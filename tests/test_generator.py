@@ -337,6 +337,36 @@ def test_int4_self_draft_greedy_equals_target_only(int4_pipe):
     assert ng.token_ids == want.token_ids
 
 
+def test_self_draft_takes_the_target_kv_instead_of_a_prefill(int4_bundle):
+    prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+    for mode in ("auto", "own"):
+        pipe = load(int4_bundle, threads=1, draft_kv=mode, warmup=False)
+        try:
+            d = pipe.drafter
+            assert (d.kv_donor is pipe.generator.target) == (mode == "auto")
+            calls = []
+            run = pipe.draft_backend.run
+            pipe.draft_backend.run = lambda ids, pos: (calls.append((len(ids), pos)), run(ids, pos))[1]
+            ids = pipe.encode(prompt)
+            want = pipe.generate(token_ids=ids, max_new_tokens=24, speculative=False)
+            got = pipe.generate(token_ids=ids, max_new_tokens=24, guard=False, spec_tokens=4)
+            assert_same_tokens(pipe, ids, want.token_ids, got.token_ids, f"draft_kv={mode}")
+            n = len(ids)
+            if mode == "auto":
+                # no draft prefill: the first draft call is the target's first token, after the prompt
+                assert calls[0] == (1, n) and max(t for t, _ in calls) <= 2
+                assert d.copied >= n
+                kv_t, kv_d = pipe.target.kv[:, :, :, :n], pipe.draft_backend.kv[:, :, :, :n]
+                assert np.array_equal(kv_t, kv_d) and np.abs(kv_t).max() > 0
+            else:
+                assert calls[0][1] == 0 and calls[0][0] > 1  # the draft prefills the prompt itself
+                assert d.copied == 0
+        finally:
+            pipe.close()
+    with pytest.raises(ValueError, match="draft_kv must be 'auto' or 'own', got 'target'"):
+        load(int4_bundle, draft_kv="target")
+
+
 def test_scatter_and_delta_give_identical_tokens(tiny_bundle_factory):
     scatter = load(family_bundle(tiny_bundle_factory, "llama"), threads=1)
     delta = load(family_bundle(tiny_bundle_factory, "llama", "delta"), threads=1)

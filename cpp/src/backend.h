@@ -31,6 +31,9 @@ class Backend {
   int max_seq() const { return max_seq_; }
   const std::string& role() const { return role_; }
   virtual std::string name() const = 0;  // "ort-cpu", "tensorrt"
+  // Overwrite cache slots [start, end) with `other`'s (a self-draft taking the target's K/V instead
+  // of computing its own). False when it cannot (other backend type or cache geometry).
+  virtual bool copy_kv_from(const Backend& /*other*/, int /*start*/, int /*end*/) { return false; }
   // The most tokens one run() accepts (TensorRT: the largest optimization profile).
   virtual int max_call_tokens() const { return 1 << 30; }
 

@@ -150,6 +150,14 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
   int n = base_ + common_prefix(cache_.tokens(), b, history, b, SIZE_MAX);
   n = std::min(n, int(history.size()) - 1);
   cache_.rollback(n);
+  if (donor_) {
+    int m = std::min(common_prefix(donor_->tokens(), 0, history, 0, SIZE_MAX), int(history.size()) - 1);
+    if (m > n && cache_.backend()->copy_kv_from(*donor_->backend(), n, m)) {
+      cache_.adopt(history.data() + n, m - n);
+      copied_ += m - n;
+      n = m;
+    }
+  }
   base_ = int(history.size());
   const float* row = cache_.feed_chunked(history.data() + n, int(history.size()) - n);
   std::vector<int32_t> out;
@@ -285,6 +293,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
     ngram_ = std::make_unique<NgramDrafter>(m_.draft.kind == "ngram" ? m_.draft.ngram_sizes : std::vector<int>{3, 2, 1});
   }
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
+  if (drafter_ && m_.draft.self_draft_of == "target") drafter_->set_kv_donor(tcache_.get());
   eos_ = m_.eos_token_ids;
   spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;
   check_call_size(spec_tokens_);

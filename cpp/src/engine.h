@@ -31,6 +31,8 @@ class CacheTracker {
   int reuse(const std::vector<int32_t>& prompt, bool keep_last = true);
   const float* feed(const int32_t* ids, int n);            // one call: logits [n, V]
   const float* feed_chunked(const int32_t* ids, int n);    // last row's logits [V]
+  // Record that slots [position, position + n) now hold `ids`, written by someone else (copied K/V).
+  void adopt(const int32_t* ids, int n) { tokens_.insert(tokens_.end(), ids, ids + n); }
   Backend* backend() const { return backend_; }
   int chunk() const { return chunk_; }
 
@@ -62,6 +64,10 @@ class ModelDrafter {
  public:
   ModelDrafter(Backend* b, int chunk, int vocab) : cache_(b, chunk), vocab_(vocab) {}
   void reset() { cache_.reset(); base_ = 0; }
+  // The target's cache, for a self-draft (same architecture and cache geometry): committed tokens
+  // the target has already run are copied from its K/V instead of fed (drafts are proposals only).
+  void set_kv_donor(const CacheTracker* target) { donor_ = target; }
+  int64_t copied() const { return copied_; }
   void start(const std::vector<int32_t>& prompt) { base_ = cache_.reuse(prompt, false); }
   // Tokens, and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
@@ -71,6 +77,8 @@ class ModelDrafter {
   CacheTracker cache_;
   int vocab_;
   int base_ = 0;
+  const CacheTracker* donor_ = nullptr;
+  int64_t copied_ = 0;
 };
 
 struct CostModel {

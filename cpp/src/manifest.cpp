@@ -113,6 +113,10 @@ ModelSpec model(const json& d, const std::string& role) {
     }
     return m;
   }
+  // free-form like the rest of `extra` (the Python loader only compares it with "target")
+  if (d.contains("extra") && d["extra"].is_object() && d["extra"].contains("self_draft_of") &&
+      d["extra"]["self_draft_of"].is_string())
+    m.self_draft_of = d["extra"]["self_draft_of"].get<std::string>();
   if (m.kind != "model") fail_bundle("the manifest's " + role + " model has unknown kind '" + m.kind + "'");
   m.precision = req_str(d, "precision", where);
   if (!one_of(m.precision, kPrecisions))

@@ -30,6 +30,7 @@ struct ModelSpec {
   std::vector<GraphSpec> graphs;
   std::vector<TensorSpec> inputs, outputs;
   std::vector<int> ngram_sizes{3, 2, 1};  // kind "ngram": extra.ngram_sizes
+  std::string self_draft_of;              // extra.self_draft_of: "target" for a self-draft
   bool is_model() const { return kind == "model"; }
   // The graph serving `backend` (its `backends` list), else the portable flavour.
   const GraphSpec& graph_for(const std::string& backend) const;

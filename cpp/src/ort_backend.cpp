@@ -228,6 +228,23 @@ OrtBackend::~OrtBackend() = default;
 
 const SessionThreading& OrtBackend::threading() const { return impl_->threading; }
 
+bool OrtBackend::copy_kv_from(const Backend& other, int start, int end) {
+  const auto* o = dynamic_cast<const OrtBackend*>(&other);
+  if (!o) return false;
+  const Impl& src = *o->impl_;
+  Impl& s = *impl_;
+  if (src.B != s.B || src.L != s.L || src.H != s.H || src.S != s.S || src.D != s.D || src.kv_type != s.kv_type)
+    return false;
+  if (start < 0 || end > s.S || start >= end) return start == end;
+  // [2L, B, H, S, D]: the slots of one (layer, batch, head) row are contiguous
+  size_t slot = size_t(s.D) * s.elem, rows = size_t(2) * s.L * s.B * s.H;
+  for (size_t r = 0; r < rows; ++r) {
+    size_t off = (r * size_t(s.S) + size_t(start)) * slot;
+    std::memcpy(s.kv.data() + off, src.kv.data() + off, size_t(end - start) * slot);
+  }
+  return true;
+}
+
 const float* OrtBackend::run(const int32_t* ids, int t, int position) {
   Impl& s = *impl_;
   check_call(t, position);

@@ -47,6 +47,7 @@ class OrtBackend : public Backend {
   const float* run(const int32_t* ids, int t, int position) override;
   std::string name() const override { return "ort-cpu"; }
   const SessionThreading& threading() const;
+  bool copy_kv_from(const Backend& other, int start, int end) override;
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 // Unit tests: sha256, manifest validation, sampling, verification, n-gram drafter, cost model,
-// ONNX Runtime thread-pool choice.
+// ONNX Runtime thread-pool choice, the self-draft's K/V hand-over (on SPECEDGE_TINY_BUNDLES).
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -373,4 +374,46 @@ TEST_CASE("threads: sessions with the first backend's options share its spinning
   BackendOptions forced = first;
   forced.allow_spinning = 1;
   CHECK(choose_threading(forced, global).shared_pool);  // 1 and auto are the same spinning pool
+}
+
+TEST_CASE("self-draft: the draft takes the target's K/V instead of a prefill") {
+  for (const char* name : {"scatter_self", "delta_self"}) {
+    const char* root = std::getenv("SPECEDGE_TINY_BUNDLES");
+    std::string b = root ? (fs::path(root) / name).string() : "";
+    if (b.empty() || !fs::exists(fs::path(b) / "manifest.json")) {
+      WARN("skipped: SPECEDGE_TINY_BUNDLES not set up (tests/test_cpp.py sets it)");
+      return;
+    }
+    specedge::Manifest m = specedge::load_manifest(b, "full");
+    REQUIRE(m.draft.self_draft_of == "target");
+    specedge::BackendOptions o;
+    o.threads = 1;
+    specedge::OrtBackend target(m, m.target, o);
+    // drafts over the target's own fp32 graph: copied or computed, their K/V are the same numbers
+    specedge::OrtBackend own_b(m, m.target, o), copy_b(m, m.target, o);
+    int vocab = target.vocab_size();
+    specedge::CacheTracker tc(&target, m.prefill_chunk);
+    std::vector<int32_t> hist{5, 9, 13, 2, 7, 11, 3, 8, 21, 4, 6, 17, 30, 12, 9, 1, 15, 10};
+    const float* row = tc.feed_chunked(hist.data(), int(hist.size()));
+    hist.push_back(specedge::argmax(row, vocab));
+    specedge::ModelDrafter own(&own_b, m.prefill_chunk, vocab), copied(&copy_b, m.prefill_chunk, vocab);
+    copied.set_kv_donor(&tc);
+    specedge::SamplingParams greedy;
+    specedge::Rng rng(0);
+    std::vector<int32_t> a = own.propose(hist, 4, greedy, rng, nullptr);
+    std::vector<int32_t> c = copied.propose(hist, 4, greedy, rng, nullptr);
+    CHECK(copied.copied() == int64_t(hist.size()) - 1);  // all but the last token, which is fed
+    CHECK(own.copied() == 0);
+    CHECK(a == c);
+    // the target went on without the draft (a rejection, or the guard's plain decoding): the
+    // draft catches up by copying the slots the target has run, feeding only the last token
+    int32_t x = (c[0] + 1) % vocab, y = (c[1] + 3) % vocab, z = (c[2] + 5) % vocab;
+    std::vector<int32_t> verify{hist.back(), x, y};
+    tc.feed(verify.data(), 3);
+    std::vector<int32_t> h2 = hist;
+    h2.insert(h2.end(), {x, y, z});
+    int64_t before = copied.copied();
+    CHECK(own.propose(h2, 3, greedy, rng, nullptr) == copied.propose(h2, 3, greedy, rng, nullptr));
+    CHECK(copied.copied() == before + 2);  // x and y; z is fed
+  }
 }

@@ -188,7 +188,7 @@ class Pipeline:
     """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one."""
 
     def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
-                 draft_backend_name: str | None, draft_backend=None):
+                 draft_backend_name: str | None, draft_backend=None, draft_kv: str = "auto"):
         self.manifest = manifest
         self.tokenizer = tokenizer
         self.target = target
@@ -206,6 +206,12 @@ class Pipeline:
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
             static_costs=self._static_costs(),
         )
+        if draft_kv not in ("auto", "own"):
+            raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
+        # a self-draft takes the target's K/V for tokens the target has run (ModelDrafter.kv_donor):
+        # no draft prefill of the prompt; backends that cannot copy (GPU ones) feed as before
+        if draft_kv == "auto" and isinstance(drafter, ModelDrafter) and manifest.draft.extra.get("self_draft_of") == "target":
+            drafter.kv_donor = self.generator.target
 
     @property
     def max_seq(self) -> int:
@@ -365,7 +371,8 @@ def _accepts(klass, name: str) -> bool:
 
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
-         spinning: bool | None = None, shared_pool: bool = False, backend_options: dict | None = None) -> Pipeline:
+         spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
+         backend_options: dict | None = None) -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -382,9 +389,14 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       threads, so the target and draft take turns on the same hot threads (the CLI does). Once made, onnxruntime's Python binding runs every
       session of the process on it: other thread counts or spinning off are refused, and sessions
       the host application makes itself must not ask for pools of their own.
+    draft_kv: "auto" (a self-draft copies the target's K/V for the tokens the target has already
+      run instead of computing its own: no draft prefill of the prompt, where ONNX Runtime CPU
+      backends serve both) or "own" (the draft feeds every token itself).
     """
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
+    if draft_kv not in ("auto", "own"):
+        raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
     if draft not in (None, "model", "ngram"):
         raise ValueError(f"draft must be 'model', 'ngram' or None, got {draft!r}")
     manifest = load_manifest(bundle, verify=verify)
@@ -422,7 +434,7 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         else:
             sizes = manifest.draft.extra.get("ngram_sizes", (3, 2, 1)) if manifest.draft.kind == "ngram" else (3, 2, 1)
             drafter = NgramProposer(vocab, ngram_sizes=tuple(sizes))
-        pipe = Pipeline(manifest, tokenizer, target, drafter, tname, dname, dbackend)
+        pipe = Pipeline(manifest, tokenizer, target, drafter, tname, dname, dbackend, draft_kv=draft_kv)
         if warmup:
             pipe.calibrate()
     except BaseException:

@@ -39,6 +39,12 @@ class Backend(ABC):
         the full logits to the host."""
         return np.argmax(self.run(input_ids, position), axis=-1)
 
+    def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
+        """Overwrite this model's cache slots [start, end) with `other`'s (a self-draft taking
+        the target's prompt K/V instead of computing its own). False when this backend cannot
+        (another backend type, another cache geometry); the caller then feeds the tokens."""
+        return False
+
     def warmup(self, sizes: tuple[int, ...]) -> None:
         """Run once for each T in `sizes` (graph capture, allocator warm-up); cache content at
         slot 0 onwards is garbage afterwards, which is fine since prefill rewrites it."""

@@ -337,6 +337,12 @@ class OrtBackend(Backend):
             self.kv[:, :, :, position : position + t, :] = new  # every layer, K and V: one copy
         return self._logits[: t * self.vocab_size].reshape(t, self.vocab_size)  # batch row 0
 
+    def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
+        if not isinstance(other, OrtBackend) or other.kv.shape != self.kv.shape or other.kv.dtype != self.kv.dtype:
+            return False
+        self.kv[:, :, :, start:end, :] = other.kv[:, :, :, start:end, :]  # every layer, K and V: one copy
+        return True
+
     def close(self) -> None:
         self._bindings = {}
         self.session = None

@@ -44,6 +44,11 @@ class ModelDrafter:
         self._argmax = self.vocab == backend.vocab_size  # no padding rows that could win argmax
         self._chain = callable(getattr(backend, "draft_greedy", None)) and self._argmax
         self.calls = 0  # backend calls made by propose (for stats)
+        # The target's cache, when this draft is a self-draft of it (same architecture, same cache
+        # geometry): committed tokens the target has already run are not fed to the draft, their
+        # K/V are copied from the target's cache (DESIGN.md, exactness: drafts are only proposals).
+        self.kv_donor: CacheTracker | None = None
+        self.copied = 0  # slots copied from the donor (for stats)
 
     @property
     def position(self) -> int:
@@ -66,6 +71,13 @@ class ModelDrafter:
         n = self._base + common_prefix(c.tokens[self._base :], history[self._base :])
         n = min(n, len(history) - 1)  # always feed the last token: its logits give the first draft
         c.rollback(n)
+        d = self.kv_donor
+        if d is not None:
+            m = min(common_prefix(d.tokens, history), len(history) - 1)
+            if m > n and self.backend.copy_kv_from(d.backend, n, m):
+                c.tokens.extend(history[n:m])
+                self.copied += m - n
+                n = m
         return history[n:]
 
     def propose(self, history, k: int, params: SamplingParams, rng=None) -> tuple[list[int], np.ndarray | None]:
