@@ -39,6 +39,7 @@ from specedge.runtime.backends.binding import (
     graph_id_for,
     ort_trt_profile_options,
     parse_kv_name,
+    slot_copy,
 )
 
 L, KVH, HD, S, V = 3, 2, 4, 32, 17
@@ -237,6 +238,42 @@ def test_delta_copies_write_the_same_cache_as_a_direct_numpy_write(sp, max_seq, 
     for j in range(cache.num_tensors):
         pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
     assert (dst[pad] == 0xAB).all()
+
+
+@pytest.mark.parametrize(
+    "sp,max_seq,batch,start,end",
+    [
+        (_spec(2, 3, 64), 32, 1, 0, 17),  # dense cache: one copy
+        (_spec(2, 3, 64), 33, 1, 5, 33),  # padded cache: one copy per tensor, up to the last slot
+        (_spec(3, 1, 8, "float32"), 7, 2, 2, 3),  # padded, batch 2, one slot
+        (spec(), S, 2, 3, 20),
+    ],
+)
+def test_slot_copies_copy_the_same_slots_as_numpy(sp, max_seq, batch, start, end):
+    """A self-draft taking the target's K/V: slots [start, end) of every row copied between two
+    arenas of one layout, nothing else touched (padding included)."""
+    cache = KVLayout.for_cache(sp, max_seq, batch)
+    dt = {"float16": np.float16, "float32": np.float32}[sp.kv_dtype]
+    rng = np.random.default_rng(start * 10 + end)
+    a = rng.standard_normal((cache.num_tensors,) + cache.tensor_shape).astype(dt)
+    b = rng.standard_normal((cache.num_tensors,) + cache.tensor_shape).astype(dt)
+    want = b.copy()
+    want[:, :, :, start:end] = a[:, :, :, start:end]
+    src = np.full(cache.total_bytes, 0xAB, np.uint8)
+    dst = np.full(cache.total_bytes, 0xCD, np.uint8)
+    cache.tensors(src.view(dt))[...] = a
+    cache.tensors(dst.view(dt))[...] = b
+    copies = slot_copy(cache, start, end)
+    assert len(copies) == (1 if cache.dense else 2 * sp.num_layers)
+    _simulate(copies, dst, src)
+    np.testing.assert_array_equal(cache.tensors(dst.view(dt)), want)
+    pad = np.ones(cache.total_bytes, bool)
+    for j in range(cache.num_tensors):
+        pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
+    assert (dst[pad] == 0xCD).all()
+    assert slot_copy(cache, 4, 4) == []
+    with pytest.raises(ValueError, match=r"slots \[3, 99\) are not inside a cache of"):
+        slot_copy(cache, 3, 99)
 
 
 def test_delta_copy_refuses_overflow_and_empty_calls():

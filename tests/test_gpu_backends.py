@@ -399,6 +399,38 @@ def test_torch_backend_incremental_equals_full_forward(tiny_llama):
     np.testing.assert_array_equal(b.argmax(np.array(ids[9:]), 9), full[9:].argmax(-1))
 
 
+def test_torch_backend_copies_another_backends_kv(tiny_llama):
+    from specedge.runtime.backends.torch_backend import TorchBackend
+
+    mk = lambda: TorchBackend.from_module(tiny_llama, max_seq=32, device="cpu", dtype="float32", k=3, prefill_chunk=8)  # noqa: E731
+    target, draft = mk(), mk()
+    ids = [1, 5, 9, 3, 7, 2, 8, 4, 6]
+    target.run(np.array(ids[:8]), 0)
+    assert draft.copy_kv_from(target, 0, 8)
+    assert bool((draft.cache[:, :, :, :8] == target.cache[:, :, :, :8]).all())
+    # the draft continues from the copied slots as if it had run them itself
+    np.testing.assert_allclose(draft.run(np.array(ids[8:]), 8), _full_logits(tiny_llama, ids)[8:], atol=1e-5)
+    assert not draft.copy_kv_from(object(), 0, 8)
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_ort_cuda_backend_copies_another_backends_kv_on_cpu(tmp_path, kv_mode):
+    from specedge.runtime.backends.ort_cuda import OrtCudaBackend
+
+    root, E, W = write_toy_bundle(tmp_path / kv_mode, kv_mode)
+    m = load_manifest(root)
+    target, draft, ref = (OrtCudaBackend(m, m.target, device="cpu") for _ in range(3))
+    try:
+        ids = np.array([1, 5, 9, 3, 7, 2])
+        target.run(ids[:5], 0)
+        ref.run(ids[:5], 0)
+        assert draft.copy_kv_from(target, 0, 5)
+        np.testing.assert_allclose(draft.run(ids[5:], 5), ref.run(ids[5:], 5), atol=1e-6)
+    finally:
+        for b in (target, draft, ref):
+            b.close()
+
+
 def test_torch_backend_rollback_overwrites_stale_slots(tiny_llama):
     from specedge.runtime.backends.torch_backend import TorchBackend
 

@@ -183,6 +183,28 @@ def delta_copy(cache: KVLayout, t: int, position: int) -> list[Copy2D]:
     ]
 
 
+def slot_copy(cache: KVLayout, start: int, end: int) -> list[Copy2D]:
+    """The 2-D copies that copy cache slots [start, end) of every row from one arena to another of
+    the same layout (a self-draft taking the target's K/V): one copy of every row when the arena
+    is not padded, else one per K/V tensor. Offsets are the same in both arenas."""
+    if not 0 <= start <= end <= cache.seq:
+        raise ValueError(f"slots [{start}, {end}) are not inside a cache of {cache.seq} slots")
+    if start == end:
+        return []
+    slot = cache.head_dim * cache.itemsize
+    width, off = (end - start) * slot, start * slot
+    if cache.dense:
+        return [Copy2D(dst_offset=off, dpitch=cache.row_bytes, src_offset=off, spitch=cache.row_bytes, width=width,
+                       height=cache.rows)]
+    return [
+        Copy2D(dst_offset=cache.offset(kind, layer) + off, dpitch=cache.row_bytes,
+               src_offset=cache.offset(kind, layer) + off, spitch=cache.row_bytes, width=width,
+               height=cache.rows_per_tensor)
+        for kind in (KEY, VALUE)
+        for layer in range(cache.num_layers)
+    ]
+
+
 @dataclass(frozen=True)
 class Binding:
     """One graph tensor and the buffer it binds to."""

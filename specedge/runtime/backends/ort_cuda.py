@@ -45,6 +45,7 @@ from .binding import (
     numpy_dtype,
     ort_element_type,
     ort_trt_profile_options,
+    slot_copy,
 )
 
 log = logging.getLogger(__name__)
@@ -380,6 +381,15 @@ class OrtCudaBackend(Backend):
                 self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height)
         s.ran = True
         return s
+
+    def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
+        if (not isinstance(other, OrtCudaBackend) or other.cache != self.cache or self._copier is None
+                or (other.device_type, other.device_id) != (self.device_type, self.device_id)):
+            return False
+        for c in slot_copy(self.cache, start, end):  # device to device, both arenas on one GPU
+            self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, other.arena_ptr + c.src_offset, c.spitch,
+                                c.width, c.height)
+        return True
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         s = self._step(input_ids, position)

@@ -32,7 +32,16 @@ import numpy as np
 
 from ...manifest import Manifest, ModelSpec
 from .base import Backend, BackendError
-from .binding import ARENA_ALIGN, ARGMAX_OUTPUT, KVLayout, binding_plan, check_graph_names, delta_copy, expected_names
+from .binding import (
+    ARENA_ALIGN,
+    ARGMAX_OUTPUT,
+    KVLayout,
+    binding_plan,
+    check_graph_names,
+    delta_copy,
+    expected_names,
+    slot_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +408,15 @@ class TensorRTBackend(Backend):
                     c.width, c.height, self.cu.D2D, self._stream,
                 )
         return pi, t
+
+    def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
+        if not isinstance(other, TensorRTBackend) or other.cache != self.cache or other.device_id != self.device_id:
+            return False
+        # the target's run() synchronized its stream before returning: its cache is complete
+        for c in slot_copy(self.cache, start, end):
+            self.cu.memcpy2d_async(self._cache_ptr + c.dst_offset, c.dpitch, other._cache_ptr + c.src_offset, c.spitch,
+                                   c.width, c.height, self.cu.D2D, self._stream)
+        return True
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         ids = self._check_call(input_ids, position)

@@ -241,6 +241,15 @@ class TorchBackend(Backend):
 
     # ------------------------------------------------------------------ the step
 
+    def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
+        if (not isinstance(other, TorchBackend) or other.cache is None or self.cache is None
+                or other.cache.shape != self.cache.shape or other.cache.dtype != self.cache.dtype
+                or other.cache.device != self.cache.device):
+            return False
+        # in place: the captured CUDA graphs keep reading this very tensor
+        self.cache[:, :, :, start:end, :].copy_(other.cache[:, :, :, start:end, :])
+        return True
+
     def _static_ids(self, t: int):
         x = self._ids.get(t)
         if x is None:
