@@ -595,4 +595,22 @@ const float* TrtBackend::run(const int32_t* ids, int t, int position) {
   return static_cast<const float*>(s.logits_host.p);
 }
 
+bool TrtBackend::copy_kv_from(const Backend& other, int start, int end) {
+  const auto* o = dynamic_cast<const TrtBackend*>(&other);
+  if (!o) return false;
+  Impl& s = *impl_;
+  const Impl& src = *o->impl_;
+  const trt::KVLayout &a = s.cache, &b = src.cache;
+  if (src.device != s.device || a.layers != b.layers || a.batch != b.batch || a.heads != b.heads || a.seq != b.seq ||
+      a.head_dim != b.head_dim || a.itemsize != b.itemsize)
+    return false;
+  // the other backend's run() synchronized its stream before returning: its cache is complete
+  cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
+  for (const trt::Copy2D& cp : trt::slot_copies(s.cache, start, end))
+    cuda_check(cudaMemcpy2DAsync(s.kv.u8() + cp.dst_offset, cp.dpitch, src.kv.u8() + cp.src_offset, cp.spitch,
+                                 cp.width, cp.height, cudaMemcpyDeviceToDevice, s.stream.s),
+               "cudaMemcpy2DAsync (the target's K/V into the draft's cache)");
+  return true;
+}
+
 }  // namespace specedge

@@ -40,6 +40,7 @@ class TrtBackend : public Backend {
   const float* run(const int32_t* ids, int t, int position) override;
   std::string name() const override { return "tensorrt"; }
   int max_call_tokens() const override;
+  bool copy_kv_from(const Backend& other, int start, int end) override;
   // Why CUDA graphs are off, when they are ("" otherwise).
   const std::string& graph_note() const;
 

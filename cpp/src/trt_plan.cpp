@@ -417,6 +417,32 @@ std::string check_graph_names(const std::string& role, const std::vector<std::st
          "); re-export the bundle with this version of specedge";
 }
 
+std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end) {
+  if (start < 0 || end < start || end > cache.seq)
+    fail_arg("slots [" + std::to_string(start) + ", " + std::to_string(end) + ") are not inside a cache of " +
+             std::to_string(cache.seq) + " slots");
+  if (start == end) return {};
+  const size_t slot = size_t(cache.head_dim) * cache.itemsize;
+  Copy2D c;
+  c.width = size_t(end - start) * slot;
+  c.dst_offset = c.src_offset = size_t(start) * slot;
+  c.dpitch = c.spitch = cache.row_bytes();
+  if (cache.dense()) {
+    c.height = cache.rows();
+    return {c};
+  }
+  std::vector<Copy2D> out;
+  c.height = cache.rows_per_tensor();
+  for (int kind = 0; kind < 2; ++kind)
+    for (int layer = 0; layer < cache.layers; ++layer) {
+      Copy2D one = c;
+      one.dst_offset += cache.offset(kind, layer);
+      one.src_offset += cache.offset(kind, layer);
+      out.push_back(one);
+    }
+  return out;
+}
+
 std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, int position) {
   const int t = delta.seq;
   if (t < 1) fail_arg("T must be >= 1, got " + std::to_string(t));

@@ -157,6 +157,9 @@ struct Copy2D {
 // `position`: one copy of all 2·L·B·kv_heads rows when both arenas are dense, else one per tensor (B·kv_heads rows
 // each). Throws when the entries do not fit the cache or the layouts disagree.
 std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, int position);
+// The 2-D copies that copy slots [start, end) of every row between two arenas of the same layout (a self-draft
+// taking the target's K/V): one copy when the arena is dense, else one per tensor; none when start == end.
+std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end);
 
 }  // namespace trt
 }  // namespace specedge

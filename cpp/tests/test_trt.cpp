@@ -442,6 +442,41 @@ TEST_CASE("trt: the delta copy writes every layer's new entries at position") {
   CHECK_THROWS_AS(delta_copies(cache, d1, 0), Error);  // head_dim differs
 }
 
+TEST_CASE("trt: slot copies move the same slots of every row between two arenas") {
+  ModelSpec spec = tiny_spec("float16");
+  spec.num_layers = 3;
+  for (int S : {16, 17}) {  // dense (one copy), padded (one per tensor)
+    KVLayout cache = KVLayout::for_cache(spec, S, 2);
+    std::vector<uint8_t> src(cache.total_bytes()), dst(cache.total_bytes(), 0xCD);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(1 + i % 251);
+    const int a = 3, b = 11;
+    auto copies = slot_copies(cache, a, b);
+    CHECK(copies.size() == (cache.dense() ? 1u : size_t(2 * spec.num_layers)));
+    for (const auto& c : copies)
+      for (size_t r = 0; r < c.height; ++r)
+        std::memcpy(dst.data() + c.dst_offset + r * c.dpitch, src.data() + c.src_offset + r * c.spitch, c.width);
+    const size_t row = size_t(cache.head_dim) * cache.itemsize;
+    size_t bad = 0, inside = 0;
+    for (size_t i = 0; i < dst.size(); ++i) {
+      bool in_slot = false;
+      for (int kind = 0; kind < 2; ++kind)
+        for (int layer = 0; layer < cache.layers; ++layer) {
+          size_t o = cache.offset(kind, layer);
+          if (i < o || i >= o + cache.tensor_bytes()) continue;
+          size_t s = ((i - o) / row) % size_t(cache.seq);
+          in_slot = s >= size_t(a) && s < size_t(b);
+        }
+      inside += in_slot;
+      if (dst[i] != (in_slot ? src[i] : 0xCD)) ++bad;
+    }
+    CHECK(bad == 0);
+    CHECK(inside == size_t(b - a) * row * cache.rows());
+  }
+  KVLayout c = KVLayout::for_cache(spec, 16, 1);
+  CHECK(slot_copies(c, 4, 4).empty());
+  CHECK(has(error_of([&] { slot_copies(c, 3, 17); }), "slots [3, 17) are not inside a cache of 16 slots"));
+}
+
 TEST_CASE("backend selection: 'tensorrt' where this library has (or lacks) TensorRT") {
   CHECK(resolve_backend_name("auto") == "ort-cpu");
   CHECK(resolve_backend_name("") == "ort-cpu");
