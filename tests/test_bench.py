@@ -135,6 +135,8 @@ def test_config_validation():
         BenchConfig(modes=["beam"]).validate()
     with pytest.raises(ValueError):
         BenchConfig(max_new_tokens=1).validate()
+    with pytest.raises(ValueError, match="draft-kv must be auto or own, got 'mine'"):
+        BenchConfig(draft_kv="mine").validate()
     q = BenchConfig.quick_defaults(threads=2).validate()
     assert q.ks == [0, 1, 2, 4] and q.repeats == 1 and q.quick
     assert BenchConfig(ks=[4, 0, 2, 2]).validate().ks == [0, 2, 4]
@@ -321,7 +323,7 @@ def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
     validate_results(res)
     assert printed["files"]["json"] == str(out / "bench.json")
     assert res["config"]["ks"] == [0, 1, 3] and res["config"]["quick"] is True
-    assert res["config"]["shared_pool"] is False
+    assert res["config"]["shared_pool"] is False and res["config"]["draft_kv"] == "auto"
     assert len(res["runs"]) == 2 * 3 * 4  # modes x ks x prompts (1 per category, 1 repeat)
     assert {r["category"] for r in res["summary"]} == set(CATEGORIES) | {"all"}
     for r in res["runs"]:

@@ -24,7 +24,7 @@ Results (JSON, `schema` = "specedge.bench/1")
     bundle        path, target {precision, weight_bytes, num_params}, draft {kind, precision,
                   weight_bytes}, max_seq, k_manifest
     config        ks, repeats, max_new_tokens, modes, temperature, seeds, draft, guard, threads,
-                  backend, quick, prompts (ids), categories, shared_pool
+                  backend, quick, prompts (ids), categories, shared_pool, draft_kv
     runs          one record per generation: mode, k, repeat, prompt, category, seed, prompt_tokens,
                   truncated, tokens, finish_reason, tokens_per_s, ttft_s, decode_s, drafted,
                   accepted, target_calls, histogram, time_draft_s, time_verify_s, time_other_s,
@@ -160,6 +160,7 @@ class BenchConfig:
     categories: list[str] | None = None
     verify: str = "full"
     shared_pool: bool = False  # load(shared_pool=...): `specedge bench` turns it on, as generate does
+    draft_kv: str = "auto"  # load(draft_kv=...): "own" measures a self-draft that prefills the prompt itself
 
     def validate(self) -> BenchConfig:
         if not self.ks:
@@ -179,6 +180,8 @@ class BenchConfig:
             raise ValueError("give at least one mode")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.draft_kv not in ("auto", "own"):
+            raise ValueError(f"draft-kv must be auto or own, got {self.draft_kv!r}")
         if self.per_category is not None and self.per_category < 1:
             raise ValueError(f"prompts per category must be >= 1, got {self.per_category}")
         if self.categories:
@@ -305,7 +308,7 @@ def _load_pipeline(bundle, cfg: BenchConfig, draft: str | None, verify: str):
     from ..runtime.api import load
 
     kw = _accepted_kwargs(load, {"backend": cfg.backend, "threads": cfg.threads, "draft": draft, "verify": verify,
-                                 "shared_pool": cfg.shared_pool})
+                                 "shared_pool": cfg.shared_pool, "draft_kv": cfg.draft_kv})
     return load(bundle, **kw)
 
 

@@ -47,6 +47,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats of every prompt (default 3, --quick: 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per generation (default 128, --quick: 64)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per ONNX Runtime session")
+    p.add_argument("--draft-kv", choices=("auto", "own"), default="auto",
+                   help="auto: a self-draft takes the target's K/V for the prompt (default); own: it prefills itself")
     p.add_argument("--no-shared-pool", action="store_true",
                    help="a thread pool per ONNX Runtime session, spinning off when a draft runs (the library's "
                         "default) instead of one process-wide spinning pool (the CLI's)")
@@ -90,6 +92,7 @@ def _config(args):
     cfg.seed = args.seed
     cfg.guard = bool(args.guard)
     cfg.shared_pool = not args.no_shared_pool
+    cfg.draft_kv = args.draft_kv
     return cfg.validate()
 
 
