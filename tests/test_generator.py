@@ -355,12 +355,12 @@ def test_self_draft_takes_the_target_kv_instead_of_a_prefill(int4_bundle):
             if mode == "auto":
                 # no draft prefill: the first draft call is the target's first token, after the prompt
                 assert calls[0] == (1, n) and max(t for t, _ in calls) <= 2
-                assert d.copied >= n
+                assert d.copied >= n and got.stats["draft_kv_copied"] >= n
                 kv_t, kv_d = pipe.target.kv[:, :, :, :n], pipe.draft_backend.kv[:, :, :, :n]
                 assert np.array_equal(kv_t, kv_d) and np.abs(kv_t).max() > 0
             else:
                 assert calls[0][1] == 0 and calls[0][0] > 1  # the draft prefills the prompt itself
-                assert d.copied == 0
+                assert d.copied == 0 and got.stats["draft_kv_copied"] == 0
         finally:
             pipe.close()
     with pytest.raises(ValueError, match="draft_kv must be 'auto' or 'own', got 'target'"):

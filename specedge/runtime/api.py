@@ -189,6 +189,8 @@ class Pipeline:
 
     def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
                  draft_backend_name: str | None, draft_backend=None, draft_kv: str = "auto"):
+        if draft_kv not in ("auto", "own"):
+            raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
         self.manifest = manifest
         self.tokenizer = tokenizer
         self.target = target
@@ -206,8 +208,6 @@ class Pipeline:
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
             static_costs=self._static_costs(),
         )
-        if draft_kv not in ("auto", "own"):
-            raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
         # a self-draft takes the target's K/V for tokens the target has run (ModelDrafter.kv_donor):
         # no draft prefill of the prompt; backends that cannot copy (GPU ones) feed as before
         if draft_kv == "auto" and isinstance(drafter, ModelDrafter) and manifest.draft.extra.get("self_draft_of") == "target":
@@ -386,9 +386,10 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     spinning: ONNX Runtime intra-op spinning; None = off whenever a draft session exists (two
       spinning pools on a small CPU slow each other down), on otherwise.
     shared_pool: run every ONNX Runtime CPU session on one process-wide spinning pool of `threads`
-      threads, so the target and draft take turns on the same hot threads (the CLI does). Once made, onnxruntime's Python binding runs every
-      session of the process on it: other thread counts or spinning off are refused, and sessions
-      the host application makes itself must not ask for pools of their own.
+      threads, so the target and draft take turns on the same hot threads (the CLI does). Once
+      made, onnxruntime's Python binding runs every session of the process on it: other thread
+      counts or spinning off are refused, and sessions the host application makes itself must not
+      ask for pools of their own.
     draft_kv: "auto" (a self-draft copies the target's K/V for the tokens the target has already
       run instead of computing its own: no draft prefill of the prompt, where ONNX Runtime CPU
       backends serve both) or "own" (the draft feeds every token itself).

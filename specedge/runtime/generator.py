@@ -464,6 +464,7 @@ class Generator:
         if speculative:
             self.drafter.start(prompt)
             calls0 = self.drafter.calls
+            copied0 = getattr(self.drafter, "copied", 0)
         tokens = prompt + [first]
         out: list[int] = []
         text = ""  # decoded text of `out`
@@ -559,6 +560,8 @@ class Generator:
         if speculative:
             stats.update(ctl.to_dict())
             stats["draft_calls"] = self.drafter.calls - calls0
+            # draft cache slots taken from the target's K/V instead of fed (self-draft hand-over)
+            stats["draft_kv_copied"] = getattr(self.drafter, "copied", 0) - copied0
         else:
             stats.update({"k": 0, "k_final": 0, "fallbacks": 0})
         return Result(text=text, token_ids=out, finish_reason=finish, stats=stats)
