@@ -635,7 +635,7 @@ def main(argv=None) -> int:
     if gguf is None or not gguf.is_file():
         print("error: no GGUF found; give --gguf", file=sys.stderr)
         return 2
-    cache, out = Path(args.cache), Path(args.out)
+    cache, out = Path(args.cache).resolve(), Path(args.out).resolve()  # a relative --out must still give a repo-relative "json"
     cache.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     engines = [e for e in args.engines.split(",") if e]
