@@ -143,6 +143,14 @@ LAYOUT_CASES = [
 ]
 
 
+def _assert_padding_is(layout: KVLayout, buf: np.ndarray, sentinel: int) -> None:
+    """Every byte of the arena `buf` outside its tensors still holds `sentinel` (no stray copy)."""
+    pad = np.ones(layout.total_bytes, bool)
+    for j in range(layout.num_tensors):
+        pad[j * layout.tensor_stride : j * layout.tensor_stride + layout.tensor_bytes] = False
+    assert (buf[pad] == sentinel).all()
+
+
 def _simulate(copies, dst: np.ndarray, src: np.ndarray) -> None:
     """cudaMemcpy2D on byte arrays: `height` rows of `width` bytes, each side with its own pitch."""
     for c in copies:
@@ -234,10 +242,7 @@ def test_delta_copies_write_the_same_cache_as_a_direct_numpy_write(sp, max_seq, 
     assert all(c.width == t * sp.head_dim * cache.itemsize and c.dpitch == max_seq * sp.head_dim * cache.itemsize for c in copies)
     _simulate(copies, dst, src)
     np.testing.assert_array_equal(cache.tensors(dst.view(dt)), want)
-    pad = np.ones(cache.total_bytes, bool)  # every byte outside the tensors is still the sentinel
-    for j in range(cache.num_tensors):
-        pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
-    assert (dst[pad] == 0xAB).all()
+    _assert_padding_is(cache, dst, 0xAB)
 
 
 @pytest.mark.parametrize(
@@ -267,10 +272,7 @@ def test_slot_copies_copy_the_same_slots_as_numpy(sp, max_seq, batch, start, end
     assert len(copies) == (1 if cache.dense else 2 * sp.num_layers)
     _simulate(copies, dst, src)
     np.testing.assert_array_equal(cache.tensors(dst.view(dt)), want)
-    pad = np.ones(cache.total_bytes, bool)
-    for j in range(cache.num_tensors):
-        pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
-    assert (dst[pad] == 0xCD).all()
+    _assert_padding_is(cache, dst, 0xCD)
     assert slot_copy(cache, 4, 4) == []
     with pytest.raises(ValueError, match=r"slots \[3, 99\) are not inside a cache of"):
         slot_copy(cache, 3, 99)

@@ -150,7 +150,8 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
   int n = base_ + common_prefix(cache_.tokens(), b, history, b, SIZE_MAX);
   n = std::min(n, int(history.size()) - 1);
   cache_.rollback(n);
-  if (donor_) {
+  // only when the target holds slots the draft lacks (the prompt, a catch-up), not every round
+  if (donor_ && n < std::min(donor_->position(), int(history.size()) - 1)) {
     int m = std::min(common_prefix(donor_->tokens(), 0, history, 0, SIZE_MAX), int(history.size()) - 1);
     if (m > n && cache_.backend()->copy_kv_from(*donor_->backend(), n, m)) {
       cache_.adopt(history.data() + n, m - n);

@@ -417,6 +417,27 @@ std::string check_graph_names(const std::string& role, const std::vector<std::st
          "); re-export the bundle with this version of specedge";
 }
 
+namespace {
+// `base` (offsets within one tensor, for every row) as issued: a single copy of every row when neither arena is
+// padded (each is one matrix), else one per K/V tensor.
+std::vector<Copy2D> expand_copies(const KVLayout& dst, const KVLayout& src, Copy2D base) {
+  if (dst.dense() && src.dense()) {
+    base.height = dst.rows();
+    return {base};
+  }
+  std::vector<Copy2D> out;
+  base.height = dst.rows_per_tensor();
+  for (int kind = 0; kind < 2; ++kind)
+    for (int layer = 0; layer < dst.layers; ++layer) {
+      Copy2D one = base;
+      one.dst_offset += dst.offset(kind, layer);
+      one.src_offset += src.offset(kind, layer);
+      out.push_back(one);
+    }
+  return out;
+}
+}  // namespace
+
 std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end) {
   if (start < 0 || end < start || end > cache.seq)
     fail_arg("slots [" + std::to_string(start) + ", " + std::to_string(end) + ") are not inside a cache of " +
@@ -427,20 +448,7 @@ std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end) {
   c.width = size_t(end - start) * slot;
   c.dst_offset = c.src_offset = size_t(start) * slot;
   c.dpitch = c.spitch = cache.row_bytes();
-  if (cache.dense()) {
-    c.height = cache.rows();
-    return {c};
-  }
-  std::vector<Copy2D> out;
-  c.height = cache.rows_per_tensor();
-  for (int kind = 0; kind < 2; ++kind)
-    for (int layer = 0; layer < cache.layers; ++layer) {
-      Copy2D one = c;
-      one.dst_offset += cache.offset(kind, layer);
-      one.src_offset += cache.offset(kind, layer);
-      out.push_back(one);
-    }
-  return out;
+  return expand_copies(cache, cache, c);
 }
 
 std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, int position) {
@@ -458,20 +466,7 @@ std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, i
   c.dpitch = cache.row_bytes();
   c.src_offset = 0;
   c.spitch = c.width;
-  if (cache.dense() && delta.dense()) {  // one matrix each: a single copy of every row
-    c.height = cache.rows();
-    return {c};
-  }
-  std::vector<Copy2D> out;
-  c.height = cache.rows_per_tensor();
-  for (int kind = 0; kind < 2; ++kind)
-    for (int layer = 0; layer < cache.layers; ++layer) {
-      Copy2D one = c;
-      one.dst_offset += cache.offset(kind, layer);
-      one.src_offset += delta.offset(kind, layer);
-      out.push_back(one);
-    }
-  return out;
+  return expand_copies(cache, delta, c);
 }
 
 }  // namespace trt

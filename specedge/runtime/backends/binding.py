@@ -155,6 +155,19 @@ class Copy2D:
     height: int
 
 
+def _copies(dst: KVLayout, src: KVLayout, base: Copy2D) -> list[Copy2D]:
+    """`base` (offsets within one tensor, for every row) as issued: a single copy of every row
+    when neither arena is padded (each is one matrix), else one per K/V tensor."""
+    if dst.dense and src.dense:
+        return [replace(base, height=dst.rows)]
+    return [
+        replace(base, dst_offset=dst.offset(kind, layer) + base.dst_offset,
+                src_offset=src.offset(kind, layer) + base.src_offset, height=dst.rows_per_tensor)
+        for kind in (KEY, VALUE)
+        for layer in range(dst.num_layers)
+    ]
+
+
 def delta_copy(cache: KVLayout, t: int, position: int) -> list[Copy2D]:
     """The 2-D copies that write the delta arena for T = t (laid out as `replace(cache, seq=t)`, i.e.
     KVLayout.for_delta) into the cache arena at `position`, all layers, K and V, every batch row at
@@ -166,21 +179,9 @@ def delta_copy(cache: KVLayout, t: int, position: int) -> list[Copy2D]:
         raise ValueError(f"writing {t} entries at position {position} overflows the cache of {cache.seq} slots")
     delta = replace(cache, seq=t)
     width = delta.row_bytes  # T·head_dim elements
-    dst0 = position * cache.head_dim * cache.itemsize
-    if cache.dense and delta.dense:  # each arena is one matrix: a single copy of every row
-        return [Copy2D(dst_offset=dst0, dpitch=cache.row_bytes, src_offset=0, spitch=width, width=width, height=cache.rows)]
-    return [
-        Copy2D(
-            dst_offset=cache.offset(kind, layer) + dst0,
-            dpitch=cache.row_bytes,
-            src_offset=delta.offset(kind, layer),
-            spitch=width,
-            width=width,
-            height=cache.rows_per_tensor,
-        )
-        for kind in (KEY, VALUE)
-        for layer in range(cache.num_layers)
-    ]
+    base = Copy2D(dst_offset=position * cache.head_dim * cache.itemsize, dpitch=cache.row_bytes, src_offset=0,
+                  spitch=width, width=width, height=0)
+    return _copies(cache, delta, base)
 
 
 def slot_copy(cache: KVLayout, start: int, end: int) -> list[Copy2D]:
@@ -192,17 +193,10 @@ def slot_copy(cache: KVLayout, start: int, end: int) -> list[Copy2D]:
     if start == end:
         return []
     slot = cache.head_dim * cache.itemsize
-    width, off = (end - start) * slot, start * slot
-    if cache.dense:
-        return [Copy2D(dst_offset=off, dpitch=cache.row_bytes, src_offset=off, spitch=cache.row_bytes, width=width,
-                       height=cache.rows)]
-    return [
-        Copy2D(dst_offset=cache.offset(kind, layer) + off, dpitch=cache.row_bytes,
-               src_offset=cache.offset(kind, layer) + off, spitch=cache.row_bytes, width=width,
-               height=cache.rows_per_tensor)
-        for kind in (KEY, VALUE)
-        for layer in range(cache.num_layers)
-    ]
+    off = start * slot
+    base = Copy2D(dst_offset=off, dpitch=cache.row_bytes, src_offset=off, spitch=cache.row_bytes,
+                  width=(end - start) * slot, height=0)
+    return _copies(cache, cache, base)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class ModelDrafter:
         n = min(n, len(history) - 1)  # always feed the last token: its logits give the first draft
         c.rollback(n)
         d = self.kv_donor
-        if d is not None:
+        # only when the target holds slots the draft lacks (the prompt, a catch-up), not every round
+        if d is not None and n < min(len(d.tokens), len(history) - 1):
             m = min(common_prefix(d.tokens, history), len(history) - 1)
             if m > n and self.backend.copy_kv_from(d.backend, n, m):
                 c.tokens.extend(history[n:m])
