@@ -5,3 +5,10 @@ class UserError(Exception):
     """Bad input (arguments, files, bundles): exit code 2, no traceback unless --debug."""
 
     exit_code = 2
+
+
+class BackendError(Exception):
+    """A backend that cannot be created or run; one sentence for the user (e.g. a missing package).
+
+    Raised by runtime backends and by the engine-plan checks they share with the builder, which is
+    why it lives here rather than in the runtime."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contract import MAX_SPEC_TOKENS, TensorSpec
+
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 KV_MODES = ("scatter", "delta")
@@ -22,7 +24,6 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 # Weight-only int8/int4 keep fp32 activations on the CPU.
 KV_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float32", "int4": "float32"}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
-MAX_SPEC_TOKENS = 16
 # Sanity bounds for numbers read from an untrusted manifest, checked before any allocation.
 MAX_LAYERS = 512
 MAX_HEADS = 1024
@@ -33,16 +34,6 @@ MAX_MAX_SEQ = 1 << 20
 
 class BundleError(Exception):
     """A bundle that cannot be used; the message is one sentence meant for the user."""
-
-
-@dataclass
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: list  # ints, or the string "T" for the one dynamic dimension
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
 @dataclass
@@ -411,22 +402,3 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
         if m.draft.vocab_size < m.tokenizer_vocab_size or m.target.vocab_size < m.tokenizer_vocab_size:
             raise BundleError("the draft and target vocabularies do not cover the shared tokenizer")
     return m
-
-
-def graph_io(spec: ModelSpec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The graph contract of DESIGN.md for one model: input and output tensors, in order."""
-    kvs = [batch, spec.num_kv_heads, max_seq, spec.head_dim]
-    inputs = [TensorSpec("input_ids", "int64", [batch, "T"]), TensorSpec("position", "int64", [batch])]
-    outputs = [TensorSpec("logits", "float32", [batch, "T", spec.vocab_size])]
-    for i in range(spec.num_layers):
-        inputs.append(TensorSpec(f"past_key.{i}", spec.kv_dtype, list(kvs)))
-        inputs.append(TensorSpec(f"past_value.{i}", spec.kv_dtype, list(kvs)))
-    for i in range(spec.num_layers):
-        if kv_mode == "scatter":
-            outputs.append(TensorSpec(f"present_key.{i}", spec.kv_dtype, list(kvs)))
-            outputs.append(TensorSpec(f"present_value.{i}", spec.kv_dtype, list(kvs)))
-        else:
-            d = [batch, spec.num_kv_heads, "T", spec.head_dim]
-            outputs.append(TensorSpec(f"new_key.{i}", spec.kv_dtype, d))
-            outputs.append(TensorSpec(f"new_value.{i}", spec.kv_dtype, list(d)))
-    return inputs, outputs

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from specedge.cli.main import main
-from specedge.engines.builder import BuildOptions, build_engines, check_kv_mode_supported, typing_mode
+from specedge.engines.builder import BuildOptions, build_engines, typing_mode
 from specedge.engines.plan_json import (
     EngineError,
     PlanInfo,
     check_against_manifest,
     check_compatible,
+    check_kv_mode_supported,
     device_tag,
     load_plan_info,
     no_engine_message,
@@ -28,17 +29,16 @@ from specedge.engines.plan_json import (
 )
 from specedge.engines.profiles import Profile, build_profiles, input_shapes, range_profile, select_profile
 from specedge.errors import UserError
-from specedge.manifest import ModelSpec, graph_io, load_manifest
+from specedge.contract import check_graph_names, graph_io, parse_kv_name
+from specedge.manifest import ModelSpec, load_manifest
 from specedge.runtime.backends.base import BackendError
 from specedge.runtime.backends.binding import (
     ARENA_ALIGN,
     KVLayout,
     binding_plan,
-    check_graph_names,
     delta_copy,
     graph_id_for,
     ort_trt_profile_options,
-    parse_kv_name,
     slot_copy,
 )
 

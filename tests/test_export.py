@@ -23,7 +23,8 @@ import torch
 from specedge.errors import UserError
 from specedge.export import pipeline
 from specedge.export.pipeline import ExportOptions, export_bundle
-from specedge.manifest import MANIFEST_NAME, BundleError, graph_io, load_manifest, parse_manifest
+from specedge.contract import graph_io
+from specedge.manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest
 from specedge.models import FAMILIES, build_model, load_weights
 
 TOL = 1e-4  # fp32 ORT vs the PyTorch module

@@ -19,7 +19,8 @@ import types
 import numpy as np
 import pytest
 
-from specedge.manifest import graph_io, load_manifest, ModelSpec
+from specedge.contract import graph_io
+from specedge.manifest import load_manifest, ModelSpec
 from specedge.runtime.backends.base import BackendError
 
 L, KVH, HD, S, V = 2, 2, 4, 16, 11
@@ -213,7 +214,8 @@ def test_ort_cuda_with_cpu_only_onnxruntime_names_onnxruntime_gpu(monkeypatch, t
 
 
 def test_ort_version_gate_for_one_graph_per_size():
-    from specedge.runtime.backends.ort_cuda import MIN_ORT_MULTI_GRAPH, _version_tuple
+    from specedge.engines.plan_json import parse_version as _version_tuple
+    from specedge.runtime.backends.ort_cuda import MIN_ORT_MULTI_GRAPH
 
     assert _version_tuple("1.18.0+cu124")[:2] >= MIN_ORT_MULTI_GRAPH
     assert _version_tuple("1.17.3")[:2] < MIN_ORT_MULTI_GRAPH
@@ -536,8 +538,8 @@ def test_gpu_ort_cuda_matches_reference(tmp_path, kv_mode, graphs):
 @needs_cuda
 def test_gpu_tensorrt_toy_engine(tmp_path):
     trt = pytest.importorskip("tensorrt", reason="tensorrt is not installed")
-    from specedge.engines.builder import SCATTER_MIN_TRT, BuildOptions, build_engines
-    from specedge.engines.plan_json import parse_version
+    from specedge.engines.builder import BuildOptions, build_engines
+    from specedge.engines.plan_json import SCATTER_MIN_TRT, parse_version
     from specedge.runtime.backends.tensorrt_backend import TensorRTBackend
 
     kv_mode = "scatter" if parse_version(trt.__version__)[:2] >= SCATTER_MIN_TRT else "delta"

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from specedge.cli.main import main
-from specedge.manifest import graph_io, parse_manifest, ModelSpec
+from specedge.contract import graph_io
+from specedge.manifest import parse_manifest, ModelSpec
 from specedge.plan import (
     DEVICES,
     GiB,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..contract import ARGMAX_OUTPUT, check_graph_names, expected_names, graph_io
 from ..errors import UserError
 from ..manifest import Manifest, ModelSpec, load_manifest
 from .plan_json import (
@@ -38,14 +39,13 @@ from .plan_json import (
     device_tag,
     engines_root,
     load_plan_info,
-    parse_version,
+    check_kv_mode_supported,
     sha256_bytes,
     short_version,
 )
 from .profiles import input_shapes, profiles_for
 
 GiB = 1 << 30
-SCATTER_MIN_TRT = (10, 15)  # first TensorRT whose ONNX parser maps TensorScatter to an in-place KV update
 TIMING_CACHE = "timing.cache"
 INSTALL_HINT = (
     "pip install 'specedge[tensorrt]' (on a Jetson, TensorRT's Python bindings come with JetPack: "
@@ -59,21 +59,6 @@ def import_tensorrt():
     except ImportError:
         raise UserError(f"building TensorRT engines needs the tensorrt package: {INSTALL_HINT}") from None
     return trt
-
-
-def check_kv_mode_supported(kv_mode: str, trt_version: str) -> None:
-    """Scatter-mode graphs (ONNX TensorScatter, in-place KV) need TensorRT >= 10.15; delta-mode
-    graphs run on any TensorRT 10 (JetPack 6 ships 10.3)."""
-    v = parse_version(trt_version)
-    if v[0] < 10:
-        raise UserError(f"specedge needs TensorRT 10 or newer; this machine has TensorRT {trt_version}")
-    if kv_mode == "scatter" and (v + (0,))[:2] < SCATTER_MIN_TRT:
-        raise UserError(
-            f"this bundle updates the KV cache in place (kv mode 'scatter', ONNX TensorScatter), which TensorRT "
-            f"supports from {SCATTER_MIN_TRT[0]}.{SCATTER_MIN_TRT[1]}; this machine has TensorRT {short_version(trt_version)} "
-            "— export a delta-mode bundle with `export-models --kv-update delta` (for JetPack 6 / TensorRT 10.3) "
-            "or install TensorRT >= 10.15"
-        )
 
 
 @dataclass
@@ -166,8 +151,6 @@ def _progress_monitor(trt, log: Callable[[str], None], cancel: _Cancel):
 
 
 def _check_network(trt, network, manifest: Manifest, spec: ModelSpec, onnx_rel: str) -> None:
-    from ..runtime.backends.binding import check_graph_names, expected_names
-
     ins = [network.get_input(i).name for i in range(network.num_inputs)]
     outs = [network.get_output(i).name for i in range(network.num_outputs)]
     want_in, want_out = expected_names(spec, manifest.kv_mode, manifest.max_seq, manifest.batch)
@@ -176,8 +159,6 @@ def _check_network(trt, network, manifest: Manifest, spec: ModelSpec, onnx_rel: 
     except ValueError as e:
         raise UserError(f"{onnx_rel}: {e}") from None
     # Only T may be dynamic: every other dimension must match the manifest.
-    from ..manifest import graph_io
-
     specs = {t.name: t for t in graph_io(spec, manifest.kv_mode, manifest.max_seq, manifest.batch)[0]}
     for i in range(network.num_inputs):
         t = network.get_input(i)
@@ -228,9 +209,9 @@ def build_engine(
         idx = topk.get_output(1)
         if hasattr(network, "add_cast"):
             idx = network.add_cast(idx, trt.int64).get_output(0)
-        idx.name = "argmax"
+        idx.name = ARGMAX_OUTPUT
         network.mark_output(idx)
-        extra_outputs.append("argmax")
+        extra_outputs.append(ARGMAX_OUTPUT)
 
     config = builder.create_builder_config()
     if options.workspace_gb is not None:

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.backends.base import BackendError
+from ..errors import BackendError, UserError
 from .profiles import Profile
 
 PLAN_SCHEMA_VERSION = 1
@@ -55,6 +55,24 @@ def parse_version(s: str) -> tuple[int, ...]:
 
 def short_version(s: str, n: int = 2) -> str:
     return ".".join(str(x) for x in parse_version(s)[:n])
+
+
+SCATTER_MIN_TRT = (10, 15)  # first TensorRT whose ONNX parser maps TensorScatter to an in-place KV update
+
+
+def check_kv_mode_supported(kv_mode: str, trt_version: str) -> None:
+    """Scatter-mode graphs (ONNX TensorScatter, in-place KV) need TensorRT >= 10.15; delta-mode
+    graphs run on any TensorRT 10 (JetPack 6 ships 10.3)."""
+    v = parse_version(trt_version)
+    if v[0] < 10:
+        raise UserError(f"specedge needs TensorRT 10 or newer; this machine has TensorRT {trt_version}")
+    if kv_mode == "scatter" and (v + (0,))[:2] < SCATTER_MIN_TRT:
+        raise UserError(
+            f"this bundle updates the KV cache in place (kv mode 'scatter', ONNX TensorScatter), which TensorRT "
+            f"supports from {SCATTER_MIN_TRT[0]}.{SCATTER_MIN_TRT[1]}; this machine has TensorRT {short_version(trt_version)} "
+            "— export a delta-mode bundle with `export-models --kv-update delta` (for JetPack 6 / TensorRT 10.3) "
+            "or install TensorRT >= 10.15"
+        )
 
 
 def same_trt_version(a: str, b: str) -> bool:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..manifest import Manifest, ModelSpec, graph_io
+from ..contract import graph_io
+from ..manifest import Manifest, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..manifest import graph_io
+from ..contract import graph_io
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")

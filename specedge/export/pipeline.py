@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..contract import MAX_SPEC_TOKENS, graph_io
 from ..errors import UserError
 from ..manifest import (
     KV_DTYPE,
     MANIFEST_NAME,
-    MAX_SPEC_TOKENS,
     PRECISIONS,
     SCHEMA_VERSION,
     GraphSpec,
     Manifest,
     ModelSpec,
-    graph_io,
     sha256_file,
     write_json_atomic,
 )

@@ -1,6 +1,6 @@
 """Building blocks shared by every family: norms, rotary embeddings and static-KV attention.
 
-The static-KV interface (DESIGN.md, graph contract): a model is called with the new tokens, the
+The static-KV interface (docs/design.md, graph contract): a model is called with the new tokens, the
 write offset `position` and one fixed-size cache per layer and K/V, and returns fp32 logits plus
 either the updated caches (scatter mode) or only the new entries (delta mode). The attention mask
 is derived from `position`, so rolling back rejected draft tokens is just a smaller position.
@@ -14,23 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-# The cache write is a custom op so that export can map it to ONNX TensorScatter (opset 24), which
-# ONNX Runtime runs in place when past and present share a buffer and TensorRT maps to its KV
-# update. Tracing an index_put instead would give a ScatterND over the whole cache.
-@torch.library.custom_op("specedge::cache_write", mutates_args=())
-def cache_write(cache: torch.Tensor, new: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    out = cache.clone()
-    t = new.shape[-2]
-    for b in range(cache.shape[0]):
-        p = int(position[b])
-        out[b, :, p : p + t] = new[b]
-    return out
-
-
-@cache_write.register_fake
-def _cache_write_fake(cache, new, position):
-    return torch.empty_like(cache)
+from .attention import apply_rope, attend, attention_mask, cache_write, delta_mask, new_positions
+from .gqa import gqa, gqa_lengths
 
 
 class UnsupportedArchitecture(ValueError):
@@ -156,78 +141,6 @@ class Rotary(nn.Module):
         return (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    rot = cos.shape[-1]
-    if rot == x.shape[-1]:
-        return (x * cos.to(x.dtype)) + (_rotate_half(x) * sin.to(x.dtype))
-    # Partial rotary (phi3 variants): only the first `rot` channels rotate.
-    xr, xp = x[..., :rot], x[..., rot:]
-    xr = (xr * cos.to(x.dtype)) + (_rotate_half(xr) * sin.to(x.dtype))
-    return torch.cat([xr, xp], dim=-1)
-
-
-def new_positions(position: torch.Tensor, t: int) -> torch.Tensor:
-    """Absolute positions [B, T] of the new tokens."""
-    return position[:, None] + torch.arange(t, dtype=position.dtype, device=position.device)[None, :]
-
-
-def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
-    """Bool [B, 1, T, slots]: query t sees cache slot j iff j <= position + t (and, for sliding
-    layers, j > position + t - window)."""
-    q = new_positions(position, t)[:, None, :, None]
-    j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
-    m = j <= q
-    if window is not None:
-        m = m & (j > q - window)
-    return m
-
-
-def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
-    """Bool [B, 1, T, slots + T] for delta mode, where keys are the old cache followed by the new
-    entries: old slot j is visible iff j < position (stale slots beyond it are masked), new entry
-    u iff u <= t; sliding layers also drop what fell out of the window."""
-    q = new_positions(position, t)[:, None, :, None]
-    j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
-    old = j < position[:, None, None, None]
-    tt = torch.arange(t, dtype=position.dtype, device=position.device)
-    new = (tt[None, :] <= tt[:, None])[None, None].expand(position.shape[0], 1, t, t)
-    if window is not None:
-        old = old & (j > q - window)
-        absu = new_positions(position, t)[:, None, None, :]
-        new = new & (absu > q - window)
-    return torch.cat([old.expand(-1, -1, t, -1), new], dim=-1)
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """q [B, H, T, D], k/v [B, KVH, S, D] -> [B, T, H*D]. Plain matmul + softmax so the graph
-    uses standard ONNX ops that TensorRT parses."""
-    b, h, t, d = q.shape
-    kvh = k.shape[1]
-    rep = h // kvh
-    # Grouped-query attention without copying the cache: fold the query groups into T.
-    qg = q.reshape(b, kvh, rep * t, d)
-    scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.reshape(b, kvh, rep, t, -1)
-    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).reshape(b, kvh, rep * t, -1)
-    out = torch.matmul(probs.to(v.dtype), v).reshape(b, h, t, v.shape[-1])
-    return out.transpose(1, 2).reshape(b, t, h * v.shape[-1])
-
-
 class StaticKVAttention(nn.Module):
     """Self-attention with the static-KV contract; families differ in projections and norms."""
 
@@ -289,8 +202,6 @@ class StaticKVAttention(nn.Module):
 
     def _forward_gqa(self, x, cos, sin, position, past_k, past_v):
         # Scatter contract, one fused op: ONNX Runtime's GroupQueryAttention in the graph.
-        from .gqa import gqa
-
         b, t, _ = x.shape
         # In gqa mode the model passes (seqlens_k, total_len) where other modes get `position`.
         args = (*position, float(self.scale), int(self.window or 0), float(self.softcap or 0.0), self.heads)
@@ -428,8 +339,6 @@ class CausalLM(nn.Module):
         # cos/sin once per rotary kind (gemma3 has a local and a global one), not once per layer.
         tables = {}
         if self.kv_mode == "gqa":
-            from .gqa import gqa_lengths
-
             tables = getattr(self, "rope_tables", {})
             position = gqa_lengths(position, t)  # (seqlens_k, total_len) for every layer's attention
         rope = {name: tables[name] if name in tables else r(pos) for name, r in self.rotaries.items()}

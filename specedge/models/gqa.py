@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import apply_rope, attend, attention_mask, cache_write, new_positions
+from .attention import apply_rope, attend, attention_mask, cache_write, new_positions
 
 
 @torch.library.custom_op("specedge::gqa", mutates_args=())

@@ -12,11 +12,10 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ...errors import BackendError
 from ...manifest import Manifest, ModelSpec
 
-
-class BackendError(Exception):
-    """A backend that cannot be created or run; one sentence for the user (e.g. a missing package)."""
+__all__ = ["Backend", "BackendError"]
 
 
 class Backend(ABC):

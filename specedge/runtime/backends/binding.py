@@ -19,20 +19,17 @@ arena is padded, else one per K/V tensor (B·kv_heads rows each, 2·L copies) �
 the list and the backends issue every copy in it. In scatter mode `present_*` bind to the same
 addresses as `past_*` (in-place update).
 
-Also here: the graph-name check (does a session or engine follow the manifest contract) and the
-profile option strings of ONNX Runtime's TensorRT execution provider.
+Also here: the profile option strings of ONNX Runtime's TensorRT execution provider. The graph
+names themselves, and the check that a session or engine follows them, are in specedge/contract.py.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
-from ...manifest import DTYPE_BYTES, ModelSpec, TensorSpec, graph_io
+from ...contract import ARGMAX_OUTPUT, KEY, VALUE, TensorSpec, graph_io, parse_kv_name
+from ...manifest import DTYPE_BYTES, ModelSpec
 
-KEY, VALUE = 0, 1
-_KV_NAME = re.compile(r"^(past_key|past_value|present_key|present_value|new_key|new_value)\.(\d+)$")
-ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK over logits)
 
 # Every tensor in an arena starts on a multiple of this many bytes. TensorRT's
 # IExecutionContext::setTensorAddress (Python: set_tensor_address) documents "The pointer must have
@@ -42,15 +39,6 @@ ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK o
 # 256-byte aligned bases, so aligned offsets give aligned addresses. Same value as kTensorAlign in
 # cpp/src/trt_plan.h.
 ARENA_ALIGN = 256
-
-
-def parse_kv_name(name: str) -> tuple[str, int, int] | None:
-    """'past_value.3' -> ('past', VALUE, 3); None for a name that is not a KV tensor."""
-    m = _KV_NAME.match(name)
-    if not m:
-        return None
-    prefix, kind = m.group(1).split("_")
-    return prefix, (KEY if kind == "key" else VALUE), int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -245,40 +233,6 @@ def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int
     if argmax:
         out.append(Binding(ARGMAX_OUTPUT, "output", "argmax", 0, (batch, t, 1), "int64"))
     return out
-
-
-def check_graph_names(
-    role: str,
-    expected_inputs: list[str],
-    expected_outputs: list[str],
-    actual_inputs: list[str],
-    actual_outputs: list[str],
-    optional_outputs: tuple[str, ...] = (ARGMAX_OUTPUT,),
-) -> None:
-    """Raise ValueError with one sentence if a session / engine does not follow the contract.
-
-    Extra outputs are allowed when optional (argmax) or when they are named (hidden states for
-    feature-level drafts are added by name, DESIGN.md); extra or missing inputs are not."""
-    missing_in = [n for n in expected_inputs if n not in actual_inputs]
-    extra_in = [n for n in actual_inputs if n not in expected_inputs]
-    missing_out = [n for n in expected_outputs if n not in actual_outputs]
-    problems = []
-    if missing_in:
-        problems.append(f"missing input(s) {', '.join(repr(n) for n in missing_in[:3])}")
-    if extra_in:
-        problems.append(f"unexpected input(s) {', '.join(repr(n) for n in extra_in[:3])}")
-    if missing_out:
-        problems.append(f"missing output(s) {', '.join(repr(n) for n in missing_out[:3])}")
-    if problems:
-        raise ValueError(
-            f"the {role} graph does not follow the bundle's I/O contract ({'; '.join(problems)}); "
-            "re-export the bundle with this version of specedge"
-        )
-
-
-def expected_names(spec: ModelSpec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[str], list[str]]:
-    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
-    return [t.name for t in inputs], [t.name for t in outputs]
 
 
 # ----------------------------------------------------------------------------- ONNX Runtime helpers

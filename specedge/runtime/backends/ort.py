@@ -27,7 +27,8 @@ import numpy as np
 
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError
-from .binding import check_graph_names, expected_names, ort_element_type
+from ...contract import check_graph_names, expected_names, reserved_call_size
+from .binding import ort_element_type
 
 __all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers", "choose_threading"]
 
@@ -260,7 +261,7 @@ class OrtBackend(Backend):
         self._kv_elem = ort_element_type(spec.kv_dtype)
         # bfloat16 has no numpy type: its bits live in uint16 arrays (copies are bit copies).
         self._kv_np = np.uint16 if spec.kv_dtype == "bfloat16" else np.dtype(self._kv_elem)
-        self._allocate(max(manifest.prefill_chunk, 2 * 16 + 2))
+        self._allocate(reserved_call_size(manifest.prefill_chunk))
 
     # ------------------------------------------------------------------ buffers
 

@@ -29,17 +29,18 @@ import ctypes
 import hashlib
 import logging
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
+from ...engines.plan_json import parse_version
+from ...engines.profiles import input_shapes, range_profile
 from ...manifest import Manifest, ModelSpec
 from .base import Backend, BackendError
+from ...contract import check_graph_names, expected_names
 from .binding import (
     KVLayout,
     binding_plan,
-    check_graph_names,
     delta_copy,
     graph_id_for,
     numpy_dtype,
@@ -54,18 +55,6 @@ log = logging.getLogger(__name__)
 # an older one would replay its single graph for every call size, so graphs stay off there.
 MIN_ORT_MULTI_GRAPH = (1, 18)
 
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    """'1.18.0+cu124' -> (1, 18, 0): leading digits of each dot-separated part."""
-    out = []
-    for part in str(v).split("."):
-        m = re.match(r"\d+", part)
-        if not m:
-            break
-        out.append(int(m.group(0)))
-        if m.group(0) != part:
-            break
-    return tuple(out)
 
 GPU_HINT = "pip install 'specedge[cuda]' (replace the CPU-only onnxruntime: pip uninstall onnxruntime first; on a Jetson use NVIDIA's Jetson AI Lab wheel, see docs/jetson.md)"
 
@@ -181,7 +170,7 @@ class OrtCudaBackend(Backend):
         self.cuda_graphs = bool(cuda_graphs) and device == "cuda"
         if cuda_graphs and device != "cuda":
             self.graph_note = "CUDA graphs need device='cuda'"
-        elif self.cuda_graphs and _version_tuple(ort.__version__)[:2] < MIN_ORT_MULTI_GRAPH:
+        elif self.cuda_graphs and parse_version(ort.__version__)[:2] < MIN_ORT_MULTI_GRAPH:
             self.cuda_graphs = False
             self.graph_note = (
                 f"onnxruntime {ort.__version__} captures a single CUDA graph per session; "
@@ -254,7 +243,6 @@ class OrtCudaBackend(Backend):
             raise BackendError(f"onnxruntime ({self.name}) cannot load {self.graph_path.name}: {str(e).splitlines()[0]}") from None
 
     def _check_io(self) -> None:
-        from .binding import expected_names
 
         ins = [i.name for i in self.session.get_inputs()]
         outs = [o.name for o in self.session.get_outputs()]
@@ -465,7 +453,6 @@ def ort_trt_cache_dir(manifest: Manifest) -> Path:
 def ort_trt_options(manifest: Manifest, spec: ModelSpec, cache_dir: Path, device_id: int, fp16: bool, graphs: bool) -> dict:
     """TensorRT EP options: engine + timing caches in the bundle, fp16, one profile T = 1..chunk
     (opt k + 1) covering decode, verification and prefill."""
-    from ...engines.profiles import input_shapes, range_profile
 
     prof = range_profile(manifest.spec_tokens, manifest.prefill_chunk)
     shapes = input_shapes(spec, manifest.kv_mode, manifest.max_seq, manifest.batch, prof)

@@ -30,16 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ...engines import plan_json as pj
+from ...engines.profiles import select_profile
+from ...errors import UserError
 from ...manifest import Manifest, ModelSpec
 from .base import Backend, BackendError
+from ...contract import ARGMAX_OUTPUT, check_graph_names, expected_names
 from .binding import (
     ARENA_ALIGN,
-    ARGMAX_OUTPUT,
     KVLayout,
     binding_plan,
-    check_graph_names,
     delta_copy,
-    expected_names,
     slot_copy,
 )
 
@@ -197,13 +198,8 @@ class TensorRTBackend(Backend):
             raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run on TensorRT")
         trt = import_tensorrt()
         cu = CudaRuntime()
-        from ...engines import plan_json as pj  # lazy: engines imports runtime.backends.base
-        from ...errors import UserError
-
         try:
-            from ...engines.builder import check_kv_mode_supported
-
-            check_kv_mode_supported(manifest.kv_mode, trt.__version__)
+            pj.check_kv_mode_supported(manifest.kv_mode, trt.__version__)
         except UserError as e:
             raise BackendError(str(e)) from None
         self.trt, self.cu = trt, cu
@@ -326,7 +322,6 @@ class TensorRTBackend(Backend):
     # ------------------------------------------------------------------ one step
 
     def _profile_index(self, t: int) -> int:
-        from ...engines.profiles import select_profile
 
         try:
             return select_profile(self.profiles, t)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec, TensorSpec
+from ...contract import TensorSpec
+from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec
 from .base import Backend, BackendError
 
 log = logging.getLogger(__name__)
