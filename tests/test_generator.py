@@ -12,18 +12,15 @@ import numpy as np
 import pytest
 
 from specedge.runtime.api import Pipeline, load
-from specedge.runtime.backends import Backend, run_chunked
+from specedge.runtime.backends import Backend
+from specedge.runtime.cache import run_chunked
 from specedge.runtime.backends.ort import OrtBackend
 from specedge.runtime.drafters.model import ModelDrafter
-from specedge.runtime.generator import (
-    CostModel,
-    GenerationConfig,
-    Generator,
-    IncrementalDecoder,
-    NgramProposer,
-    SpecController,
-    expected_tokens,
-)
+from specedge.runtime.drafters.ngram import NgramProposer
+from specedge.runtime.generator import GenerationConfig, Generator
+from specedge.runtime.policy import CostModel, SpecController, expected_tokens
+from specedge.runtime.rounds import speculative_round
+from specedge.runtime.text import IncrementalDecoder
 from specedge.runtime.sampling import SamplingParams, probs_from_logits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,7 +203,8 @@ def test_greedy_acceptance_is_verify_greedy():
         gen = Generator(FakeLM(16, 64, seed=trial), Stub(), vocab=16, eos_ids=[], prefill_chunk=8, max_seq=64,
                         spec_tokens=k, decode=str)
         gen.target.feed_chunked(prompt[:-1])
-        new, n = gen.speculative_step(prompt, k, SamplingParams(), None, [0.0, 0.0])
+        r = speculative_round(gen.view, Stub(), prompt, k, SamplingParams(), None)
+        new, n = r.tokens, r.drafted
         check = FakeLM(16, 64, seed=trial)
         check.run(np.array(prompt[:-1]), 0)
         logits = check.run(np.array([prompt[-1], *draft]), len(prompt) - 1)

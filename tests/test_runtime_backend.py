@@ -14,11 +14,10 @@ from specedge.manifest import ModelSpec, load_manifest
 from specedge.runtime.backends import (
     BACKENDS,
     BackendError,
-    CacheTracker,
     create_backend,
     resolve_backend_name,
-    run_chunked,
 )
+from specedge.runtime.cache import CacheTracker, run_chunked
 from specedge.runtime.backends.ort import OrtBackend, normalize_providers
 
 

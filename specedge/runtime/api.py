@@ -26,8 +26,11 @@ import numpy as np
 
 from ..manifest import BundleError, Manifest, load_manifest
 from .backends import BackendError, backend_class, create_backend, resolve_backend_name
+from ..contract import MAX_SPEC_TOKENS
 from .drafters.model import ModelDrafter
-from .generator import MAX_SPEC_TOKENS, CostModel, GenerationConfig, Generator, NgramProposer, Result
+from .drafters.ngram import NgramProposer
+from .generator import GenerationConfig, Generator, Result
+from .policy import CostModel
 
 __all__ = ["load", "Pipeline", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
 
@@ -208,10 +211,10 @@ class Pipeline:
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
             static_costs=self._static_costs(),
         )
-        # a self-draft takes the target's K/V for tokens the target has run (ModelDrafter.kv_donor):
+        # a self-draft takes the target's K/V for tokens the target has run (Drafter.use_kv_donor):
         # no draft prefill of the prompt; backends that cannot copy (GPU ones) feed as before
-        if draft_kv == "auto" and isinstance(drafter, ModelDrafter) and manifest.draft.extra.get("self_draft_of") == "target":
-            drafter.kv_donor = self.generator.target
+        if draft_kv == "auto" and drafter is not None and manifest.draft.extra.get("self_draft_of") == "target":
+            drafter.use_kv_donor(self.generator.target)
 
     @property
     def max_seq(self) -> int:

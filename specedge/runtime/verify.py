@@ -22,7 +22,7 @@ import numpy as np
 
 from specedge.runtime.sampling import sample
 
-__all__ = ["verify_greedy", "verify_sampling", "AcceptanceStats"]
+__all__ = ["accept_greedy", "verify_greedy", "verify_sampling", "AcceptanceStats"]
 
 
 def _check_tokens(draft_tokens: Sequence[int], rows: int, vocab: int, what: str) -> list[int]:
@@ -45,19 +45,27 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> lis
     if logits.ndim != 2:
         raise ValueError(f"target_logits must be [k + 1, V], got shape {logits.shape}")
     tokens = _check_tokens(draft_tokens, logits.shape[0], logits.shape[1], "target_logits")
-    best = logits.argmax(axis=-1).tolist()
+    return accept_greedy(tokens, logits.argmax(axis=-1).tolist())
+
+
+def accept_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> list[int]:
+    """`verify_greedy` from the target's argmax rows alone (k + 1 ids): what a backend that takes
+    the argmax on the device returns, so the logits never reach the host."""
+    best = [int(b) for b in target_argmax]
+    if len(best) != len(draft_tokens) + 1:
+        raise ValueError(f"need len(draft_tokens) + 1 = {len(draft_tokens) + 1} argmax rows, got {len(best)}")
     out = []
-    for i, x in enumerate(tokens):
-        if x != best[i]:
+    for x, b in zip(draft_tokens, best):
+        if x != b:
             break
-        out.append(x)
+        out.append(int(x))
     out.append(best[len(out)])
     return out
 
 
 def verify_sampling(
     draft_tokens: Sequence[int],
-    draft_probs: np.ndarray,
+    draft_probs: np.ndarray | None,
     target_probs: np.ndarray,
     rng,
 ) -> list[int]:
@@ -67,31 +75,40 @@ def verify_sampling(
     [k + 1, V] the p rows, both from `probs_from_logits` with the same params. Uses one
     `rng.random()` per acceptance test and one per emitted sample (see sampling.py).
 
-    A drafted token with q(x) == 0 is treated as a deterministic proposal (q = one-hot at x):
-    accept with probability p(x), otherwise sample p without x. That is exact for *any* way the
-    token was chosen, so a draft that filtered its distribution after sampling, or an n-gram
-    drafter, can never bias the output; an n-gram drafter's one-hot q is this same rule.
+    `draft_probs` None is a deterministic proposal (an n-gram lookup, a greedy draft): each token
+    is a point mass, q = one-hot at x, so accept with probability p(x), otherwise sample p without
+    x. A drafted token with q(x) == 0 gets the same rule. That is exact for *any* way the token
+    was chosen, so a draft that filtered its distribution after sampling, or an n-gram drafter,
+    can never bias the output.
     """
-    q_all = np.asarray(draft_probs, dtype=np.float64)
     p_all = np.asarray(target_probs, dtype=np.float64)
     if p_all.ndim != 2:
         raise ValueError(f"target_probs must be [k + 1, V], got shape {p_all.shape}")
     tokens = _check_tokens(draft_tokens, p_all.shape[0], p_all.shape[1], "target_probs")
-    if q_all.shape != (len(tokens), p_all.shape[1]):
-        raise ValueError(f"draft_probs must be [k, V] = {(len(tokens), p_all.shape[1])}, got {q_all.shape}")
+    q_all = None
+    if draft_probs is not None:
+        q_all = np.asarray(draft_probs, dtype=np.float64)
+        if q_all.shape != (len(tokens), p_all.shape[1]):
+            raise ValueError(f"draft_probs must be [k, V] = {(len(tokens), p_all.shape[1])}, got {q_all.shape}")
 
     out = []
     for i, x in enumerate(tokens):
-        p, q = p_all[i], q_all[i]
-        qx = q[x]
-        if qx <= 0:  # deterministic-proposal rule, see the docstring
-            q = np.zeros_like(p)
-            q[x] = qx = 1.0
-        # u < p/q without dividing; with p(x) >= q(x) this always holds because u < 1.
-        if rng.random() * qx < p[x]:
-            out.append(x)
-            continue
-        residual = np.maximum(p - q, 0.0)
+        p = p_all[i]
+        q = None if q_all is None else q_all[i]
+        qx = 0.0 if q is None else q[x]
+        if qx <= 0:  # a point mass at x, see the docstring
+            # u < p(x) / 1; on rejection max(p - onehot(x), 0) is p with x removed
+            if rng.random() < p[x]:
+                out.append(x)
+                continue
+            residual = p.copy()
+            residual[x] = 0.0
+        else:
+            # u < p/q without dividing; with p(x) >= q(x) this always holds because u < 1.
+            if rng.random() * qx < p[x]:
+                out.append(x)
+                continue
+            residual = np.maximum(p - q, 0.0)
         # Mathematically a rejection implies p(y) > q(y) somewhere; only rounding (p ~= q) can
         # leave no mass, and then p itself is the right fallback.
         out.append(sample(residual if residual.sum() > 0 else p, rng))

@@ -3,11 +3,17 @@
 A backend allocates its buffers once, binds the static KV cache once, and runs the graph for a
 given number of new tokens T at a write offset `position`. The generator owns `position`:
 rolling back rejected draft tokens is just calling `run` with a smaller position next time, since
-the graph masks every slot at or beyond `position + t` (DESIGN.md, graph contract).
+the graph masks every slot at or beyond `position + t` (docs/design.md, graph contract).
+
+What every backend does alike lives here once: the refusal of an n-gram "model", the check of a
+call's T and position, the k-step greedy draft loop, switching CUDA graphs off when a capture
+fails, and the optional-package import with a one-sentence error.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -18,10 +24,29 @@ from ...manifest import Manifest, ModelSpec
 __all__ = ["Backend", "BackendError"]
 
 
+log = logging.getLogger(__name__)
+
+
+def import_optional(module: str, needed_for: str, hint: str):
+    """Import an optional dependency, or raise a BackendError saying what needs it and how to get it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise BackendError(f"{needed_for} needs {hint}") from None
+
+
 class Backend(ABC):
     name: str = ""
+    # draft_greedy runs its k steps in one launch (a captured chain): the model drafter then hands
+    # the whole greedy proposal to it instead of stepping itself
+    has_draft_chain: bool = False
+    # CUDA graphs in use; a failed capture turns them off (`graphs_off`), with the reason in graph_note
+    cuda_graphs: bool = False
+    graph_note: str = ""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):
+        if isinstance(spec, ModelSpec) and not spec.is_model:  # test doubles pass other spec objects
+            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run on backend '{self.name}'")
         self.manifest = manifest
         self.spec = spec
         self.max_seq = manifest.max_seq
@@ -32,6 +57,39 @@ class Backend(ABC):
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         """Feed `input_ids` (int64 [T]) written at cache slots position..position+T-1 and return
         fp32 logits [T, V] (a view that stays valid until the next call)."""
+
+    def check_call(self, input_ids, position: int) -> np.ndarray:
+        """`input_ids` as int64 [T] after checking that T >= 1 tokens fit at `position`."""
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        t = int(ids.shape[0])
+        if t < 1:
+            raise ValueError("input_ids must hold at least one token")
+        if position < 0 or position + t > self.max_seq:
+            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
+        return ids
+
+    def check_chain(self, position: int, k: int) -> None:
+        if position < 0 or position + k > self.max_seq:
+            raise ValueError(f"{k} draft steps at position {position} do not fit max_seq {self.max_seq}")
+
+    def draft_greedy(self, token: int, position: int, k: int) -> np.ndarray:
+        """Feed `token` at `position`, then each step's argmax at the next slot, k times; return the
+        k greedy tokens (int64). Backends with `has_draft_chain` run the steps in one launch."""
+        if k < 1:
+            return np.zeros(0, dtype=np.int64)
+        self.check_chain(position, k)
+        out, tok = [], int(token)
+        for j in range(k):
+            tok = int(self.argmax(np.array([tok], dtype=np.int64), position + j)[0])
+            out.append(tok)
+        return np.array(out, dtype=np.int64)
+
+    def graphs_off(self, what: str, error: BaseException) -> None:
+        """A CUDA graph capture or replay failed: run without graphs from now on, and say why."""
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.cuda_graphs = False
+        self.graph_note = f"{what} failed ({first}); running without graphs"
+        log.warning("%s: %s", self.name, self.graph_note)
 
     def argmax(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         """Greedy fast path: int64 [T] argmax of each row. GPU backends override it to avoid copying

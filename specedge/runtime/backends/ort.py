@@ -26,7 +26,7 @@ import threading
 import numpy as np
 
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
-from .base import Backend, BackendError
+from .base import Backend, BackendError, import_optional
 from ...contract import check_graph_names, expected_names, reserved_call_size
 from .binding import ort_element_type
 
@@ -72,11 +72,7 @@ PROVIDER_ALIASES = {
 
 
 def _import_ort():
-    try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover - onnxruntime is a hard dependency
-        raise BackendError("the ONNX Runtime backends need the onnxruntime package: pip install onnxruntime") from None
-    return ort
+    return import_optional("onnxruntime", "every ONNX Runtime backend", "the onnxruntime package: pip install onnxruntime")
 
 
 def normalize_providers(providers) -> tuple[list[str], list[dict]]:
@@ -194,8 +190,6 @@ class OrtBackend(Backend):
         log_level: int = 3,
     ):
         super().__init__(manifest, spec)
-        if not spec.is_model:
-            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run")
         ort = _import_ort()
         self.ort = ort
         self.batch = manifest.batch
@@ -312,13 +306,9 @@ class OrtBackend(Backend):
     # ------------------------------------------------------------------ one step
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
-        ids = np.asarray(input_ids).reshape(-1)
-        t = int(ids.shape[0])
-        if t < 1:
-            raise ValueError("input_ids must hold at least one token")
         position = int(position)
-        if position < 0 or position + t > self.max_seq:
-            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
+        ids = self.check_call(input_ids, position)
+        t = int(ids.shape[0])
         if t > self.t_max:
             self._allocate(t)  # a larger prefill chunk than planned: grow once, rebind lazily
         B = self.batch

@@ -36,7 +36,7 @@ import numpy as np
 from ...engines.plan_json import parse_version
 from ...engines.profiles import input_shapes, range_profile
 from ...manifest import Manifest, ModelSpec
-from .base import Backend, BackendError
+from .base import Backend, BackendError, import_optional
 from ...contract import check_graph_names, expected_names
 from .binding import (
     KVLayout,
@@ -60,10 +60,7 @@ GPU_HINT = "pip install 'specedge[cuda]' (replace the CPU-only onnxruntime: pip 
 
 
 def import_onnxruntime(backend: str, provider: str | None):
-    try:
-        import onnxruntime as ort  # noqa: PLC0415
-    except ImportError:
-        raise BackendError(f"backend '{backend}' needs onnxruntime-gpu: {GPU_HINT}") from None
+    ort = import_optional("onnxruntime", f"backend '{backend}'", f"onnxruntime-gpu: {GPU_HINT}")
     if provider is not None and provider not in ort.get_available_providers():
         raise BackendError(
             f"backend '{backend}' needs onnxruntime-gpu (the installed onnxruntime {ort.__version__} has no "
@@ -153,8 +150,6 @@ class OrtCudaBackend(Backend):
         device: str = "cuda",
     ):
         super().__init__(manifest, spec)
-        if not spec.is_model:
-            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run")
         if device not in ("cuda", "cpu"):
             raise BackendError(f"device must be 'cuda' or 'cpu' (test mode), got {device!r}")
         self.device_type = device
@@ -339,12 +334,8 @@ class OrtCudaBackend(Backend):
     def _step(self, input_ids, position: int) -> _Slot:
         if self._closed:
             raise BackendError("the backend is closed")
-        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        ids = self.check_call(input_ids, position)
         t = int(ids.shape[0])
-        if t < 1:
-            raise ValueError("input_ids must hold at least one token")
-        if position < 0 or position + t > self.max_seq:
-            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
         s = self._slot(t)
         s.ids.update_inplace(np.ascontiguousarray(np.tile(ids, (self.batch, 1))))
         self._pos_host[:] = position
@@ -355,9 +346,7 @@ class OrtCudaBackend(Backend):
             if s.graph_id < 0:
                 raise BackendError(f"onnxruntime ({self.name}) failed: {str(e).splitlines()[0]}") from None
             # Capture or replay failed: no graphs from now on (this slot and every later one).
-            self.cuda_graphs = False
-            self.graph_note = f"CUDA graph for T={t} failed ({str(e).splitlines()[0]}); running without graphs"
-            log.warning("%s: %s", self.name, self.graph_note)
+            self.graphs_off(f"CUDA graph for T={t}", e)
             self._slots.clear()
             self._eager_order.clear()
             s = self._slot(t)

@@ -25,7 +25,6 @@ tensorrt and cuda-python are imported in the constructor; a missing one is a Bac
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from ...engines import plan_json as pj
 from ...engines.profiles import select_profile
 from ...errors import UserError
 from ...manifest import Manifest, ModelSpec
-from .base import Backend, BackendError
+from .base import Backend, BackendError, import_optional
 from ...contract import ARGMAX_OUTPUT, check_graph_names, expected_names
 from .binding import (
     ARENA_ALIGN,
@@ -44,7 +43,6 @@ from .binding import (
     slot_copy,
 )
 
-log = logging.getLogger(__name__)
 
 CUDA_HINT = "pip install 'specedge[tensorrt]' (cuda-python)"
 TRT_HINT = (
@@ -172,17 +170,14 @@ def host_view(ptr: int, nbytes: int, dtype) -> np.ndarray:
 
 
 def import_tensorrt():
-    try:
-        import tensorrt as trt  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        raise BackendError(f"backend 'tensorrt' needs the tensorrt package: {TRT_HINT}") from None
-    return trt
+    return import_optional("tensorrt", "backend 'tensorrt'", f"the tensorrt package: {TRT_HINT}")
 
 
 class TensorRTBackend(Backend):
     """TensorRT plan of one model (target or draft) with static buffers and CUDA graphs."""
 
     name = "tensorrt"
+    has_draft_chain = True
 
     def __init__(
         self,
@@ -194,8 +189,6 @@ class TensorRTBackend(Backend):
         engine_dir: str | Path | None = None,
     ):
         super().__init__(manifest, spec)
-        if not spec.is_model:
-            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run on TensorRT")
         trt = import_tensorrt()
         cu = CudaRuntime()
         try:
@@ -364,21 +357,13 @@ class TensorRTBackend(Backend):
             self._graphs[t] = cu.instantiate(graph)
             cu.destroy_graph(graph)
         except BackendError as e:
-            self.cuda_graphs = False
-            self.graph_note = f"CUDA graph capture failed for T={t} ({e}); running without graphs"
-            log.warning(self.graph_note)
+            self.graphs_off(f"CUDA graph capture for T={t}", e)
         return True
 
     def _check_call(self, input_ids, position: int) -> np.ndarray:
         if self._closed:
             raise BackendError("the backend is closed")
-        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
-        t = int(ids.shape[0])
-        if t < 1:
-            raise ValueError("input_ids must hold at least one token")
-        if position < 0 or position + t > self.max_seq:
-            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
-        return ids
+        return self.check_call(input_ids, position)
 
     def _step(self, ids: np.ndarray, position: int) -> tuple[int, int]:
         t = int(ids.shape[0])
@@ -439,19 +424,14 @@ class TensorRTBackend(Backend):
         graph (one launch, one host sync); otherwise it loops over `argmax`."""
         if k < 1:
             return np.zeros(0, dtype=np.int64)
-        if position < 0 or position + k > self.max_seq:
-            raise ValueError(f"{k} draft steps at position {position} do not fit max_seq {self.max_seq}")
+        self.check_chain(position, k)
         chain_ok = (
             self.cuda_graphs and self.kv_mode == "scatter" and self.has_argmax and self._amax_dtype == np.int64
             and 1 in self.graph_sizes and self.batch == 1
             and k <= getattr(self, "_chain_slots", k)  # the chain buffers, once allocated, hold this many steps
         )
         if not chain_ok:
-            out, tok = [], int(token)
-            for j in range(k):
-                tok = int(self.argmax(np.array([tok], dtype=np.int64), position + j)[0])
-                out.append(tok)
-            return np.array(out, dtype=np.int64)
+            return super().draft_greedy(token, position, k)
         cu, s = self.cu, self._stream
         self._ids_host[0] = int(token)
         self._pos_host[:k] = np.arange(position, position + k, dtype=np.int64)
@@ -504,9 +484,7 @@ class TensorRTBackend(Backend):
             g = cu.instantiate(graph)
             cu.destroy_graph(graph)
         except BackendError as e:
-            self.cuda_graphs = False
-            self.graph_note = f"capture of the {k}-step draft chain failed ({e}); running without graphs"
-            log.warning(self.graph_note)
+            self.graphs_off(f"capture of the {k}-step draft chain", e)
             return None
         finally:
             self._bind(pi, 1)  # the T=1 step graph captured earlier keeps its own addresses
@@ -514,10 +492,6 @@ class TensorRTBackend(Backend):
         return g
 
     # ------------------------------------------------------------------ lifecycle
-
-    def warmup(self, sizes: tuple[int, ...]) -> None:
-        for t in sizes:
-            self.run(np.zeros(t, dtype=np.int64), 0)
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

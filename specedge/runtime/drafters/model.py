@@ -15,26 +15,30 @@ what is missing, in prefill chunks. Comparing only the part written since the la
 that O(k) per round.
 
 When sampling, each draft token is drawn from q = probs_from_logits(draft logits, params), the
-same filtering the target's p goes through, and the q rows are returned for `verify_sampling`.
+same filtering the target's p goes through, and the q rows are returned for `verify_sampling`;
+a greedy proposal carries none (a point mass, see drafters/base.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..backends import Backend, CacheTracker, common_prefix
+from ..backends import Backend
+from ..cache import CacheTracker, common_prefix
 from ..sampling import SamplingParams, probs_from_logits, sample
+from .base import Drafter, Proposal
 
 __all__ = ["ModelDrafter"]
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts with a model backend. `vocab` limits proposals to the shared tokenizer's ids (the
     draft's logits may carry padding rows beyond it)."""
 
     kind = "model"
 
     def __init__(self, backend: Backend, prefill_chunk: int, vocab: int | None = None):
+        super().__init__()
         self.backend = backend
         self.cache = CacheTracker(backend, prefill_chunk)
         self.vocab = int(vocab or backend.vocab_size)
@@ -42,13 +46,21 @@ class ModelDrafter:
             raise ValueError(f"vocab must be in 1..{backend.vocab_size}, got {self.vocab}")
         self._base = 0  # the draft's cache matched the committed sequence up to here at the last proposal
         self._argmax = self.vocab == backend.vocab_size  # no padding rows that could win argmax
-        self._chain = callable(getattr(backend, "draft_greedy", None)) and self._argmax
-        self.calls = 0  # backend calls made by propose (for stats)
-        # The target's cache, when this draft is a self-draft of it (same architecture, same cache
-        # geometry): committed tokens the target has already run are not fed to the draft, their
-        # K/V are copied from the target's cache (DESIGN.md, exactness: drafts are only proposals).
-        self.kv_donor: CacheTracker | None = None
-        self.copied = 0  # slots copied from the donor (for stats)
+        self._chain = backend.has_draft_chain and self._argmax
+        self._donor: CacheTracker | None = None
+
+    @property
+    def kv_donor(self) -> CacheTracker | None:
+        """The target's cache when this draft takes K/V from it (`use_kv_donor`), else None."""
+        return self._donor
+
+    def use_kv_donor(self, target: CacheTracker) -> bool:
+        """A self-draft of the target (same architecture, same cache geometry): committed tokens
+        the target has already run are not fed to the draft, their K/V are copied from the
+        target's cache (docs/design.md, exactness: drafts are only proposals). Backends that
+        cannot copy (another backend type or geometry) keep feeding, slot by slot."""
+        self._donor = target
+        return True
 
     @property
     def position(self) -> int:
@@ -71,21 +83,19 @@ class ModelDrafter:
         n = self._base + common_prefix(c.tokens[self._base :], history[self._base :])
         n = min(n, len(history) - 1)  # always feed the last token: its logits give the first draft
         c.rollback(n)
-        d = self.kv_donor
+        d = self._donor
         # only when the target holds slots the draft lacks (the prompt, a catch-up), not every round
-        if d is not None and n < min(len(d.tokens), len(history) - 1):
-            m = min(common_prefix(d.tokens, history), len(history) - 1)
-            if m > n and self.backend.copy_kv_from(d.backend, n, m):
-                c.tokens.extend(history[n:m])
-                self.copied += m - n
-                n = m
+        if d is not None and n < min(d.position, len(history) - 1):
+            taken = c.take_kv(d, history)
+            self.copied += taken
+            n += taken
         return history[n:]
 
-    def propose(self, history, k: int, params: SamplingParams, rng=None) -> tuple[list[int], np.ndarray | None]:
-        """Propose k tokens after `history` (the committed sequence, list of ids). Returns the
-        tokens and, when sampling, their q rows [k, vocab] (None when greedy)."""
+    def propose(self, history, k: int, params: SamplingParams, rng=None) -> Proposal:
+        """Propose k tokens after `history` (the committed sequence, list of ids): the tokens and,
+        when sampling, their q rows [k, vocab] (None when greedy)."""
         if k < 1:
-            return [], None
+            return Proposal([], None)
         history = history if isinstance(history, list) else list(history)
         if not history:
             raise ValueError("cannot draft after an empty sequence")
@@ -98,9 +108,9 @@ class ModelDrafter:
             if len(pending) > 1:
                 c.feed_chunked(pending[:-1])
             out = [int(t) for t in self.backend.draft_greedy(int(pending[-1]), c.position, k)]
-            c.tokens.extend([int(pending[-1])] + out[:-1])
+            c.adopt([int(pending[-1])] + out[:-1])  # the chain fed each of these itself
             self.calls += k
-            return out, None
+            return Proposal(out, None)
         row = c.feed_chunked(pending)
         self.calls += -(-len(pending) // c.chunk)
         out: list[int] = []
@@ -111,7 +121,7 @@ class ModelDrafter:
                 tok = int(c.feed_argmax([tok])[0]) if self._argmax else int(np.argmax(c.feed([tok])[0, :V]))
                 out.append(tok)
             self.calls += k - 1
-            return out, None
+            return Proposal(out, None)
         qs = np.empty((k, V), dtype=np.float64)
         for j in range(k):
             qs[j] = probs_from_logits(row[:V], params)
@@ -120,4 +130,4 @@ class ModelDrafter:
             if j < k - 1:
                 row = c.feed([tok])[0]
                 self.calls += 1
-        return out, qs
+        return Proposal(out, qs)

@@ -16,7 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["NgramDrafter"]
+from ..sampling import SamplingParams
+from .base import Drafter, Proposal
+
+__all__ = ["NgramDrafter", "NgramProposer"]
 
 
 class NgramDrafter:
@@ -100,11 +103,9 @@ class NgramDrafter:
 
     @staticmethod
     def probs(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
-        """One-hot q rows [len(tokens), vocab_size] (float64) for `verify_sampling`.
-
-        The n-gram proposal is deterministic, so one-hot is its exact distribution and speculative
-        sampling stays exact: each token is accepted with probability p(x).
-        """
+        """One-hot q rows [len(tokens), vocab_size] (float64): the n-gram proposal's exact
+        distribution, written out. `verify_sampling` treats a proposal without rows (probs None)
+        as exactly this, without building [k, V] arrays, and that is what `NgramProposer` passes."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -113,3 +114,29 @@ class NgramDrafter:
         q = np.zeros((ids.size, vocab_size), dtype=np.float64)
         q[np.arange(ids.size), ids] = 1.0
         return q
+
+
+class NgramProposer(Drafter):
+    """The n-gram drafter in the drafter role: deterministic proposals (no probabilities), only
+    ids the target may emit."""
+
+    kind = "ngram"
+
+    def __init__(self, vocab: int, ngram_sizes=(3, 2, 1)):
+        super().__init__()
+        self.drafter = NgramDrafter(ngram_sizes=ngram_sizes, k=4)
+        self.vocab = vocab
+
+    def reset(self) -> None:
+        self.drafter.reset()
+
+    def start(self, prompt) -> None:
+        self.drafter.reset()
+
+    def propose(self, history, k: int, params: SamplingParams, rng=None) -> Proposal:
+        out = []
+        for t in self.drafter.propose(history, k):
+            if not 0 <= t < self.vocab:  # never propose an id the target may not emit
+                break
+            out.append(int(t))
+        return Proposal(out, None)

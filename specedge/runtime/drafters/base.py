@@ -1,0 +1,53 @@
+"""The drafter role: what the generator asks of anything that proposes tokens.
+
+A drafter sees the committed sequence and proposes up to k tokens for the target to verify in one
+call. A `Proposal` carries the tokens and, only when they were *sampled*, the rows q [k, V] they
+were sampled from. A deterministic proposal (a greedy draft, a prompt lookup) carries no
+distribution: the verifier treats each token as a point mass, which is exact for any way the
+token was chosen (docs/design.md, exactness rules). A new drafter is one new file: subclass
+`Drafter`, implement `propose`, and construct it in `runtime/api.py`'s `load`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import numpy as np
+
+from ..cache import CacheTracker
+from ..sampling import SamplingParams
+
+__all__ = ["Drafter", "Proposal"]
+
+
+class Proposal(NamedTuple):
+    """Drafted tokens, and q rows [len(tokens), V] when they were sampled (None: deterministic).
+
+    A tuple, so a drafter may also return a plain (tokens, probs) pair."""
+
+    tokens: list[int]
+    probs: np.ndarray | None = None
+
+
+class Drafter(ABC):
+    kind: str = ""
+
+    def __init__(self):
+        self.calls = 0  # backend calls made while proposing (stats); 0 for a drafter without a model
+        self.copied = 0  # cache slots taken from the target's K/V instead of computed (stats)
+
+    def reset(self) -> None:
+        """Forget every cached state (after a warm-up wrote into the caches, or between tests)."""
+
+    def start(self, prompt) -> None:
+        """A new request begins with `prompt`; called after the target's first token."""
+
+    def use_kv_donor(self, target: CacheTracker) -> bool:
+        """Let this drafter take committed tokens' K/V from the target's cache instead of computing
+        them (a self-draft of the same geometry). False: this drafter cannot, and ignores it."""
+        return False
+
+    @abstractmethod
+    def propose(self, history: list[int], k: int, params: SamplingParams, rng=None) -> Proposal:
+        """Up to k tokens after `history` (the committed sequence); fewer, or none, is allowed."""

@@ -1,0 +1,202 @@
+"""The speculation policy: how many tokens to draft per round, and when not to speculate at all.
+
+Specified once, in docs/design.md ("The speculation policy"), with the constants below; the C++
+runtime implements the same rules (cpp/src/policy.{h,cpp}) and both are pinned by the recorded
+sequences in tests/data/policy_vectors.json, which tests/test_policy.py and cpp/tests run.
+
+`CostModel` holds step costs (measured at load, refined while generating); `SpecController`
+picks k for each round from this request's acceptance and those costs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..contract import MAX_SPEC_TOKENS
+
+__all__ = ["CostModel", "SpecController", "expected_tokens"]
+
+EMA_WEIGHT = 0.2  # weight of a new cost measurement in the moving average
+SPIKE_CLAMP = 2.0  # a measurement counts at most this many times the current estimate
+PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0  # prior of the acceptance estimate: alpha = 2/3
+DECAY = 0.9  # per-round decay of the acceptance counts and of the counterfactual window
+WINDOW = 48  # rounds kept for the counterfactual E(k)
+MIN_ROUNDS = 4  # rounds at a k before the guard judges it
+KEEP = 0.95  # keep k while its expected speed-up is at least this (timing noise)
+SHRINK_MIN = 1.0  # a smaller k is taken only if it pays at all
+BACKOFF_START, BACKOFF_MAX = 16, 256  # target-only tokens after a fallback, doubling
+
+
+@dataclass
+class CostModel:
+    """Step costs in seconds: target with T tokens, draft per proposed token. Measured at load
+    (`Pipeline.calibrate`) and refined by moving averages while generating."""
+
+    target: dict = field(default_factory=dict)  # T -> seconds
+    draft: float = 0.0
+    alpha: float = EMA_WEIGHT  # moving-average weight of a new measurement
+
+    def target_cost(self, t: int) -> float:
+        """Seconds for a target call of t tokens; linear between the sizes measured."""
+        c = self.target
+        if t in c:
+            return c[t]
+        if not c:
+            return float(t)  # nothing measured: pretend compute-bound (conservative for speculation)
+        sizes = sorted(c)
+        if t < sizes[0]:
+            return c[sizes[0]]
+        if t > sizes[-1]:
+            if len(sizes) == 1:
+                return c[sizes[0]] * t / sizes[0]  # one point: assume cost grows with T
+            a, b = sizes[-2], sizes[-1]
+            slope = max((c[b] - c[a]) / (b - a), 0.0)
+            return c[b] + slope * (t - b)
+        hi = next(s for s in sizes if s > t)
+        lo = max(s for s in sizes if s < t)
+        w = (t - lo) / (hi - lo)
+        return c[lo] * (1 - w) + c[hi] * w
+
+    def _ema(self, old: float | None, new: float) -> float:
+        if not old:
+            return new
+        # a spike (another process took the CPU) moves the estimate by at most alpha * old
+        return (1 - self.alpha) * old + self.alpha * min(new, SPIKE_CLAMP * old)
+
+    def observe_target(self, t: int, seconds: float) -> None:
+        self.target[t] = self._ema(self.target.get(t), seconds)
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        self.draft = self._ema(self.draft, seconds_per_token)
+
+    def copy(self) -> CostModel:
+        return CostModel(dict(self.target), self.draft, self.alpha)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class SpecController:
+    """Chooses k per round; shrinks k or falls back to target-only when speculation does not pay.
+
+    A round with k drafts is worth E(k) target steps and costs k draft steps + one target call of
+    k + 1 tokens; its speed-up is the ratio of the two. E(k') for k' up to the k in use comes from
+    this request's recent rounds (decayed): a round that accepted n drafts would have accepted
+    min(n, k') with k' drafts, since the first k' drafts are the same. Beyond that, E uses the
+    geometric model with the per-token acceptance rate. After `min_rounds` rounds, when the current k's
+    speed-up falls below `keep` (KEEP: measured step times are noisy), the best smaller k is taken
+    if it pays (>= SHRINK_MIN), else decoding goes target-only for `backoff` tokens (BACKOFF_START,
+    doubling up to BACKOFF_MAX on each consecutive fallback), after which speculation is tried
+    again with the starting k.
+
+    adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
+    -1 when the rejection came in the first half.
+    """
+
+    def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
+                 learn: bool = True, k_max: int = MAX_SPEC_TOKENS, min_rounds: int = MIN_ROUNDS, decay: float = DECAY,
+                 keep: float = KEEP):
+        self.k = self.k_start = int(k)
+        self.k_max = max(int(k_max), self.k)
+        self.costs = costs
+        self.adaptive, self.guard, self.learn = adaptive, guard, learn
+        self.min_rounds, self.decay = min_rounds, decay
+        self.keep = keep  # hysteresis: timing noise alone should not stop a draft that roughly breaks even
+        self.acc, self.rej = PRIOR_ACCEPTED, PRIOR_REJECTED
+        self.recent: deque = deque(maxlen=WINDOW)  # accepted counts of the latest rounds, newest last
+        self.k_seen = self.k
+        self.rounds_since = 0
+        self.fallback_left = 0
+        self.backoff = BACKOFF_START
+        self.fallbacks = 0
+        self.fallback_tokens = 0
+        self.shrinks = 0
+        self.k_hist: dict[int, int] = {}
+
+    @property
+    def alpha(self) -> float:
+        return self.acc / (self.acc + self.rej)
+
+    def expected(self, k: int) -> float:
+        """Expected tokens per round with k drafts."""
+        if self.recent and k <= self.k_seen:
+            w = wsum = 0.0
+            weight = 1.0
+            for n in reversed(self.recent):
+                w += weight * min(n, k)
+                wsum += weight
+                weight *= self.decay
+            return 1.0 + w / wsum
+        return expected_tokens(self.alpha, k)
+
+    def speedup(self, k: int) -> float:
+        c = self.costs
+        t1 = c.target_cost(1)
+        cost = k * c.draft + c.target_cost(k + 1)
+        return self.expected(k) * t1 / cost if cost > 0 else float("inf")
+
+    def next_k(self) -> int:
+        """k for the next round; 0 = a target-only step."""
+        if self.fallback_left > 0:
+            return 0
+        return self.k
+
+    def record_plain(self, n_tokens: int, seconds: float) -> None:
+        if self.learn:
+            self.costs.observe_target(1, seconds)
+        if self.fallback_left > 0:
+            self.fallback_left -= n_tokens
+            self.fallback_tokens += n_tokens
+            if self.fallback_left <= 0:  # try speculating again with the full k, judging afresh
+                self.acc, self.rej, self.rounds_since = PRIOR_ACCEPTED, PRIOR_REJECTED, 0
+                self.recent.clear()
+                self.k = self.k_start
+
+    def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int) -> None:
+        self.k_hist[k] = self.k_hist.get(k, 0) + 1
+        if self.learn:
+            if drafted:
+                self.costs.observe_draft(draft_s / drafted)
+            self.costs.observe_target(drafted + 1, verify_s)
+        # decayed counts: recent rounds matter more (a request can change character midway)
+        self.acc = self.acc * self.decay + n_accepted
+        self.rej = self.rej * self.decay + (1 if n_accepted < drafted else 0)
+        if not self.recent:
+            self.k_seen = k
+        self.k_seen = min(self.k_seen, k)  # counterfactuals hold up to the smallest k in the window
+        self.recent.append(n_accepted)
+        self.rounds_since += 1
+        if self.adaptive and drafted == k:
+            if n_accepted == k and self.k < self.k_max:
+                self.k += 1
+            elif n_accepted < k / 2 and self.k > 1:
+                self.k -= 1
+        if not self.guard or self.rounds_since < self.min_rounds:
+            return
+        if self.speedup(self.k) >= self.keep:
+            self.backoff = BACKOFF_START
+            return
+        best = max(range(1, self.k), key=self.speedup, default=None)
+        if best is not None and self.speedup(best) >= SHRINK_MIN:
+            self.k = best
+            self.shrinks += 1
+            return
+        self.fallbacks += 1
+        self.fallback_left = self.backoff
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+
+    def to_dict(self) -> dict:
+        return {
+            "k": self.k_start,
+            "k_final": self.k,
+            "k_histogram": {str(k): v for k, v in sorted(self.k_hist.items())},
+            "fallbacks": self.fallbacks,
+            "fallback_tokens": self.fallback_tokens,
+            "k_shrinks": self.shrinks,
+            "alpha_estimate": round(self.alpha, 4),
+        }
