@@ -23,11 +23,6 @@ int common_prefix(const std::vector<int32_t>& a, size_t a0, const std::vector<in
   return int(n);
 }
 
-double expected_tokens(double alpha, int k) {
-  if (alpha >= 1.0) return k + 1.0;
-  return (1.0 - std::pow(alpha, k + 1)) / (1.0 - alpha);
-}
-
 // Length of the longest suffix of `text` that is a proper prefix of a stop string.
 size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
   size_t best = 0;
@@ -177,85 +172,6 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
     if (j < k - 1) row = cache_.feed(&tok, 1);
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------- speculation policy
-
-double CostModel::target_cost(int t) const {
-  auto it = target.find(t);
-  if (it != target.end()) return it->second;
-  if (target.empty()) return double(t);
-  if (t < target.begin()->first) return target.begin()->second;
-  auto last = std::prev(target.end());
-  if (t > last->first) {
-    if (target.size() == 1) return last->second * t / last->first;
-    auto prev = std::prev(last);
-    double slope = std::max((last->second - prev->second) / (last->first - prev->first), 0.0);
-    return last->second + slope * (t - last->first);
-  }
-  auto hi = target.upper_bound(t);
-  auto lo = std::prev(hi);
-  double w = double(t - lo->first) / double(hi->first - lo->first);
-  return lo->second * (1 - w) + hi->second * w;
-}
-
-void CostModel::observe_target(int t, double s) {
-  auto it = target.find(t);
-  target[t] = it == target.end() ? s : (1 - alpha) * it->second + alpha * s;
-}
-
-void CostModel::observe_draft(double s) { draft = draft == 0 ? s : (1 - alpha) * draft + alpha * s; }
-
-SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn)
-    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn) {}
-
-double SpecController::speedup(int k) const {
-  double t1 = costs_->target_cost(1);
-  double cost = k * costs_->draft + costs_->target_cost(k + 1);
-  return cost > 0 ? expected_tokens(alpha(), k) * t1 / cost : INFINITY;
-}
-
-void SpecController::record_plain(int n, double seconds) {
-  if (learn_) costs_->observe_target(1, seconds);
-  if (fallback_left_ > 0) {
-    fallback_left_ -= n;
-    fallback_tokens += n;
-    if (fallback_left_ <= 0) {
-      acc_ = 2.0;
-      rej_ = 1.0;
-      rounds_since_ = 0;
-    }
-  }
-}
-
-void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
-  (void)k;
-  if (learn_) {
-    if (drafted) costs_->observe_draft(draft_s / drafted);
-    costs_->observe_target(drafted + 1, verify_s);
-  }
-  acc_ = acc_ * decay_ + n_accepted;
-  rej_ = rej_ * decay_ + (n_accepted < drafted ? 1 : 0);
-  ++rounds_since_;
-  if (!guard_ || rounds_since_ < min_rounds_) return;
-  if (speedup(k_) >= 1.0) {
-    backoff_ = 16;
-    return;
-  }
-  int best = 0;
-  double best_s = -1;
-  for (int kk = 1; kk < k_; ++kk) {
-    double s = speedup(kk);
-    if (s > best_s) { best_s = s; best = kk; }
-  }
-  if (best > 0 && best_s >= 1.0) {
-    k_ = best;
-    ++shrinks;
-    return;
-  }
-  ++fallbacks;
-  fallback_left_ = backoff_;
-  backoff_ = std::min(backoff_ * 2, 256);
 }
 
 // ---------------------------------------------------------------------------- engine
@@ -430,7 +346,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   bool deterministic = !params.greedy() && cfg.seed.has_value();
   CostModel local = static_costs_;
   CostModel* costs = deterministic ? &local : &costs_;
-  SpecController ctl(k, costs, cfg.guard, !deterministic);
+  SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
   std::vector<int64_t> hist;
   const auto& stops = cfg.stop;

@@ -1,7 +1,7 @@
-// The generation loop (mirrors specedge/runtime/generator.py, drafters/model.py, drafters/ngram.py):
-// chunked prefill, propose -> verify -> commit -> roll back, stop rules, streaming text, stats,
-// and the speculation guard that shrinks k or falls back to target-only decoding when the draft
-// does not pay for itself.
+// The generation loop (mirrors specedge/runtime/generator.py, rounds.py, cache.py, text.py,
+// drafters/model.py, drafters/ngram.py): chunked prefill, propose -> verify -> commit -> roll back,
+// stop rules, streaming text, stats. How k is chosen (the speculation guard) is policy.h, the same
+// rules as specedge/runtime/policy.py.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +15,7 @@
 
 #include "manifest.h"
 #include "backend.h"
+#include "policy.h"
 #include "sampling.h"
 #include "tokenizer.h"
 
@@ -81,34 +82,6 @@ class ModelDrafter {
   int64_t copied_ = 0;
 };
 
-struct CostModel {
-  std::map<int, double> target;  // T -> seconds
-  double draft = 0.0;
-  double alpha = 0.2;
-  double target_cost(int t) const;
-  void observe_target(int t, double s);
-  void observe_draft(double s);
-};
-
-class SpecController {
- public:
-  SpecController(int k, CostModel* costs, bool guard, bool learn);
-  int next_k() const { return fallback_left_ > 0 ? 0 : k_; }
-  void record_plain(int n_tokens, double seconds);
-  void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted);
-  double speedup(int k) const;
-  int k_start, k_, fallbacks = 0, shrinks = 0;
-  int64_t fallback_tokens = 0;
-
- private:
-  double alpha() const { return acc_ / (acc_ + rej_); }
-  CostModel* costs_;
-  bool guard_, learn_;
-  double acc_ = 2.0, rej_ = 1.0;
-  int rounds_since_ = 0, fallback_left_ = 0, backoff_ = 16, min_rounds_ = 4;
-  double decay_ = 0.9;
-};
-
 struct GenConfig {
   int max_new_tokens = 128;
   SamplingParams sampling;
@@ -117,6 +90,7 @@ struct GenConfig {
   int spec_tokens = 0;  // 0 = the model's
   bool speculative = true;
   bool guard = true;
+  bool adaptive_k = false;  // also move k by the last round (Python's adaptive_k / --adaptive-k)
 };
 
 struct Stats {

@@ -1,0 +1,128 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+namespace specedge {
+
+double expected_tokens(double alpha, int k) {
+  if (alpha >= 1.0) return k + 1.0;
+  return (1.0 - std::pow(alpha, k + 1)) / (1.0 - alpha);
+}
+
+double CostModel::target_cost(int t) const {
+  auto it = target.find(t);
+  if (it != target.end()) return it->second;
+  if (target.empty()) return double(t);  // nothing measured: pretend compute-bound (conservative)
+  if (t < target.begin()->first) return target.begin()->second;
+  auto last = std::prev(target.end());
+  if (t > last->first) {
+    if (target.size() == 1) return last->second * t / last->first;
+    auto prev = std::prev(last);
+    double slope = std::max((last->second - prev->second) / (last->first - prev->first), 0.0);
+    return last->second + slope * (t - last->first);
+  }
+  auto hi = target.upper_bound(t);
+  auto lo = std::prev(hi);
+  double w = double(t - lo->first) / double(hi->first - lo->first);
+  return lo->second * (1 - w) + hi->second * w;
+}
+
+double CostModel::ema(double old, double s) const {
+  if (old == 0.0) return s;
+  // a spike (another process took the CPU) moves the estimate by at most alpha * old
+  return (1 - alpha) * old + alpha * std::min(s, policy::kSpikeClamp * old);
+}
+
+void CostModel::observe_target(int t, double s) {
+  auto it = target.find(t);
+  target[t] = ema(it == target.end() ? 0.0 : it->second, s);
+}
+
+void CostModel::observe_draft(double s) { draft = ema(draft, s); }
+
+SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive, int k_max)
+    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn), adaptive_(adaptive),
+      k_max_(std::max(k_max, k)), k_seen_(k) {}
+
+double SpecController::expected(int k) const {
+  // E(k') up to the smallest k in the window: a round that accepted n drafts would have accepted
+  // min(n, k') with k' drafts, since the first k' drafts are the same
+  if (!recent_.empty() && k <= k_seen_) {
+    double w = 0.0, wsum = 0.0, weight = 1.0;
+    for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+      w += weight * std::min(*it, k);
+      wsum += weight;
+      weight *= policy::kDecay;
+    }
+    return 1.0 + w / wsum;
+  }
+  return expected_tokens(alpha(), k);
+}
+
+double SpecController::speedup(int k) const {
+  double t1 = costs_->target_cost(1);
+  double cost = k * costs_->draft + costs_->target_cost(k + 1);
+  return cost > 0 ? expected(k) * t1 / cost : INFINITY;
+}
+
+void SpecController::record_plain(int n, double seconds) {
+  if (learn_) costs_->observe_target(1, seconds);
+  if (fallback_left_ > 0) {
+    fallback_left_ -= n;
+    fallback_tokens += n;
+    if (fallback_left_ <= 0) {  // try speculating again with the full k, judging afresh
+      acc_ = policy::kPriorAccepted;
+      rej_ = policy::kPriorRejected;
+      rounds_since_ = 0;
+      recent_.clear();
+      k_ = k_start;
+    }
+  }
+}
+
+void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
+  ++k_histogram[k];
+  if (learn_) {
+    if (drafted) costs_->observe_draft(draft_s / drafted);
+    costs_->observe_target(drafted + 1, verify_s);
+  }
+  acc_ = acc_ * policy::kDecay + n_accepted;
+  rej_ = rej_ * policy::kDecay + (n_accepted < drafted ? 1 : 0);
+  if (recent_.empty()) k_seen_ = k;
+  k_seen_ = std::min(k_seen_, k);  // counterfactuals hold up to the smallest k in the window
+  recent_.push_back(n_accepted);
+  if (int(recent_.size()) > policy::kWindow) recent_.pop_front();
+  ++rounds_since_;
+  if (adaptive_ && drafted == k) {
+    if (n_accepted == k && k_ < k_max_)
+      ++k_;
+    else if (2 * n_accepted < k && k_ > 1)
+      --k_;
+  }
+  if (!guard_ || rounds_since_ < policy::kMinRounds) return;
+  if (speedup(k_) >= policy::kKeep) {
+    backoff_ = policy::kBackoffStart;
+    return;
+  }
+  int best = 0;
+  double best_s = -INFINITY;
+  for (int kk = 1; kk < k_; ++kk) {
+    double s = speedup(kk);
+    if (s > best_s) {  // the first of equal maxima, as Python's max()
+      best_s = s;
+      best = kk;
+    }
+  }
+  if (best > 0 && best_s >= policy::kShrinkMin) {
+    k_ = best;
+    ++shrinks;
+    return;
+  }
+  ++fallbacks;
+  fallback_left_ = backoff_;
+  backoff_ = std::min(backoff_ * 2, policy::kBackoffMax);
+}
+
+}  // namespace specedge

@@ -1,0 +1,69 @@
+// The speculation policy: how many tokens to draft per round, and when not to speculate at all.
+// Specified once in docs/design.md ("The speculation policy"); specedge/runtime/policy.py is the
+// same rules with the same constants, and both are pinned by tests/data/policy_vectors.json
+// (recorded rounds -> the k decisions), which cpp/tests/test_policy.cpp and tests/test_policy.py run.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+
+#include "manifest.h"
+
+namespace specedge {
+
+namespace policy {
+constexpr double kEmaWeight = 0.2;        // weight of a new cost measurement in the moving average
+constexpr double kSpikeClamp = 2.0;       // a measurement counts at most this many times the estimate
+constexpr double kPriorAccepted = 2.0;    // prior of the acceptance estimate: alpha = 2/3
+constexpr double kPriorRejected = 1.0;
+constexpr double kDecay = 0.9;            // per-round decay of acceptance counts and of the window
+constexpr int kWindow = 48;               // rounds kept for the counterfactual E(k)
+constexpr int kMinRounds = 4;             // rounds at a k before the guard judges it
+constexpr double kKeep = 0.95;            // keep k while its expected speed-up is at least this
+constexpr double kShrinkMin = 1.0;        // a smaller k is taken only if it pays at all
+constexpr int kBackoffStart = 16;         // target-only tokens after a fallback, doubling ...
+constexpr int kBackoffMax = 256;          // ... up to this
+}  // namespace policy
+
+// Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.).
+double expected_tokens(double alpha, int k);
+
+// Step costs in seconds: target with T tokens, draft per proposed token.
+struct CostModel {
+  std::map<int, double> target;  // T -> seconds
+  double draft = 0.0;
+  double alpha = policy::kEmaWeight;
+  double target_cost(int t) const;
+  void observe_target(int t, double s);
+  void observe_draft(double s);
+
+ private:
+  double ema(double old, double s) const;
+};
+
+// Chooses k per round; shrinks k or falls back to target-only decoding when speculation does not pay.
+class SpecController {
+ public:
+  SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false,
+                 int k_max = kMaxSpecTokens);
+  int next_k() const { return fallback_left_ > 0 ? 0 : k_; }
+  void record_plain(int n_tokens, double seconds);
+  void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted);
+  double expected(int k) const;
+  double speedup(int k) const;
+  double alpha() const { return acc_ / (acc_ + rej_); }
+  int k_start, k_, fallbacks = 0, shrinks = 0;
+  int64_t fallback_tokens = 0;
+  std::map<int, int64_t> k_histogram;
+
+ private:
+  CostModel* costs_;
+  bool guard_, learn_, adaptive_;
+  int k_max_;
+  double acc_ = policy::kPriorAccepted, rej_ = policy::kPriorRejected;
+  std::deque<int> recent_;  // accepted counts of the latest rounds, newest last
+  int k_seen_;
+  int rounds_since_ = 0, fallback_left_ = 0, backoff_ = policy::kBackoffStart;
+};
+
+}  // namespace specedge

@@ -1,0 +1,143 @@
+"""Record the speculation policy's decisions as shared test vectors: tests/data/policy_vectors.json.
+
+Each case drives specedge.runtime.policy.SpecController through a simulated request (acceptance
+drawn from the case's rate, step costs with noise and spikes, n-gram misses) and records every
+event it was given and the k it chose next. tests/test_policy.py and cpp/tests/test_policy.cpp
+replay the events and must make the same choices: one policy, two implementations.
+
+Run it after changing the policy on purpose (and docs/design.md's specification with it):
+    python scripts/make_policy_vectors.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specedge.runtime import policy  # noqa: E402
+from specedge.runtime.policy import CostModel, SpecController  # noqa: E402
+
+OUT = ROOT / "tests" / "data" / "policy_vectors.json"
+CONSTANTS = ("EMA_WEIGHT", "SPIKE_CLAMP", "PRIOR_ACCEPTED", "PRIOR_REJECTED", "DECAY", "WINDOW", "MIN_ROUNDS",
+             "KEEP", "SHRINK_MIN", "BACKOFF_START", "BACKOFF_MAX")
+
+# name, seed, controller settings, initial costs, the simulated request
+CASES = [
+    ("steady_high_acceptance", 1, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
+     dict(phases=[(120, 0.85)], target=(0.010, 0.0005), draft=0.002)),
+    ("useless_draft_falls_back_and_retries", 2, dict(k=4), ({1: 0.010, 5: 0.012}, 0.006),
+     dict(phases=[(260, 0.05)], target=(0.010, 0.0005), draft=0.006)),
+    ("moderate_acceptance_shrinks_k", 3, dict(k=8), ({1: 0.010, 9: 0.016}, 0.003),
+     dict(phases=[(150, 0.5)], target=(0.010, 0.00075), draft=0.003)),
+    ("request_changes_character", 4, dict(k=6), ({1: 0.010, 7: 0.013}, 0.002),
+     dict(phases=[(60, 0.9), (120, 0.1), (120, 0.9)], target=(0.010, 0.0005), draft=0.002)),
+    ("adaptive_k", 5, dict(k=3, adaptive=True), ({1: 0.010, 4: 0.011}, 0.001),
+     dict(phases=[(80, 0.95), (80, 0.3), (60, 0.8)], target=(0.010, 0.0003), draft=0.001)),
+    ("adaptive_k_without_guard", 6, dict(k=4, adaptive=True, guard=False), ({1: 0.010, 5: 0.012}, 0.004),
+     dict(phases=[(60, 0.98), (60, 0.05)], target=(0.010, 0.0005), draft=0.004)),
+    ("cost_spikes_are_clamped", 7, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
+     dict(phases=[(150, 0.7)], target=(0.010, 0.0005), draft=0.002, spike=(0.08, 12.0))),
+    ("static_costs_no_learning", 8, dict(k=5, learn=False), ({1: 1.0, 17: 1.8}, 0.1),
+     dict(phases=[(100, 0.6), (100, 0.15)], target=(0.010, 0.0005), draft=0.002)),
+    ("ngram_misses_and_short_drafts", 9, dict(k=4), ({1: 0.010, 5: 0.011}, 2e-5),
+     dict(phases=[(160, 0.6)], target=(0.010, 0.0004), draft=2e-5, miss=0.3, short=0.3)),
+    ("k1_nothing_smaller_to_try", 10, dict(k=1), ({1: 0.010, 2: 0.0125}, 0.004),
+     dict(phases=[(120, 0.2)], target=(0.010, 0.0005), draft=0.004)),
+    ("empty_cost_model", 11, dict(k=4), ({}, 0.0),
+     dict(phases=[(80, 0.7)], target=(0.010, 0.0005), draft=0.002)),
+]
+
+
+def q(x: float) -> float:
+    """Recorded values are rounded so the file stays readable; both replays read these exact values."""
+    return float(f"{x:.6g}")
+
+
+def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
+    rng = random.Random(seed)
+    target_costs, draft_cost = costs
+    ctl = SpecController(costs=CostModel(dict(target_costs), draft_cost), **settings)
+    t1, per_token = req["target"]
+    events, next_k = [], []
+
+    def noisy(x: float) -> float:
+        x *= rng.uniform(0.9, 1.1)
+        spike = req.get("spike")
+        if spike and rng.random() < spike[0]:
+            x *= spike[1]
+        return q(x)
+
+    for n_events, alpha in req["phases"]:
+        for _ in range(n_events):
+            k = ctl.next_k()
+            drafted = k
+            if k and rng.random() < req.get("miss", 0.0):
+                drafted = 0  # the n-gram drafter found no match: the round is a plain target step
+            elif k > 1 and rng.random() < req.get("short", 0.0):
+                drafted = rng.randint(1, k - 1)  # a match near the end of the history: fewer drafts
+            if drafted == 0:
+                seconds = noisy(t1)
+                ctl.record_plain(1, seconds)
+                events.append({"plain": [1, seconds]})
+            else:
+                accepted = 0
+                while accepted < drafted and rng.random() < alpha:
+                    accepted += 1
+                draft_s = noisy(req["draft"] * drafted)
+                verify_s = noisy(t1 + per_token * drafted)
+                ctl.record_round(k, accepted, draft_s, verify_s, drafted)
+                events.append({"round": [k, accepted, draft_s, verify_s, drafted]})
+            next_k.append(ctl.next_k())
+    d = ctl.to_dict()
+    return {
+        "events": events,
+        "next_k": next_k,
+        "final": {
+            "k_final": d["k_final"],
+            "fallbacks": d["fallbacks"],
+            "fallback_tokens": d["fallback_tokens"],
+            "k_shrinks": d["k_shrinks"],
+            "k_histogram": d["k_histogram"],
+            "alpha": ctl.alpha,
+            "target_costs": {str(t): c for t, c in sorted(ctl.costs.target.items())},
+            "draft_cost": ctl.costs.draft,
+        },
+    }
+
+
+def build() -> dict:
+    cases = []
+    for name, seed, settings, costs, req in CASES:
+        s = {"k": settings["k"], "adaptive": settings.get("adaptive", False), "guard": settings.get("guard", True),
+             "learn": settings.get("learn", True)}
+        cases.append({"name": name, **s,
+                      "costs": {"target": {str(t): c for t, c in costs[0].items()}, "draft": costs[1]},
+                      **simulate(seed, settings, costs, req)})
+    return {
+        "about": "Speculation policy vectors (docs/design.md, 'The speculation policy'): replay each case's events "
+                 "on a fresh SpecController with the case's settings and costs; after event i, next_k must equal "
+                 "next_k[i]. Generated by scripts/make_policy_vectors.py from specedge/runtime/policy.py.",
+        "constants": {c: getattr(policy, c) for c in CONSTANTS},
+        "cases": cases,
+    }
+
+
+def dumps(obj) -> str:
+    """Indented JSON with every list of numbers on one line (one event per line)."""
+    text = json.dumps(obj, indent=1)
+    return re.sub(r"\[\s+([^\[\]{}\"]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+
+
+def main() -> None:
+    OUT.write_text(dumps(build()) + "\n", encoding="utf-8")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
