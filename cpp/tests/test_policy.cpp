@@ -1,0 +1,81 @@
+// The speculation policy (src/policy.h) against the vectors recorded from specedge/runtime/policy.py
+// (tests/data/policy_vectors.json, read from the source tree): same events in, same k decisions out.
+#include <fstream>
+#include <string>
+#include <nlohmann/json.hpp>
+
+#include "catch.h"
+#include "policy.h"
+
+using namespace specedge;
+using json = nlohmann::json;
+
+#ifndef SPECEDGE_POLICY_VECTORS
+#error "SPECEDGE_POLICY_VECTORS must name tests/data/policy_vectors.json (set by CMakeLists.txt)"
+#endif
+
+namespace {
+json load_vectors() {
+  std::ifstream f(SPECEDGE_POLICY_VECTORS);
+  REQUIRE(f.good());
+  return json::parse(f);
+}
+}  // namespace
+
+TEST_CASE("policy constants are the specified ones") {
+  json c = load_vectors()["constants"];
+  CHECK(c["EMA_WEIGHT"].get<double>() == policy::kEmaWeight);
+  CHECK(c["SPIKE_CLAMP"].get<double>() == policy::kSpikeClamp);
+  CHECK(c["PRIOR_ACCEPTED"].get<double>() == policy::kPriorAccepted);
+  CHECK(c["PRIOR_REJECTED"].get<double>() == policy::kPriorRejected);
+  CHECK(c["DECAY"].get<double>() == policy::kDecay);
+  CHECK(c["WINDOW"].get<int>() == policy::kWindow);
+  CHECK(c["MIN_ROUNDS"].get<int>() == policy::kMinRounds);
+  CHECK(c["KEEP"].get<double>() == policy::kKeep);
+  CHECK(c["SHRINK_MIN"].get<double>() == policy::kShrinkMin);
+  CHECK(c["BACKOFF_START"].get<int>() == policy::kBackoffStart);
+  CHECK(c["BACKOFF_MAX"].get<int>() == policy::kBackoffMax);
+}
+
+TEST_CASE("policy vectors: the same k decisions as the Python policy") {
+  json v = load_vectors();
+  REQUIRE(v["cases"].size() >= 8);
+  for (const auto& c : v["cases"]) {
+    std::string name = c["name"];
+    INFO("case " << name);
+    CostModel costs;
+    for (const auto& [t, s] : c["costs"]["target"].items()) costs.target[std::stoi(t)] = s.get<double>();
+    costs.draft = c["costs"]["draft"].get<double>();
+    SpecController ctl(c["k"].get<int>(), &costs, c["guard"].get<bool>(), c["learn"].get<bool>(),
+                       c["adaptive"].get<bool>());
+    const auto& events = c["events"];
+    const auto& want = c["next_k"];
+    REQUIRE(events.size() == want.size());
+    for (size_t i = 0; i < events.size(); ++i) {
+      const auto& e = events[i];
+      if (e.contains("round")) {
+        const auto& r = e["round"];
+        ctl.record_round(r[0].get<int>(), r[1].get<int>(), r[2].get<double>(), r[3].get<double>(), r[4].get<int>());
+      } else {
+        const auto& p = e["plain"];
+        ctl.record_plain(p[0].get<int>(), p[1].get<double>());
+      }
+      INFO("event " << i);
+      REQUIRE(ctl.next_k() == want[i].get<int>());
+    }
+    const auto& f = c["final"];
+    CHECK(ctl.k_ == f["k_final"].get<int>());
+    CHECK(ctl.fallbacks == f["fallbacks"].get<int>());
+    CHECK(ctl.fallback_tokens == f["fallback_tokens"].get<int64_t>());
+    CHECK(ctl.shrinks == f["k_shrinks"].get<int>());
+    std::map<int, int64_t> hist;
+    for (const auto& [k, n] : f["k_histogram"].items()) hist[std::stoi(k)] = n.get<int64_t>();
+    CHECK(ctl.k_histogram == hist);
+    // same operations in the same order: the estimates agree to the last bit or nearly
+    CHECK(ctl.alpha() == Approx(f["alpha"].get<double>()).epsilon(1e-12));
+    CHECK(costs.draft == Approx(f["draft_cost"].get<double>()).epsilon(1e-12));
+    REQUIRE(costs.target.size() == f["target_costs"].size());
+    for (const auto& [t, s] : f["target_costs"].items())
+      CHECK(costs.target.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));
+  }
+}
