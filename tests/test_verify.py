@@ -1,4 +1,4 @@
-"""Greedy and sampling verification, including the analytic exactness test of DESIGN.md.
+"""Greedy and sampling verification, including the analytic exactness test of docs/design.md.
 
 The exactness test works on toy autoregressive "models" over a vocabulary of 4-6 tokens whose
 next-token logits are a fixed random function of the whole prefix, so p and q change at every

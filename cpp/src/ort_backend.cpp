@@ -188,7 +188,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   } catch (const Ort::Exception& e) {
     fail_backend("ONNX Runtime cannot load the " + spec.role + " graph '" + g.path + "': " + first_line(e.what()));
   }
-  // Check the graph's names against the contract (DESIGN.md).
+  // Check the graph's names against the contract (docs/design.md).
   std::vector<std::string> got_in, got_out;
   Ort::AllocatorWithDefaultOptions alloc;
   for (size_t i = 0; i < s.session->GetInputCount(); ++i) got_in.push_back(s.session->GetInputNameAllocated(i, alloc).get());

@@ -19,7 +19,7 @@ namespace specedge {
 // ORT's (process-wide) environment with one global thread pool of its `threads`, spinning unless
 // spinning was turned off; every later session asking for the same (threads, spinning) runs on
 // that pool. A draft and a target on one pool take turns on the same hot threads, where two
-// per-session pools would make each spin against the other (DESIGN.md, Threads), so spinning
+// per-session pools would make each spin against the other (docs/design.md, Threads), so spinning
 // stays on and a round costs no thread wake-ups. A session asking for something else gets its own
 // pool, with spinning off when another session alternates with it (auto).
 struct PoolKey {

@@ -136,7 +136,7 @@ struct TensorBinding {
   std::string dtype;
 };
 
-// Names of the graph contract (DESIGN.md) for one model: inputs and outputs, in order.
+// Names of the graph contract (docs/design.md) for one model: inputs and outputs, in order.
 void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vector<std::string>* inputs,
                     std::vector<std::string>* outputs);
 // Every tensor of the contract for a call with T = t, mapped to its buffer. Scatter mode binds present_* to the

@@ -8,7 +8,7 @@ sweep (k = 0 is target-only decoding, then 1..8 by default), every prompt of the
 session (ONNX Runtime's default intra-op spinning on: the target alone at its best); k >= 1 runs on
 a pipeline with the drafter. With `shared_pool` (the CLI's default) both pipelines' sessions run on
 one process-wide spinning pool, as `specedge generate` does; without it spinning is off whenever a
-draft session exists (see DESIGN.md). Each
+draft session exists (see docs/design.md). Each
 pipeline is warmed up on every call shape before anything is timed, and within a pipeline the
 repeats are interleaved over k so that a change of machine load hits every k alike. By default the
 runtime's speculation guard is off (`guard=False`), so that each k is measured as itself; `--guard`

@@ -1,4 +1,4 @@
-"""Trace a static-KV model to one ONNX graph that follows the graph contract of DESIGN.md.
+"""Trace a static-KV model to one ONNX graph that follows the graph contract of docs/design.md.
 
 Only T (new tokens per call) is symbolic; batch, cache length, heads and vocabulary are fixed.
 The cache write is the custom op `specedge::cache_write`, mapped to ONNX TensorScatter (opset 24)

@@ -1,4 +1,4 @@
-"""Model families as plain PyTorch modules with the static-KV interface of DESIGN.md.
+"""Model families as plain PyTorch modules with the static-KV interface of docs/design.md.
 
 `build_model(config)` picks the family from a transformers config; `load_weights` copies a
 transformers state dict into it. Each family lives in one small file.

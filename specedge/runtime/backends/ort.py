@@ -124,7 +124,7 @@ def choose_threading(threads: int | None, allow_spinning: bool | None, alternati
     """(shared pool?, spinning?) for a new session, given the process pool (see _POOL).
 
     On the shared pool a draft and a target take turns on the same hot, spinning threads, where
-    two per-session pools would spin against each other (DESIGN.md, Threads). Without it a session
+    two per-session pools would spin against each other (docs/design.md, Threads). Without it a session
     gets its own pool, spinning off when another session alternates with it (auto).
     """
     if pool is None:
