@@ -89,7 +89,6 @@ def gqa_onnx(q, k, v, past_k, past_v, cos, sin, seqlens_k, total_len, scale: flo
     and k itself (do_rotary=1, positions from seqlens_k); without, rope was applied in the graph
     (longrope, or tables the kernel cannot take)."""
     from onnxscript import values
-    from onnxscript.onnx_opset import opset24 as op
 
     # ONNX has no schema for ONNX Runtime's contrib ops; the exporter needs one to emit the node.
     group_query_attention = values.Op(values.Opset("com.microsoft", 1), "GroupQueryAttention", _gqa_schema())
