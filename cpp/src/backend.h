@@ -12,6 +12,13 @@
 
 namespace specedge {
 
+// The call size T host buffers are first sized for: a prefill chunk, or twice the largest verification
+// call (k + 1 tokens), so no call of the speculative loop grows them mid-request (contract.py
+// reserved_call_size).
+inline int reserved_call_size(int prefill_chunk) {
+  return prefill_chunk > 2 * (kMaxSpecTokens + 1) ? prefill_chunk : 2 * (kMaxSpecTokens + 1);
+}
+
 struct BackendOptions {
   std::string backend = "ort-cpu";  // "ort-cpu" or "tensorrt" ("auto" / "" are resolved by the engine)
   int threads = 0;                  // ONNX Runtime intra-op threads; 0 = its default

@@ -180,7 +180,8 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram")
     fail_arg("draft must be 'model', 'ngram' or empty, got '" + opts.draft + "'");
   if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)
-    fail_arg("spec_tokens (k) must be in 1..16 (0 = the bundle's), got " + std::to_string(opts.spec_tokens));
+    fail_arg("spec_tokens (k) must be in 1.." + std::to_string(kMaxSpecTokens) + " (0 = the bundle's), got " +
+             std::to_string(opts.spec_tokens));
   if (opts.backend.threads < 0) fail_arg("threads must be >= 0, got " + std::to_string(opts.backend.threads));
   check_backend_name(opts.backend.backend);  // before the bundle: a build without TensorRT says so first
   m_ = load_manifest(bundle, opts.verify);
@@ -327,7 +328,8 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     fail_arg("max_new_tokens must be an integer >= 1, got " + std::to_string(cfg.max_new_tokens));
   validate(cfg.sampling);
   if (cfg.spec_tokens < 0 || cfg.spec_tokens > kMaxSpecTokens)
-    fail_arg("spec_tokens (k) must be an integer in 1..16, got " + std::to_string(cfg.spec_tokens));
+    fail_arg("spec_tokens (k) must be an integer in 1.." + std::to_string(kMaxSpecTokens) + ", got " +
+             std::to_string(cfg.spec_tokens));
   for (const auto& s : cfg.stop)
     if (s.empty()) fail_arg("stop strings must be non-empty strings");
   if (prompt.empty()) fail_arg("the prompt is empty");

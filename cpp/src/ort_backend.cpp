@@ -221,7 +221,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   } catch (const std::bad_alloc&) {
     fail_backend("cannot allocate the " + spec.role + " KV cache (" + std::to_string(size_t(kv_bytes) >> 20) + " MiB)");
   }
-  s.allocate(std::max(m.prefill_chunk, 2 * kMaxSpecTokens + 2));
+  s.allocate(reserved_call_size(m.prefill_chunk));
 }
 
 OrtBackend::~OrtBackend() = default;

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..contract import ARGMAX_OUTPUT, check_graph_names, expected_names, graph_io
-from ..errors import UserError
+from ..errors import UserError, import_optional
 from ..manifest import Manifest, ModelSpec, load_manifest
 from .plan_json import (
     EngineError,
@@ -39,6 +39,7 @@ from .plan_json import (
     device_tag,
     engines_root,
     load_plan_info,
+    TENSORRT_HINT,
     check_kv_mode_supported,
     sha256_bytes,
     short_version,
@@ -47,18 +48,10 @@ from .profiles import input_shapes, profiles_for
 
 GiB = 1 << 30
 TIMING_CACHE = "timing.cache"
-INSTALL_HINT = (
-    "pip install 'specedge[tensorrt]' (on a Jetson, TensorRT's Python bindings come with JetPack: "
-    "sudo apt install python3-libnvinfer)"
-)
 
 
 def import_tensorrt():
-    try:
-        import tensorrt as trt  # noqa: PLC0415 - optional dependency, imported on use
-    except ImportError:
-        raise UserError(f"building TensorRT engines needs the tensorrt package: {INSTALL_HINT}") from None
-    return trt
+    return import_optional("tensorrt", "building TensorRT engines", f"the tensorrt package: {TENSORRT_HINT}", UserError)
 
 
 @dataclass

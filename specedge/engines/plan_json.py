@@ -57,6 +57,11 @@ def short_version(s: str, n: int = 2) -> str:
     return ".".join(str(x) for x in parse_version(s)[:n])
 
 
+# How to get TensorRT's Python bindings, for the builder's and the runtime backend's error messages.
+TENSORRT_HINT = (
+    "pip install 'specedge[tensorrt]' (on a Jetson, TensorRT's Python bindings come with JetPack: "
+    "sudo apt install python3-libnvinfer)"
+)
 SCATTER_MIN_TRT = (10, 15)  # first TensorRT whose ONNX parser maps TensorScatter to an in-place KV update
 
 

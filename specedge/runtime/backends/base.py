@@ -12,27 +12,18 @@ fails, and the optional-package import with a one-sentence error.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ...errors import BackendError
+from ...errors import BackendError, import_optional
 from ...manifest import Manifest, ModelSpec
 
-__all__ = ["Backend", "BackendError"]
+__all__ = ["Backend", "BackendError", "import_optional"]
 
 
 log = logging.getLogger(__name__)
-
-
-def import_optional(module: str, needed_for: str, hint: str):
-    """Import an optional dependency, or raise a BackendError saying what needs it and how to get it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise BackendError(f"{needed_for} needs {hint}") from None
 
 
 class Backend(ABC):

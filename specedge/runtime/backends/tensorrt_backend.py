@@ -45,10 +45,6 @@ from .binding import (
 
 
 CUDA_HINT = "pip install 'specedge[tensorrt]' (cuda-python)"
-TRT_HINT = (
-    "pip install 'specedge[tensorrt]' (on a Jetson, TensorRT's Python bindings come with JetPack: "
-    "sudo apt install python3-libnvinfer)"
-)
 
 
 def import_cudart():
@@ -170,7 +166,7 @@ def host_view(ptr: int, nbytes: int, dtype) -> np.ndarray:
 
 
 def import_tensorrt():
-    return import_optional("tensorrt", "backend 'tensorrt'", f"the tensorrt package: {TRT_HINT}")
+    return import_optional("tensorrt", "backend 'tensorrt'", f"the tensorrt package: {pj.TENSORRT_HINT}")
 
 
 class TensorRTBackend(Backend):
