@@ -26,10 +26,11 @@ import numpy as np
 
 from ..manifest import BundleError, Manifest, load_manifest
 from .backends import BackendError, backend_class, create_backend, resolve_backend_name
+from .chat_template import ChatTemplate
 from .drafters.model import ModelDrafter
 from .generator import MAX_SPEC_TOKENS, CostModel, GenerationConfig, Generator, NgramProposer, Result
 
-__all__ = ["load", "Pipeline", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
+__all__ = ["load", "Pipeline", "PipelineBusyError", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
 
 
 # ----------------------------------------------------------------------------- tokenizer + template
@@ -113,36 +114,14 @@ class Tokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template rendered in jinja2's sandbox (templates in bundles are untrusted)."""
+        """The chat template rendered in a sandbox under limits (templates in bundles are
+        untrusted; see chat_template.py). Failures are ValueError (ChatTemplateError) sentences."""
         if not self.chat_template:
             raise ValueError("the bundle has no chat template, so chat messages cannot be formatted")
         _check_messages(messages)
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         if self._template is None:
-
-            def raise_exception(message):
-                raise jinja2.TemplateError(message)
-
-            def strftime_now(fmt):
-                import datetime
-
-                return datetime.datetime.now().strftime(fmt)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = strftime_now
-            try:
-                self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise ValueError(f"the bundle's chat template is invalid: {e}") from None
-        try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **self.special_tokens
-            )
-        except jinja2.TemplateError as e:  # includes SecurityError
-            raise ValueError(f"the chat template refused the messages: {e}") from None
+            self._template = ChatTemplate(self.chat_template)
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt, **self.special_tokens)
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
         """Rendered template -> ids, without adding special tokens (the template has them)."""
@@ -161,10 +140,14 @@ def _check_messages(messages) -> None:
 
 
 class TextStream:
-    """Iterate to get text pieces as tokens are accepted; `result` is set once it is exhausted."""
+    """Iterate to get text pieces as tokens are accepted; `result` is set once it is exhausted.
 
-    def __init__(self, gen: Iterator[str]):
+    An open stream holds its pipeline (see `Pipeline`): exhaust it or `close()` it (or use it as
+    a context manager) to let the next request run."""
+
+    def __init__(self, gen: Iterator[str], release=None):
         self._gen = gen
+        self._release = release
         self.result: Result | None = None
 
     def __iter__(self):
@@ -175,17 +158,81 @@ class TextStream:
             return next(self._gen)
         except StopIteration as e:
             self.result = e.value
+            self._done()
+            raise
+        except BaseException:
+            self._done()
             raise
 
+    def _done(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
     def close(self) -> None:
-        self._gen.close()
+        try:
+            self._gen.close()
+        finally:
+            self._done()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # an abandoned stream must not keep the pipeline busy forever
+        self._done()
+
+
+class PipelineBusyError(RuntimeError):
+    """A request on a pipeline from the thread that already holds it (an open stream)."""
+
+
+class _RequestLock:
+    """One request at a time per pipeline: other threads wait their turn; the thread that holds
+    it (a stream it opened is still open) is refused, since waiting would deadlock it and running
+    would corrupt the KV cache the open stream is using."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()  # a plain Lock: a stream may be finished on another thread
+        self._owner: int | None = None
+        self._ident = threading.get_ident
+
+    def acquire(self, what: str) -> None:
+        if self._owner == self._ident():
+            raise PipelineBusyError(
+                f"the pipeline is busy: {what} was called while a stream this thread opened on it is still open "
+                "(exhaust or close() that stream first; use one pipeline per concurrent request)"
+            )
+        self._lock.acquire()
+        self._owner = self._ident()
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
 
 
 # ----------------------------------------------------------------------------- pipeline
 
 
 class Pipeline:
-    """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one."""
+    """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one.
+
+    Thread safety: a pipeline runs one request at a time (it has one KV cache). `generate`,
+    `stream` and `calibrate` called from several threads take turns: each waits until the one
+    before it is done. An open `stream` holds the pipeline until it is exhausted or closed, so a
+    thread that opens a stream and then calls `generate`, `stream`, `calibrate` or `close` on the
+    same pipeline before finishing it gets a `PipelineBusyError` (waiting would deadlock it). For
+    requests that run at the same time, load one pipeline per concurrent request.
+    """
 
     def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
                  draft_backend_name: str | None, draft_backend=None, draft_kv: str = "auto"):
@@ -203,6 +250,7 @@ class Pipeline:
             vocab = min(vocab, draft_backend.vocab_size)
         self.vocab = vocab
         self.costs = CostModel()
+        self._requests = _RequestLock()
         self.generator = Generator(
             target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
@@ -236,6 +284,13 @@ class Pipeline:
         """Warm up every call shape the loop uses and measure its cost (median of `repeats`):
         target T=1 and T=k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
         caches empty."""
+        self._requests.acquire("calibrate()")
+        try:
+            return self._calibrate(repeats)
+        finally:
+            self._requests.release()
+
+    def _calibrate(self, repeats: int) -> dict:
         k = self.manifest.spec_tokens
         def timeit(backend, t):
             ids = np.zeros(t, dtype=np.int64)
@@ -260,10 +315,20 @@ class Pipeline:
         self.generator.reset()
         return out
 
+    @property
+    def busy(self) -> bool:
+        """True while a request (a `generate` call or an open stream) holds the pipeline."""
+        return self._requests.busy
+
     def close(self) -> None:
-        for b in (self.target, self.draft_backend):
-            if b is not None:
-                b.close()
+        """Free the sessions; waits for a request running on another thread to finish."""
+        self._requests.acquire("close()")
+        try:
+            for b in (self.target, self.draft_backend):
+                if b is not None:
+                    b.close()
+        finally:
+            self._requests.release()
 
     def __enter__(self):
         return self
@@ -320,11 +385,13 @@ class Pipeline:
                guard: bool = True) -> TextStream:
         """Like `generate`, but returns a TextStream yielding text pieces as tokens are accepted;
         its `result` attribute holds the Result once the stream is exhausted. Arguments are checked
-        before the first piece is requested."""
+        before the first piece is requested. The stream holds the pipeline from this call until it
+        is exhausted or closed (see the class docstring)."""
         cfg = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative,
                                adaptive_k, guard).validate()
         ids = self.encode(prompt, messages, token_ids)
-        return TextStream(self.generator.run(ids, cfg))
+        self._requests.acquire("stream()")
+        return TextStream(self.generator.run(ids, cfg), self._requests.release)
 
     def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                  token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
@@ -345,11 +412,15 @@ class Pipeline:
         stats) — stats: tokens, tokens_per_s (decode), ttft_s, acceptance_rate, mean_accepted
         (tokens per target call), accepted_histogram, time_draft_s / time_verify_s /
         time_other_s, k, k_final, fallbacks, ...
+
+        Calls from several threads take turns; a call from a thread whose own stream on this
+        pipeline is still open raises PipelineBusyError.
         """
         s = self.stream(prompt, messages, token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
                         spec_tokens, speculative, adaptive_k, guard)
-        for _ in s:
-            pass
+        with s:
+            for _ in s:
+                pass
         return s.result
 
 
