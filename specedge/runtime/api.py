@@ -24,11 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import BundleError, Manifest, load_manifest
+from ..bundle_files import check_graph_files
+from ..manifest import BundleError, Manifest, check_fits_memory, load_manifest
 from .backends import BackendError, backend_class, create_backend, resolve_backend_name
 from .chat_template import ChatTemplate
 from .drafters.model import ModelDrafter
 from .generator import MAX_SPEC_TOKENS, CostModel, GenerationConfig, Generator, NgramProposer, Result
+from .ort_version import check_onnxruntime_version
+
+# ONNX Runtime intra-op threads per session: more than any CPU has cores; a larger number is a
+# typo that would spawn threads until memory runs out (the C API and both CLIs share the cap).
+MAX_THREADS = 1024
 
 __all__ = ["load", "Pipeline", "PipelineBusyError", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
 
@@ -134,6 +140,18 @@ def _check_messages(messages) -> None:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError("each message must be a dict with string 'role' and 'content'")
+        _check_text(m["role"], "a message's role")
+        _check_text(m["content"], "a message's content")
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse text that is not encodable Unicode: lone surrogates, which is how Python carries
+    bytes that were not UTF-8 (command-line arguments, surrogateescape streams)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start}: "
+                         "bytes that were not UTF-8)") from None
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -362,6 +380,7 @@ class Pipeline:
                 raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
             if not prompt:
                 raise ValueError("the prompt is empty")
+            _check_text(prompt, "the prompt")
             ids = self.tokenizer.encode(prompt)
         elif messages is not None:
             ids = self.tokenizer.encode_chat(messages)
@@ -430,6 +449,14 @@ def _clock() -> float:
     return time.perf_counter()
 
 
+def _check_onnxruntime() -> None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return  # the backend says how to install it
+    check_onnxruntime_version(onnxruntime.__version__)
+
+
 def _accepts(klass, name: str) -> bool:
     import inspect
 
@@ -467,6 +494,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     """
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise ValueError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
     if draft_kv not in ("auto", "own"):
         raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
     if draft not in (None, "model", "ngram"):
@@ -476,9 +506,15 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         draft = "model" if manifest.draft.is_model else "ngram"
     if draft == "model" and not manifest.draft.is_model:
         raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
+    if verify == "none":  # load_manifest skipped the files; where the graphs read weights is still checked
+        check_graph_files(manifest)
     tokenizer = Tokenizer(manifest)
     tname = resolve_backend_name(backend)
     dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
+    if any(n and n.startswith("ort-") for n in (tname, dname)):
+        _check_onnxruntime()
+    if tname == "ort-cpu":  # the KV caches and logits live in host memory
+        check_fits_memory(manifest, draft=dname is not None)
     if providers is not None and not all(n.startswith("ort-") for n in (tname, dname) if n):
         raise BackendError("providers apply to the ONNX Runtime backends (ort-cpu, ort-cuda, ort-trt) only")
     two_sessions = dname is not None
