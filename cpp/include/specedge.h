@@ -5,9 +5,15 @@
  * - Every function that can fail returns a specedge_status; SPECEDGE_OK is 0. On failure,
  *   specedge_last_error() returns a one-sentence message for the calling thread (valid until the
  *   thread's next specedge call). No C++ exception ever crosses this boundary.
- * - Handles are opaque. A specedge_model is used by one thread at a time; open one handle per
- *   thread to generate concurrently. Handles share no state, only ONNX Runtime's process-wide
- *   intra-op thread pool (see specedge_open_options.threads).
+ * - Handles are opaque and may be shared between threads. A specedge_model runs one generation
+ *   at a time (it has one KV cache): specedge_generate* calls on one handle from several threads
+ *   take turns, each waiting until the one before it returns; a call made from inside a token
+ *   callback on the handle that is running it fails with SPECEDGE_ERR_INVALID_ARGUMENT ("the
+ *   model is busy"). specedge_tokenize, specedge_detokenize, specedge_apply_chat and the
+ *   information functions read only and run concurrently with anything but specedge_close,
+ *   which must come after every other call on the handle has returned. Open one handle per
+ *   request that must run at the same time. Handles share no state, only ONNX Runtime's
+ *   process-wide intra-op thread pool (see specedge_open_options.threads).
  * - Strings are UTF-8, NUL-terminated unless a length is given. Token ids are int32_t.
  */
 #ifndef SPECEDGE_H
@@ -46,7 +52,7 @@ typedef struct specedge_open_options {
   const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) or "tensorrt": the native
                            TensorRT backend, engines from `specedge build-engines` (a library built without
                            TensorRT refuses it with SPECEDGE_ERR_INVALID_ARGUMENT and the reason) */
-  int threads;          /* ONNX Runtime intra-op threads; 0 = ONNX Runtime's default. The first handle
+  int threads;          /* ONNX Runtime intra-op threads, 0..1024; 0 = ONNX Runtime's default. The first handle
                            opened in the process creates one thread pool of this size (spinning
                            unless allow_spinning is 0); the target and draft sessions of every
                            handle asking for the same threads and spinning run on it. Other

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "bundle_files.h"
 #include "error.h"
 
 namespace specedge {
@@ -268,6 +269,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (opts.backend.threads < 0) fail_arg("threads must be >= 0, got " + std::to_string(opts.backend.threads));
   check_backend_name(opts.backend.backend);  // before the bundle: a build without TensorRT says so first
   m_ = load_manifest(bundle, opts.verify);
+  check_graph_files(m_);  // where the graphs make ONNX Runtime read weights from, whatever `verify` says
   std::string tok_rel;
   for (const auto& f : m_.tokenizer_files) {
     std::string base = f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);

@@ -178,9 +178,11 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
 
 
 def run(args) -> int:
+    from ..bundle_files import check_graph_files
     from ..manifest import load_manifest
 
     m = load_manifest(Path(args.bundle), verify=args.verify)
+    check_graph_files(m)
     if args.json:
         obj = {"bundle": str(args.bundle), "verified": args.verify, "manifest": m.to_json(), "sizes": compute_sizes(m)}
         print(json.dumps(obj, indent=2))

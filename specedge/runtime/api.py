@@ -506,8 +506,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         draft = "model" if manifest.draft.is_model else "ngram"
     if draft == "model" and not manifest.draft.is_model:
         raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
-    if verify == "none":  # load_manifest skipped the files; where the graphs read weights is still checked
-        check_graph_files(manifest)
+    # where the graphs make ONNX Runtime read weights from, whatever `verify` says
+    check_graph_files(manifest)
     tokenizer = Tokenizer(manifest)
     tname = resolve_backend_name(backend)
     dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
