@@ -33,6 +33,7 @@ extern "C" {
 #endif
 
 #define SPECEDGE_VERSION "0.1.0"
+#define SPECEDGE_MAX_SPEC_TOKENS 16 /* the largest k (draft tokens per round) */
 
 typedef enum specedge_status {
   SPECEDGE_OK = 0,
@@ -143,6 +144,14 @@ typedef struct specedge_stats {
   int k, k_final;          /* k at start and at the end (the guard may shrink it) */
   int fallbacks;           /* times the guard switched to target-only decoding */
   int64_t fallback_tokens;
+  int k_shrinks;           /* times the guard lowered k */
+  int64_t prefix_reused_tokens; /* prompt tokens whose K/V the previous request left in the cache */
+  int64_t accepted_histogram[SPECEDGE_MAX_SPEC_TOKENS + 1]; /* [n]: rounds that accepted n draft tokens */
+  int n_accepted_histogram; /* entries used: the most tokens drafted in one round + 1 (0: no round) */
+  int64_t k_histogram[SPECEDGE_MAX_SPEC_TOKENS + 1]; /* [k]: speculative rounds that drafted with k */
+  double alpha_estimate;   /* the guard's decayed per-token acceptance estimate at the end */
+  int64_t draft_calls;     /* draft model backend calls (0 for the n-gram drafter) */
+  int64_t draft_kv_copied; /* draft cache slots copied from the target's K/V (self-draft) */
 } specedge_stats;
 
 SPECEDGE_API const int32_t* specedge_result_tokens(const specedge_result* r, size_t* n);

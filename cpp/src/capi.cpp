@@ -1,4 +1,5 @@
 // The C boundary: status codes + a thread-local message; no exception crosses it.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -291,6 +292,16 @@ void specedge_result_stats(const specedge_result* r, specedge_stats* s) {
   s->k_final = x.k_final;
   s->fallbacks = x.fallbacks;
   s->fallback_tokens = x.fallback_tokens;
+  s->k_shrinks = x.k_shrinks;
+  s->prefix_reused_tokens = x.prefix_reused_tokens;
+  size_t n = std::min(x.accepted_histogram.size(), size_t(SPECEDGE_MAX_SPEC_TOKENS + 1));
+  for (size_t i = 0; i < n; ++i) s->accepted_histogram[i] = x.accepted_histogram[i];
+  s->n_accepted_histogram = int(n);
+  for (const auto& kv : x.k_histogram)
+    if (kv.first >= 0 && kv.first <= SPECEDGE_MAX_SPEC_TOKENS) s->k_histogram[kv.first] = kv.second;
+  s->alpha_estimate = x.alpha_estimate;
+  s->draft_calls = x.draft_calls;
+  s->draft_kv_copied = x.draft_kv_copied;
 }
 
 void specedge_result_free(specedge_result* r) { delete r; }

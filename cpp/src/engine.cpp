@@ -162,6 +162,7 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
   }
   base_ = int(history.size());
   const float* row = cache_.feed_chunked(history.data() + n, int(history.size()) - n);
+  calls_ += (int64_t(history.size()) - n + cache_.chunk() - 1) / cache_.chunk() + (k - 1);
   std::vector<int32_t> out;
   std::vector<double> probs;
   if (q) q->assign(size_t(k) * size_t(vocab_), 0.0);
@@ -230,7 +231,7 @@ void SpecController::record_plain(int n, double seconds) {
 }
 
 void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
-  (void)k;
+  ++k_hist[k];
   if (learn_) {
     if (drafted) costs_->observe_draft(draft_s / drafted);
     costs_->observe_target(drafted + 1, verify_s);
@@ -434,6 +435,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   CostModel* costs = deterministic ? &local : &costs_;
   SpecController ctl(k, costs, cfg.guard, !deterministic);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
+  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : 0, draft_copied0 = drafter_ ? drafter_->copied() : 0;
   std::vector<int64_t> hist;
   const auto& stops = cfg.stop;
   IncrementalDecoder dec(&tok_);
@@ -600,6 +602,12 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   s.fallbacks = speculative ? ctl.fallbacks : 0;
   s.fallback_tokens = speculative ? ctl.fallback_tokens : 0;
   s.k_shrinks = speculative ? ctl.shrinks : 0;
+  if (speculative) {
+    s.k_histogram = ctl.k_hist;
+    s.alpha_estimate = ctl.alpha_estimate();
+    s.draft_calls = drafter_ ? drafter_->calls() - draft_calls0 : 0;
+    s.draft_kv_copied = drafter_ ? drafter_->copied() - draft_copied0 : 0;
+  }
   res.finish_reason = finish;
   return res;
 }

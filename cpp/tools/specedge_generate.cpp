@@ -45,6 +45,35 @@ double to_float(const std::string& opt, const std::string& v) {
   return x;
 }
 
+// The stats object of the Python CLI's --json, key for key (specedge/runtime/generator.py): the
+// speculative-only keys appear only for a speculative request, as there.
+nlohmann::json stats_json(const specedge_stats& s, const std::string& drafter) {
+  nlohmann::json hist = nlohmann::json::array();
+  for (int i = 0; i < s.n_accepted_histogram; ++i) hist.push_back(s.accepted_histogram[i]);
+  nlohmann::json st = {
+      {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
+      {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
+      {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
+      {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
+      {"drafter", s.speculative ? nlohmann::json(drafter) : nlohmann::json()},
+      {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"accepted_histogram", hist},
+      {"target_calls", s.target_calls}, {"drafted", s.drafted}, {"accepted", s.accepted},
+      {"prefix_reused_tokens", s.prefix_reused_tokens}, {"k", s.k}, {"k_final", s.k_final},
+      {"fallbacks", s.fallbacks}};
+  if (s.speculative) {
+    nlohmann::json kh = nlohmann::json::object();
+    for (int k = 0; k <= SPECEDGE_MAX_SPEC_TOKENS; ++k)
+      if (s.k_histogram[k]) kh[std::to_string(k)] = s.k_histogram[k];
+    st["k_histogram"] = kh;
+    st["fallback_tokens"] = s.fallback_tokens;
+    st["k_shrinks"] = s.k_shrinks;
+    st["alpha_estimate"] = std::round(s.alpha_estimate * 1e4) / 1e4;
+    st["draft_calls"] = s.draft_calls;
+    st["draft_kv_copied"] = s.draft_kv_copied;
+  }
+  return st;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,18 +186,10 @@ int main(int argc, char** argv) {
     specedge::Result r;
     if (json) {
       r = chat ? model.generate(model.tokenize(prompt, 0), gp) : model.generate(prompt, gp);
-      const specedge_stats& s = r.stats;
-      nlohmann::json st = {
-          {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
-          {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
-          {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
-          {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
-          {"drafter", s.speculative ? nlohmann::json(model.drafter_kind()) : nlohmann::json()},
-          {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"target_calls", s.target_calls},
-          {"drafted", s.drafted}, {"accepted", s.accepted}, {"k", s.k}, {"k_final", s.k_final},
-          {"fallbacks", s.fallbacks}, {"fallback_tokens", s.fallback_tokens}, {"runtime", "cpp"}};
-      nlohmann::json o = {{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason}, {"stats", st}};
-      std::cout << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+      std::cout << nlohmann::json{{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason},
+                                  {"stats", stats_json(r.stats, model.drafter_kind())}}
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << std::endl;
     } else {
       auto cb = [](int32_t, std::string_view text) {
         std::cout.write(text.data(), std::streamsize(text.size()));
