@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .manifest import BundleError, Manifest, ModelSpec, resolve_inside
 
-MAX_NESTING = 64  # subgraphs inside subgraphs: real models use a few levels
+MAX_NESTING = 64  # protobuf message levels (a subgraph adds 3: node, attribute, graph); real models use ~10
 
 # message kind -> {field number: kind of the embedded message}
 _CHILDREN = {
@@ -115,7 +115,7 @@ def external_locations(data) -> list[str]:
         while stack:
             kind, start, end, depth = stack.pop()
             if depth > MAX_NESTING:
-                raise ValueError(f"the graph nests subgraphs more than {MAX_NESTING} deep")
+                raise ValueError(f"it nests subgraphs more than {MAX_NESTING} protobuf levels deep")
             if kind == "tensor":
                 loc = _tensor_location(buf, start, end)
                 if loc is not None:
@@ -144,6 +144,11 @@ def graph_locations(path: Path) -> list[str]:
                 view.release()  # the map cannot close while a view of it is exported
 
 
+def _shown(text: str) -> str:
+    """`text` for a one-line message: control characters (a NUL, a newline) escaped."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+
+
 def check_model_graphs(manifest: Manifest, spec: ModelSpec) -> None:
     """Refuse a graph of `spec` whose external data lies outside the files the manifest lists."""
     assert manifest.root is not None
@@ -158,15 +163,16 @@ def check_model_graphs(manifest: Manifest, spec: ModelSpec) -> None:
         listed = set(g.external_data)
         folder = posixpath.dirname(g.path)
         for loc in locations:
-            bad = (not loc or loc.startswith(("/", "\\")) or "\\" in loc or ":" in loc
+            # ONNX Runtime reads a C string: a NUL ends the path it opens, whatever follows
+            bad = (not loc or loc.startswith(("/", "\\")) or "\\" in loc or ":" in loc or "\x00" in loc
                    or ".." in loc.split("/"))
             rel = posixpath.normpath(posixpath.join(folder, loc)) if not bad else loc
             if bad:
-                raise BundleError(f"the {spec.role} graph '{g.path}' reads weights from '{loc}', outside the bundle")
+                raise BundleError(f"the {spec.role} graph '{g.path}' reads weights from '{_shown(loc)}', outside the bundle")
             resolve_inside(manifest.root, rel)  # a link that leaves the bundle
             if rel not in listed:
                 raise BundleError(
-                    f"the {spec.role} graph '{g.path}' reads weights from '{loc}', which the manifest does not "
+                    f"the {spec.role} graph '{g.path}' reads weights from '{_shown(loc)}', which the manifest does not "
                     "list as its external data"
                 )
 

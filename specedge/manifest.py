@@ -193,7 +193,7 @@ def resolve_inside(root: Path, rel: str) -> Path:
     if not isinstance(rel, str) or not rel:
         raise BundleError(f"the manifest names an empty or non-text file path: {rel!r}")
     p = Path(rel)
-    if p.is_absolute() or rel.startswith(("/", "\\")) or ".." in p.parts or ":" in p.parts[0]:
+    if "\x00" in rel or p.is_absolute() or rel.startswith(("/", "\\")) or ".." in p.parts or ":" in p.parts[0]:
         raise BundleError(f"the manifest names a file outside the bundle: '{rel}'")
     root_r = root.resolve()
     full = (root / p).resolve()

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -12,7 +13,7 @@
 namespace specedge {
 namespace {
 
-constexpr int kMaxNesting = 64;
+constexpr int kMaxNesting = 64;  // protobuf message levels (a subgraph adds 3), as in Python
 
 // Message kinds and, per kind, field number -> kind of the embedded message (onnx.proto3).
 enum Kind { kModel, kTraining, kFunction, kGraph, kNode, kAttribute, kSparse, kTensor };
@@ -102,6 +103,21 @@ bool tensor_location(const std::string& b, size_t start, size_t end, std::string
   return external || named;
 }
 
+// `text` for a one-line message: control characters (a NUL, a newline) escaped, as in Python.
+std::string shown(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> external_locations(const std::string& b) {
@@ -116,7 +132,7 @@ std::vector<std::string> external_locations(const std::string& b) {
     Item it = stack.back();
     stack.pop_back();
     if (it.depth > kMaxNesting)
-      throw std::invalid_argument("the graph nests subgraphs more than " + std::to_string(kMaxNesting) + " deep");
+      throw std::invalid_argument("it nests subgraphs more than " + std::to_string(kMaxNesting) + " protobuf levels deep");
     if (it.kind == kTensor) {
       std::string loc;
       if (tensor_location(b, it.start, it.end, &loc) && std::find(found.begin(), found.end(), loc) == found.end())
@@ -151,7 +167,7 @@ void check_graph_files(const Manifest& m) {
       std::string folder = g.path.find('/') == std::string::npos ? "" : g.path.substr(0, g.path.rfind('/') + 1);
       for (const auto& loc : locations) {
         bool bad = loc.empty() || loc[0] == '/' || loc.find('\\') != std::string::npos ||
-                   loc.find(':') != std::string::npos;
+                   loc.find(':') != std::string::npos || loc.find('\0') != std::string::npos;
         std::stringstream parts(loc);
         std::string part, rel = folder;
         bool first = true;
@@ -162,11 +178,11 @@ void check_graph_files(const Manifest& m) {
           first = false;
         }
         if (bad)
-          fail_bundle("the " + spec->role + " graph '" + g.path + "' reads weights from '" + loc +
+          fail_bundle("the " + spec->role + " graph '" + g.path + "' reads weights from '" + shown(loc) +
                       "', outside the bundle");
         resolve_inside(m.root, rel);  // a link that leaves the bundle
         if (std::find(g.external_data.begin(), g.external_data.end(), rel) == g.external_data.end())
-          fail_bundle("the " + spec->role + " graph '" + g.path + "' reads weights from '" + loc +
+          fail_bundle("the " + spec->role + " graph '" + g.path + "' reads weights from '" + shown(loc) +
                       "', which the manifest does not list as its external data");
       }
     }

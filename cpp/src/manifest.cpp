@@ -166,7 +166,7 @@ const GraphSpec& ModelSpec::graph_for(const std::string& backend) const {
 std::string resolve_inside(const std::string& root, const std::string& rel) {
   if (rel.empty()) fail_bundle("the manifest names an empty or non-text file path: ''");
   fs::path p(rel);
-  bool bad = p.is_absolute() || rel[0] == '/' || rel[0] == '\\';
+  bool bad = p.is_absolute() || rel[0] == '/' || rel[0] == '\\' || rel.find('\0') != std::string::npos;
   if (!bad) {
     bool first = true;
     for (const auto& part : p) {
