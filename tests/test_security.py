@@ -429,21 +429,22 @@ def test_chat_survives_a_line_that_is_not_utf8(good):
     assert len(p.stdout.decode().splitlines()) == 2  # both good lines were answered
 
 
-def _closed_stdout_run(argv: list[str]) -> subprocess.CompletedProcess:
+def _closed_stdout_run(argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
     """Run with stdout a pipe whose reader has already gone (`... | head` after head exits)."""
     r, w = os.pipe()
     os.close(r)
     try:
-        return subprocess.run(argv, stdout=w, stderr=subprocess.PIPE, text=True, timeout=300, cwd=REPO)
+        return subprocess.run(argv, stdout=w, stderr=subprocess.PIPE, input=stdin, text=True, timeout=300, cwd=REPO)
     finally:
         os.close(w)
 
 
 @pytest.mark.parametrize("args", [["inspect"], ["inspect", "--json"], ["generate", "hi", "--threads", "1"],
-                                  ["generate", "hi", "--threads", "1", "--json"]], ids=lambda a: "-".join(a[:2]))
+                                  ["generate", "hi", "--threads", "1", "--json"], ["chat", "--threads", "1"],
+                                  ["plan", "--memory-gb", "8"]], ids=lambda a: "-".join(a[:2]))
 def test_closed_stdout(good, args):
     cmd = [sys.executable, "-m", "specedge", args[0], str(good / "bundle"), *args[1:]]
-    p = _closed_stdout_run(cmd)
+    p = _closed_stdout_run(cmd, stdin="hello\nagain\n")
     assert p.returncode == 0, p.stderr
     assert p.stderr == "", p.stderr
 
@@ -703,6 +704,15 @@ def test_streams_on_one_pipeline(shared_pipe):
     s3 = shared_pipe.stream(PROMPTS[2], max_new_tokens=12)
     del s3
     assert not shared_pipe.busy
+    # close() from the thread holding an open stream ends that stream first (a `finally` mid-stream)
+    from specedge.runtime.api import load
+
+    with load(shared_pipe.manifest.root, threads=1, warmup=False) as own:
+        s5 = own.stream(PROMPTS[0], max_new_tokens=12)
+        next(s5)
+    assert not own.busy
+    with pytest.raises(StopIteration):
+        next(s5)
     # a stream that was never started holds it too, until closed
     with shared_pipe.stream(PROMPTS[3], max_new_tokens=4) as s4:
         assert shared_pipe.busy

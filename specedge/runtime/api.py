@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -220,6 +221,9 @@ class _RequestLock:
         self._owner: int | None = None
         self._ident = threading.get_ident
 
+    def held_here(self) -> bool:
+        return self._owner == self._ident()
+
     def acquire(self, what: str) -> None:
         if self._owner == self._ident():
             raise PipelineBusyError(
@@ -269,6 +273,7 @@ class Pipeline:
         self.vocab = vocab
         self.costs = CostModel()
         self._requests = _RequestLock()
+        self._open_stream = None  # weakref to the stream holding the pipeline, if any
         self.generator = Generator(
             target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
@@ -339,7 +344,12 @@ class Pipeline:
         return self._requests.busy
 
     def close(self) -> None:
-        """Free the sessions; waits for a request running on another thread to finish."""
+        """Free the sessions. A stream this thread still has open is closed first (so leaving a
+        `with` block or a `finally` mid-stream works); a request running on another thread is
+        waited for."""
+        stream = self._open_stream() if self._open_stream is not None else None
+        if stream is not None and self._requests.held_here():
+            stream.close()
         self._requests.acquire("close()")
         try:
             for b in (self.target, self.draft_backend):
@@ -410,7 +420,9 @@ class Pipeline:
                                adaptive_k, guard).validate()
         ids = self.encode(prompt, messages, token_ids)
         self._requests.acquire("stream()")
-        return TextStream(self.generator.run(ids, cfg), self._requests.release)
+        stream = TextStream(self.generator.run(ids, cfg), self._requests.release)
+        self._open_stream = weakref.ref(stream)
+        return stream
 
     def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                  token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
