@@ -624,6 +624,10 @@ def test_chat_template_renders_ordinary_templates_and_limits_are_per_render():
     want = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n<|im_start|>assistant\n"
     for _ in range(3):  # the budget is per render: three renders of two iterations each
         assert t.render(msgs) == want
+    # numbers that are data, not sizes, pass: formatted values, namespace fields, defaults
+    data = ChatTemplate("{% set ns = namespace(total=1000000) %}{{ '%d|{}'|format(123456789) }} "
+                        "{{ '{}'.format(987654321) }} {{ ns.total }} {{ missing|default(5000000) }} {{ '%d' % 7000000 }}")
+    assert data.render(msgs) == "123456789|{} 987654321 1000000 5000000 7000000"
     results, errors = [], []
 
     def worker():

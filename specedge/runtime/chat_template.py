@@ -78,6 +78,10 @@ _PERCENT_SPEC = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _DIGITS = re.compile(r"\d+")
 
 
+# Filters whose integer arguments are sizes (a width, a count of pieces), not data.
+_SIZED_FILTERS = frozenset(["center", "indent", "truncate", "wordwrap", "batch", "slice"])
+
+
 class _LimitedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with every hook a template cannot avoid charging the render's budget."""
 
@@ -88,6 +92,7 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
         self.limits = limits
         self._local = threading.local()  # one environment, renders on several threads
         self.filters = {name: self._guard_filter(name, f) for name, f in self.filters.items()}
+        self._sized_globals = (self.globals["range"], self.globals["lipsum"])
 
     # -- budget -------------------------------------------------------------------------------
 
@@ -122,7 +127,8 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
             for digits in _DIGITS.findall(spec):
                 if int(digits) > cap:
                     raise _LimitExceeded(f"it asked for a field width of {digits} characters")
-        self._check_ints(args if isinstance(args, tuple) else (args,), {})
+        if "*" in fmt:  # '%*d': the width comes from the arguments
+            self._check_ints(args if isinstance(args, tuple) else (args,), {})
 
     def _check_join(self, sep, items) -> None:
         if isinstance(items, (list, tuple)) and isinstance(sep, str):
@@ -140,9 +146,12 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's signature
         __self.budget.tick()
-        __self._check_ints(args, kwargs)
         owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # str.format comes wrapped
         name = getattr(__obj, "__name__", "")
+        # integers are sizes for range/lipsum and the methods of strings and lists (ljust, zfill,
+        # expandtabs, ...); for other calls (namespace(total=10**6), str.format's values) they are data
+        if any(__obj is g for g in __self._sized_globals) or (isinstance(owner, (str, list)) and name not in ("format", "format_map")):
+            __self._check_ints(args, kwargs)
         if isinstance(owner, str):
             if name in ("format", "format_map"):
                 __self._check_format(owner)
@@ -183,7 +192,8 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
             env.budget.tick()
             plain = [a for a in args if not isinstance(a, (jinja2.runtime.Context, jinja2.nodes.EvalContext,
                                                             jinja2.Environment))]
-            env._check_ints(plain[1:], kwargs)
+            if name in _SIZED_FILTERS:
+                env._check_ints(plain[1:], kwargs)
             if name == "format" and plain and isinstance(plain[0], str):
                 env._check_format(plain[0], tuple(plain[1:]))
             elif name == "join" and plain:
