@@ -29,8 +29,9 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null && SUDO="sudo" || die "run as root (or install sudo)"
 fi
 
-# 1. Debian packages: compiler, cmake, JSON library, test framework.
-PKGS=(g++ make cmake nlohmann-json3-dev catch2 libssl-dev ca-certificates)
+# 1. Debian packages: compiler, cmake, JSON library, test framework, strace (the hostile-bundle
+#    tests record every file the C++ runtime opens with it).
+PKGS=(g++ make cmake nlohmann-json3-dev catch2 libssl-dev ca-certificates strace)
 if [ "${SKIP_APT_INSTALL:-0}" != 1 ]; then
   missing=()
   for p in "${PKGS[@]}"; do

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contract import MAX_SPEC_TOKENS, TensorSpec
+from .contract import MAX_SPEC_TOKENS, TensorSpec, reserved_call_size
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -184,7 +184,7 @@ def resolve_inside(root: Path, rel: str) -> Path:
     if not isinstance(rel, str) or not rel:
         raise BundleError(f"the manifest names an empty or non-text file path: {rel!r}")
     p = Path(rel)
-    if p.is_absolute() or rel.startswith(("/", "\\")) or ".." in p.parts or ":" in p.parts[0]:
+    if "\x00" in rel or p.is_absolute() or rel.startswith(("/", "\\")) or ".." in p.parts or ":" in p.parts[0]:
         raise BundleError(f"the manifest names a file outside the bundle: '{rel}'")
     root_r = root.resolve()
     full = (root / p).resolve()
@@ -366,14 +366,8 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
     mpath = root / MANIFEST_NAME
     if not mpath.is_file():
         raise BundleError(f"'{root}' is not a bundle: it has no {MANIFEST_NAME}")
-    try:
-        raw = mpath.read_text(encoding="utf-8")
-        obj = json.loads(raw)
-    except (OSError, UnicodeDecodeError) as e:
-        raise BundleError(f"cannot read {mpath}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise BundleError(f"{mpath} is not valid JSON (line {e.lineno}, column {e.colno})") from None
-    m = parse_manifest(obj)
+    resolve_inside(root, MANIFEST_NAME)  # a manifest.json that links out of the bundle
+    m = parse_manifest(read_manifest_json(mpath))
     m.root = root
     # Every referenced path must be listed (and so checksummed) and stay inside the bundle.
     referenced: list[str] = list(m.tokenizer_files)
@@ -402,3 +396,56 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
         if m.draft.vocab_size < m.tokenizer_vocab_size or m.target.vocab_size < m.tokenizer_vocab_size:
             raise BundleError("the draft and target vocabularies do not cover the shared tokenizer")
     return m
+
+
+MAX_MANIFEST_BYTES = 64 << 20  # real manifests are a few KB; a bigger one is not a manifest
+
+
+def read_manifest_json(path: Path) -> Any:
+    """The JSON value in a manifest file; every failure (unreadable, too big, not UTF-8, not
+    JSON, nested too deeply for the parser) is one BundleError sentence."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise BundleError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB: not a bundle manifest")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BundleError(f"{path} is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise BundleError(f"{path} nests its values too deeply to be a bundle manifest") from None
+
+
+def implied_memory_bytes(m: Manifest, draft: bool = True) -> int:
+    """The host memory a pipeline of this bundle allocates up front on a CPU backend: the KV
+    caches of the target (and draft) at max_seq, and the logits rows of the widest call."""
+    rows = reserved_call_size(m.prefill_chunk) * m.batch
+    total = 0
+    for spec in (m.target, m.draft) if draft else (m.target,):
+        if spec.is_model:
+            total += spec.kv_bytes(m.max_seq, m.batch) + rows * spec.vocab_size * 4
+    return total
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def check_fits_memory(m: Manifest, draft: bool = True) -> None:
+    """Refuse geometry whose buffers alone exceed this machine's memory, before allocating any."""
+    need = implied_memory_bytes(m, draft)
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise BundleError(
+            f"the bundle's sizes imply {need / (1 << 30):.1f} GiB of KV cache and logits buffers at max_seq "
+            f"{m.max_seq}, more than this machine's {have / (1 << 30):.1f} GiB of memory"
+        )
+

@@ -5,9 +5,15 @@
  * - Every function that can fail returns a specedge_status; SPECEDGE_OK is 0. On failure,
  *   specedge_last_error() returns a one-sentence message for the calling thread (valid until the
  *   thread's next specedge call). No C++ exception ever crosses this boundary.
- * - Handles are opaque. A specedge_model is used by one thread at a time; open one handle per
- *   thread to generate concurrently. Handles share no state, only ONNX Runtime's process-wide
- *   intra-op thread pool (see specedge_open_options.threads).
+ * - Handles are opaque and may be shared between threads. A specedge_model runs one generation
+ *   at a time (it has one KV cache): specedge_generate* calls on one handle from several threads
+ *   take turns, each waiting until the one before it returns; a call made from inside a token
+ *   callback on the handle that is running it fails with SPECEDGE_ERR_INVALID_ARGUMENT ("the
+ *   model is busy"). specedge_tokenize, specedge_detokenize, specedge_apply_chat and the
+ *   information functions read only and run concurrently with anything but specedge_close,
+ *   which must come after every other call on the handle has returned. Open one handle per
+ *   request that must run at the same time. Handles share no state, only ONNX Runtime's
+ *   process-wide intra-op thread pool (see specedge_open_options.threads).
  * - Strings are UTF-8, NUL-terminated unless a length is given. Token ids are int32_t.
  */
 #ifndef SPECEDGE_H
@@ -27,6 +33,7 @@ extern "C" {
 #endif
 
 #define SPECEDGE_VERSION "0.1.0"
+#define SPECEDGE_MAX_SPEC_TOKENS 16 /* the largest k (draft tokens per round) */
 
 typedef enum specedge_status {
   SPECEDGE_OK = 0,
@@ -46,7 +53,7 @@ typedef struct specedge_open_options {
   const char* backend;  /* "ort-cpu" (default when NULL; "auto" means the same here) or "tensorrt": the native
                            TensorRT backend, engines from `specedge build-engines` (a library built without
                            TensorRT refuses it with SPECEDGE_ERR_INVALID_ARGUMENT and the reason) */
-  int threads;          /* ONNX Runtime intra-op threads; 0 = ONNX Runtime's default. The first handle
+  int threads;          /* ONNX Runtime intra-op threads, 0..1024; 0 = ONNX Runtime's default. The first handle
                            opened in the process creates one thread pool of this size (spinning
                            unless allow_spinning is 0); the target and draft sessions of every
                            handle asking for the same threads and spinning run on it. Other
@@ -137,6 +144,14 @@ typedef struct specedge_stats {
   int k, k_final;          /* k at start and at the end (the guard may shrink it) */
   int fallbacks;           /* times the guard switched to target-only decoding */
   int64_t fallback_tokens;
+  int k_shrinks;           /* times the guard lowered k */
+  int64_t prefix_reused_tokens; /* prompt tokens whose K/V the previous request left in the cache */
+  int64_t accepted_histogram[SPECEDGE_MAX_SPEC_TOKENS + 1]; /* [n]: rounds that accepted n draft tokens */
+  int n_accepted_histogram; /* entries used: the most tokens drafted in one round + 1 (0: no round) */
+  int64_t k_histogram[SPECEDGE_MAX_SPEC_TOKENS + 1]; /* [k]: speculative rounds that drafted with k */
+  double alpha_estimate;   /* the guard's decayed per-token acceptance estimate at the end */
+  int64_t draft_calls;     /* draft model backend calls (0 for the n-gram drafter) */
+  int64_t draft_kv_copied; /* draft cache slots copied from the target's K/V (self-draft) */
 } specedge_stats;
 
 SPECEDGE_API const int32_t* specedge_result_tokens(const specedge_result* r, size_t* n);

@@ -1,7 +1,11 @@
 // The C boundary: status codes + a thread-local message; no exception crosses it.
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "engine.h"
 #include "error.h"
@@ -12,6 +16,10 @@ using namespace specedge;
 struct specedge_model {
   std::unique_ptr<Engine> engine;
   std::string drafter;
+  // One generation at a time per handle (one KV cache): other threads wait their turn; the thread
+  // running one (a token callback calling back in) is refused, since waiting would deadlock it.
+  std::mutex busy;
+  std::atomic<std::thread::id> owner{};
 };
 
 struct specedge_result {
@@ -20,6 +28,28 @@ struct specedge_result {
 
 namespace {
 thread_local std::string g_error;
+constexpr int kMaxThreads = 1024;  // as the Python API and both CLIs: more is a typo, not a machine
+
+// Holds a handle's generation lock for one call.
+class Turn {
+ public:
+  explicit Turn(specedge_model* m) : m_(m) {
+    if (m_->owner.load() == std::this_thread::get_id())
+      fail_arg("the model is busy: a generation on this handle called back into it from its token callback "
+               "(finish that generation first; open one handle per concurrent request)");
+    m_->busy.lock();
+    m_->owner.store(std::this_thread::get_id());
+  }
+  ~Turn() {
+    m_->owner.store(std::thread::id());
+    m_->busy.unlock();
+  }
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+
+ private:
+  specedge_model* m_;
+};
 
 specedge_status set_error(specedge_status s, const std::string& msg) {
   g_error = msg;
@@ -52,6 +82,29 @@ void write_out(const std::string& s, char* buf, size_t cap, size_t* len) {
   }
 }
 
+// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), as Python decodes it.
+bool valid_utf8(const char* s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s);
+  while (*p) {
+    unsigned c = *p;
+    int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+    if (n < 0) return false;
+    uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1F) : n == 2 ? (c & 0x0F) : (c & 0x07);
+    for (int i = 1; i <= n; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    p += n + 1;
+  }
+  return true;
+}
+
+void check_text(const char* s, const char* what) {
+  if (!valid_utf8(s)) fail_arg(std::string(what) + " is not valid UTF-8 text");
+}
+
 GenConfig to_config(const specedge_gen_params* p) {
   specedge_gen_params d;
   specedge_gen_params_init(&d);
@@ -65,6 +118,7 @@ GenConfig to_config(const specedge_gen_params* p) {
   if (p->n_stop && !p->stop) fail_arg("stop is NULL but n_stop is not 0");
   for (size_t i = 0; i < p->n_stop; ++i) {
     if (!p->stop[i]) fail_arg("a stop string is NULL");
+    check_text(p->stop[i], "a stop string");
     c.stop.emplace_back(p->stop[i]);
   }
   c.spec_tokens = p->spec_tokens;
@@ -85,12 +139,14 @@ specedge_status run(specedge_model* model, const std::vector<int32_t>* ids, cons
     } else {
       if (!prompt) fail_arg("the prompt is NULL");
       if (!*prompt) fail_arg("the prompt is empty");
+      check_text(prompt, "the prompt");
       prompt_ids = model->engine->encode(prompt);
     }
     TokenCallback f;
     if (cb)
       f = [&](int32_t tok, const std::string& text) { return cb(user, tok, text.c_str(), text.size()) == 0; };
     auto r = std::make_unique<specedge_result>();
+    Turn turn(model);
     r->r = model->engine->generate(prompt_ids, cfg, f);
     *out = r.release();
   });
@@ -117,6 +173,8 @@ specedge_status specedge_open(const char* bundle, const specedge_open_options* o
     specedge_open_options d;
     specedge_open_options_init(&d);
     if (!opts) opts = &d;
+    if (opts->threads > kMaxThreads)
+      fail_arg("threads must be <= " + std::to_string(kMaxThreads) + ", got " + std::to_string(opts->threads));
     EngineOptions eo;
     eo.backend.backend = opts->backend ? opts->backend : "ort-cpu";
     eo.backend.threads = opts->threads;
@@ -138,6 +196,7 @@ specedge_status specedge_tokenize(specedge_model* model, const char* text, int a
                                   size_t* n) {
   return guarded([&] {
     if (!model || !text || !n) fail_arg("model, text and n_ids must not be NULL");
+    check_text(text, "the text");
     auto v = model->engine->encode(text, add_bos);
     *n = v.size();
     if (ids) std::memcpy(ids, v.data(), std::min(cap, v.size()) * sizeof(int32_t));
@@ -160,6 +219,8 @@ specedge_status specedge_apply_chat(specedge_model* model, const char* const* ro
     std::vector<std::pair<std::string, std::string>> msgs;
     for (size_t i = 0; i < n; ++i) {
       if (!roles[i] || !contents[i]) fail_arg("each message must have a role and a content");
+      check_text(roles[i], "a message's role");
+      check_text(contents[i], "a message's content");
       msgs.emplace_back(roles[i], contents[i]);
     }
     write_out(model->engine->apply_chat(msgs, add_gen != 0), buf, cap, len);
@@ -231,6 +292,16 @@ void specedge_result_stats(const specedge_result* r, specedge_stats* s) {
   s->k_final = x.k_final;
   s->fallbacks = x.fallbacks;
   s->fallback_tokens = x.fallback_tokens;
+  s->k_shrinks = x.k_shrinks;
+  s->prefix_reused_tokens = x.prefix_reused_tokens;
+  size_t n = std::min(x.accepted_histogram.size(), size_t(SPECEDGE_MAX_SPEC_TOKENS + 1));
+  for (size_t i = 0; i < n; ++i) s->accepted_histogram[i] = x.accepted_histogram[i];
+  s->n_accepted_histogram = int(n);
+  for (const auto& kv : x.k_histogram)
+    if (kv.first >= 0 && kv.first <= SPECEDGE_MAX_SPEC_TOKENS) s->k_histogram[kv.first] = kv.second;
+  s->alpha_estimate = x.alpha_estimate;
+  s->draft_calls = x.draft_calls;
+  s->draft_kv_copied = x.draft_kv_copied;
 }
 
 void specedge_result_free(specedge_result* r) { delete r; }

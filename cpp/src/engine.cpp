@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "bundle_files.h"
 #include "error.h"
 
 namespace specedge {
@@ -156,6 +157,7 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
   }
   base_ = int(history.size());
   const float* row = cache_.feed_chunked(history.data() + n, int(history.size()) - n);
+  calls_ += (int64_t(history.size()) - n + cache_.chunk() - 1) / cache_.chunk() + (k - 1);
   std::vector<int32_t> out;
   std::vector<double> probs;
   if (q) q->assign(size_t(k) * size_t(vocab_), 0.0);
@@ -185,6 +187,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (opts.backend.threads < 0) fail_arg("threads must be >= 0, got " + std::to_string(opts.backend.threads));
   check_backend_name(opts.backend.backend);  // before the bundle: a build without TensorRT says so first
   m_ = load_manifest(bundle, opts.verify);
+  check_graph_files(m_);  // where the graphs make ONNX Runtime read weights from, whatever `verify` says
   std::string tok_rel;
   for (const auto& f : m_.tokenizer_files) {
     std::string base = f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1);
@@ -350,6 +353,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   CostModel* costs = deterministic ? &local : &costs_;
   SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
+  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : 0, draft_copied0 = drafter_ ? drafter_->copied() : 0;
   std::vector<int64_t> hist;
   const auto& stops = cfg.stop;
   IncrementalDecoder dec(&tok_);
@@ -516,6 +520,12 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   s.fallbacks = speculative ? ctl.fallbacks : 0;
   s.fallback_tokens = speculative ? ctl.fallback_tokens : 0;
   s.k_shrinks = speculative ? ctl.shrinks : 0;
+  if (speculative) {
+    s.k_histogram = ctl.k_histogram;
+    s.alpha_estimate = ctl.alpha();
+    s.draft_calls = drafter_ ? drafter_->calls() - draft_calls0 : 0;
+    s.draft_kv_copied = drafter_ ? drafter_->copied() - draft_copied0 : 0;
+  }
   res.finish_reason = finish;
   return res;
 }

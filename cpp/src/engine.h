@@ -69,6 +69,7 @@ class ModelDrafter {
   // the target has already run are copied from its K/V instead of fed (drafts are proposals only).
   void set_kv_donor(const CacheTracker* target) { donor_ = target; }
   int64_t copied() const { return copied_; }
+  int64_t calls() const { return calls_; }  // backend calls made by propose (stats: draft_calls)
   void start(const std::vector<int32_t>& prompt) { base_ = cache_.reuse(prompt, false); }
   // Tokens, and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
@@ -79,7 +80,7 @@ class ModelDrafter {
   int vocab_;
   int base_ = 0;
   const CacheTracker* donor_ = nullptr;
-  int64_t copied_ = 0;
+  int64_t copied_ = 0, calls_ = 0;
 };
 
 struct GenConfig {
@@ -102,6 +103,9 @@ struct Stats {
   int k = 0, k_final = 0, fallbacks = 0, k_shrinks = 0;
   std::vector<int64_t> accepted_histogram;
   int64_t prefix_reused_tokens = 0;
+  std::map<int, int64_t> k_histogram;
+  double alpha_estimate = 0;
+  int64_t draft_calls = 0, draft_kv_copied = 0;
 };
 
 struct GenResult {

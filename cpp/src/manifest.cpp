@@ -17,6 +17,7 @@ namespace {
 
 constexpr int64_t kMaxLayers = 512, kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxVocab = 4000000,
                   kMaxMaxSeq = int64_t(1) << 20;
+constexpr uintmax_t kMaxManifestBytes = uintmax_t(64) << 20;  // real manifests are a few KB (as in Python)
 
 const char* type_name(json::value_t t) {
   switch (t) {
@@ -165,7 +166,7 @@ const GraphSpec& ModelSpec::graph_for(const std::string& backend) const {
 std::string resolve_inside(const std::string& root, const std::string& rel) {
   if (rel.empty()) fail_bundle("the manifest names an empty or non-text file path: ''");
   fs::path p(rel);
-  bool bad = p.is_absolute() || rel[0] == '/' || rel[0] == '\\';
+  bool bad = p.is_absolute() || rel[0] == '/' || rel[0] == '\\' || rel.find('\0') != std::string::npos;
   if (!bad) {
     bool first = true;
     for (const auto& part : p) {
@@ -268,6 +269,10 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   if (!fs::is_directory(bundle, ec)) fail_bundle("bundle '" + bundle + "' is not a folder");
   fs::path mpath = fs::path(bundle) / "manifest.json";
   if (!fs::is_regular_file(mpath, ec)) fail_bundle("'" + bundle + "' is not a bundle: it has no manifest.json");
+  resolve_inside(bundle, "manifest.json");  // a manifest.json that links out of the bundle
+  if (fs::file_size(mpath, ec) > kMaxManifestBytes)
+    fail_bundle(mpath.string() + " is larger than " + std::to_string(kMaxManifestBytes >> 20) +
+                " MiB: not a bundle manifest");
   std::ifstream in(mpath, std::ios::binary);
   if (!in) fail_bundle("cannot read " + mpath.string());
   std::stringstream ss;

@@ -194,6 +194,83 @@ TEST_CASE("one handle per thread: concurrent generations agree") {
   CHECK(got[1] == ref);
 }
 
+TEST_CASE("one handle shared by threads: generations take turns and agree with one thread's") {
+  NEED_BUNDLE(b, "scatter_self");
+  NEED_BUNDLE(ng, "delta_ngram");
+  for (const auto& bundle : {b, ng}) {
+    auto m = open(bundle);
+    specedge::GenParams gp;
+    gp.max_new_tokens = 24;
+    const std::vector<std::string> prompts = {"The quick brown fox", "def add(a, b):", "Once upon a time",
+                                              "1, 2, 3, 4,"};
+    std::vector<std::vector<int32_t>> ref;
+    for (const auto& p : prompts) ref.push_back(m.generate(p, gp).token_ids);
+    std::vector<std::vector<int32_t>> got(prompts.size() * 3);
+    std::vector<std::string> errors(got.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < got.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          got[i] = m.generate(prompts[i % prompts.size()], gp).token_ids;
+        } catch (const specedge::Exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(errors[i] == "");
+      CHECK(got[i] == ref[i % prompts.size()]);
+    }
+  }
+}
+
+TEST_CASE("one handle: a generation started from its own token callback is refused, not deadlocked") {
+  NEED_BUNDLE(b, "scatter_self");
+  auto m = open(b);
+  specedge::GenParams gp;
+  gp.max_new_tokens = 6;
+  std::string inner;
+  auto outer = m.generate("The quick brown fox", gp, [&](int32_t, std::string_view) {
+    if (inner.empty()) {
+      try {
+        m.generate("hello", gp);
+        inner = "ran";
+      } catch (const specedge::Exception& e) {
+        inner = e.what();
+        CHECK(e.status() == SPECEDGE_ERR_INVALID_ARGUMENT);
+      }
+    }
+    return true;
+  });
+  CHECK(inner.find("the model is busy") == 0);
+  CHECK(outer.token_ids.size() == 6);
+  // the handle is free again afterwards
+  CHECK(m.generate("hello", gp).token_ids.size() >= 1);
+}
+
+TEST_CASE("C API: invalid UTF-8 and too many threads are refused with one sentence") {
+  specedge_open_options o;
+  specedge_open_options_init(&o);
+  o.threads = 100000;
+  specedge_model* h = nullptr;
+  CHECK(specedge_open("/nonexistent", &o, &h) == SPECEDGE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(specedge_last_error()) == "threads must be <= 1024, got 100000");
+  NEED_BUNDLE(b, "scatter_self");
+  auto m = open(b);
+  specedge::GenParams gp;
+  gp.max_new_tokens = 2;
+  for (const char* bad : {"\xff\xfe", "caf\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {
+    try {
+      m.generate(bad, gp);
+      FAIL("accepted invalid UTF-8");
+    } catch (const specedge::Exception& e) {
+      CHECK(e.status() == SPECEDGE_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(e.what()) == "the prompt is not valid UTF-8 text");
+    }
+  }
+  CHECK(m.generate("caf\xc3\xa9 \xf0\x9f\x99\x82", gp).token_ids.size() >= 1);
+}
+
 TEST_CASE("threads: a second session with the same options joins the process's pool") {
   NEED_BUNDLE(b, "scatter_self");
   specedge::Manifest m = specedge::load_manifest(b, "full");

@@ -3,6 +3,7 @@
 // Bad input: exit code 2 and one line "error: ..." on stderr.
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -21,6 +22,8 @@ const char* kUsage =
     "                         [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt] [--verify full|size|none]\n"
     "                         [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
+
+constexpr long long kMaxThreads = 1024;  // as the Python CLI and the C API
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -42,9 +45,41 @@ double to_float(const std::string& opt, const std::string& v) {
   return x;
 }
 
+// The stats object of the Python CLI's --json, key for key (specedge/runtime/generator.py): the
+// speculative-only keys appear only for a speculative request, as there.
+nlohmann::json stats_json(const specedge_stats& s, const std::string& drafter) {
+  nlohmann::json hist = nlohmann::json::array();
+  for (int i = 0; i < s.n_accepted_histogram; ++i) hist.push_back(s.accepted_histogram[i]);
+  nlohmann::json st = {
+      {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
+      {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
+      {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
+      {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
+      {"drafter", s.speculative ? nlohmann::json(drafter) : nlohmann::json()},
+      {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"accepted_histogram", hist},
+      {"target_calls", s.target_calls}, {"drafted", s.drafted}, {"accepted", s.accepted},
+      {"prefix_reused_tokens", s.prefix_reused_tokens}, {"k", s.k}, {"k_final", s.k_final},
+      {"fallbacks", s.fallbacks}};
+  if (s.speculative) {
+    nlohmann::json kh = nlohmann::json::object();
+    for (int k = 0; k <= SPECEDGE_MAX_SPEC_TOKENS; ++k)
+      if (s.k_histogram[k]) kh[std::to_string(k)] = s.k_histogram[k];
+    st["k_histogram"] = kh;
+    st["fallback_tokens"] = s.fallback_tokens;
+    st["k_shrinks"] = s.k_shrinks;
+    st["alpha_estimate"] = std::round(s.alpha_estimate * 1e4) / 1e4;
+    st["draft_calls"] = s.draft_calls;
+    st["draft_kv_copied"] = s.draft_kv_copied;
+  }
+  return st;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader that leaves (`specedge_generate B P | head`) makes writes fail instead of killing us;
+  // generation then stops and the program ends quietly, like the Python CLI.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> pos;
   specedge::GenParams gp;
   specedge::OpenOptions oo;
@@ -63,7 +98,8 @@ int main(int argc, char** argv) {
         return 0;
       } else if (a == "--max-new-tokens") {
         long long v = to_int(a, value());
-        if (v < 1 || v > 1 << 30) throw UsageError("--max-new-tokens must be >= 1, got " + std::to_string(v));
+        if (v < 1) throw UsageError("--max-new-tokens must be >= 1, got " + std::to_string(v));
+        if (v > 1 << 30) throw UsageError("--max-new-tokens must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
         gp.max_new_tokens = int(v);
       } else if (a == "--temperature") {
         gp.temperature = to_float(a, value());
@@ -71,7 +107,8 @@ int main(int argc, char** argv) {
           throw UsageError("--temperature must be a finite number >= 0, got " + std::string(argv[i]));
       } else if (a == "--top-k") {
         long long v = to_int(a, value());
-        if (v < 0 || v > 1 << 30) throw UsageError("--top-k must be >= 0 (0 disables it), got " + std::to_string(v));
+        if (v < 0) throw UsageError("--top-k must be >= 0 (0 disables it), got " + std::to_string(v));
+        if (v > 1 << 30) throw UsageError("--top-k must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
         gp.top_k = int(v);
       } else if (a == "--top-p") {
         gp.top_p = to_float(a, value());
@@ -86,7 +123,8 @@ int main(int argc, char** argv) {
         gp.spec_tokens = int(v);
       } else if (a == "--threads") {
         long long v = to_int(a, value());
-        if (v < 1 || v > 4096) throw UsageError("--threads must be >= 1, got " + std::to_string(v));
+        if (v < 1) throw UsageError("--threads must be >= 1, got " + std::to_string(v));
+        if (v > kMaxThreads) throw UsageError("--threads must be <= " + std::to_string(kMaxThreads) + ", got " + std::to_string(v));
         threads = int(v);
       } else if (a == "--no-spec") {
         gp.speculative = false;
@@ -148,26 +186,19 @@ int main(int argc, char** argv) {
     specedge::Result r;
     if (json) {
       r = chat ? model.generate(model.tokenize(prompt, 0), gp) : model.generate(prompt, gp);
-      const specedge_stats& s = r.stats;
-      nlohmann::json st = {
-          {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
-          {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
-          {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
-          {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
-          {"drafter", s.speculative ? nlohmann::json(model.drafter_kind()) : nlohmann::json()},
-          {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"target_calls", s.target_calls},
-          {"drafted", s.drafted}, {"accepted", s.accepted}, {"k", s.k}, {"k_final", s.k_final},
-          {"fallbacks", s.fallbacks}, {"fallback_tokens", s.fallback_tokens}, {"runtime", "cpp"}};
-      nlohmann::json o = {{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason}, {"stats", st}};
-      std::cout << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+      std::cout << nlohmann::json{{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason},
+                                  {"stats", stats_json(r.stats, model.drafter_kind())}}
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << std::endl;
     } else {
       auto cb = [](int32_t, std::string_view text) {
         std::cout.write(text.data(), std::streamsize(text.size()));
         std::cout.flush();
-        return true;
+        return bool(std::cout);  // false: stdout was closed, stop generating
       };
       r = chat ? model.generate(model.tokenize(prompt, 0), gp, cb) : model.generate(prompt, gp, cb);
       std::cout << std::endl;
+      if (!std::cout) return 0;
     }
     if (stats) {
       const specedge_stats& s = r.stats;
@@ -182,10 +213,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const specedge::Exception& e) {
+    // ONNX Runtime refusing a graph is about the bundle (as in the Python CLI): exit 2 like other
+    // bad input; 1 is left for faults of this program.
     std::fprintf(stderr, "error: %s\n", e.what());
-    return e.status() == SPECEDGE_ERR_INTERNAL || e.status() == SPECEDGE_ERR_BACKEND ? 1 : 2;
+    return e.status() == SPECEDGE_ERR_INTERNAL ? 1 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: internal error: %s\n", e.what());
     return 1;
   }
   return 0;

@@ -57,13 +57,18 @@ def run(args) -> int:
             if tty:
                 print("> ", end="", file=sys.stderr, flush=True)
             try:
-                line = sys.stdin.readline()
+                raw = sys.stdin.buffer.readline()
             except KeyboardInterrupt:
                 print(file=sys.stderr)
                 break
-            if not line:  # end of input
+            if not raw:  # end of input
                 break
-            line = line.rstrip("\r\n")
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:  # one bad line (a terminal in another encoding) is not the end
+                print(f"error: that line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                      "nothing was sent", file=sys.stderr)
+                continue
             cmd = line.strip()
             if not cmd:
                 continue

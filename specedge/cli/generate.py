@@ -54,13 +54,39 @@ def check_args(args) -> None:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
+    from ..runtime.api import MAX_THREADS
+
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise UserError(f"--threads must be <= {MAX_THREADS}, got {args.threads}")
     if args.stop is not None and any(not s for s in args.stop):
         raise UserError("--stop strings must not be empty")
+    for opt, text in [("--stop", s) for s in args.stop or ()] + [("--system", getattr(args, "system", None))]:
+        if text is not None and not is_utf8(text):
+            raise UserError(f"{opt} is not valid UTF-8 text")
     from ..runtime.backends import NAMES
 
     for opt, name in (("--backend", args.backend), ("--draft-backend", args.draft_backend)):
         if name is not None and name not in NAMES:
             raise UserError(f"unknown backend '{name}' ({opt}); valid backends: {', '.join(NAMES)}")
+
+
+def is_utf8(text: str) -> bool:
+    """False for an argument the OS handed over as bytes that are not UTF-8 (Python keeps them
+    as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def read_utf8(data: bytes, what: str) -> str:
+    from ..errors import UserError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 def load_pipeline(args):
@@ -133,9 +159,11 @@ def run(args) -> int:
     check_args(args)
     prompt = args.prompt
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = read_utf8(sys.stdin.buffer.read(), "the prompt read from stdin")
         if prompt.endswith("\n"):
             prompt = prompt[:-1]
+    elif not is_utf8(prompt):
+        raise UserError("the prompt is not valid UTF-8 text")
     if not prompt:
         raise UserError("the prompt is empty")
     if args.system is not None and not args.chat:
@@ -162,10 +190,8 @@ def run(args) -> int:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
             except BrokenPipeError:  # `specedge generate ... | head`: the reader left, fine
-                import os
-
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                return 0
+                stream.close()
+                raise
             r = stream.result
         if args.stats:
             print(format_stats(r.stats) + f" | finish {r.finish_reason}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """`specedge inspect BUNDLE [--json]`: what a bundle holds — models, precision, KV mode, graph I/O, sizes.
 
-Reads the manifest only (sizes checked against the files, no hashing and no torch), so it is
-instant even on a multi-GB bundle.
+By default it reads the manifest and checks each file's size (no hashing and no torch), so it
+is instant even on a multi-GB bundle, and says so; `--verify full` also checks every sha256.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("bundle", help="bundle folder")
     p.add_argument("--json", action="store_true", help="print the manifest plus computed sizes as JSON")
+    p.add_argument("--verify", choices=("size", "full"), default="size",
+                   help="file check: size (default, instant) or full (sha256 of every file)")
     p.set_defaults(func=run)
     return p
 
@@ -122,9 +124,15 @@ def compute_sizes(m) -> dict:
     return {"files": files, "models": models, "total_bytes": sum(files.values())}
 
 
-def format_report(m, bundle: str) -> str:
+CHECKED = {
+    "size": "file sizes and where the graphs read weights (sha256 not computed: --verify full)",
+    "full": "file sizes, sha256 checksums and where the graphs read weights",
+}
+
+
+def format_report(m, bundle: str, verify: str = "size") -> str:
     sizes = compute_sizes(m)
-    lines = [f"bundle       {bundle}"]
+    lines = [f"bundle       {bundle}", f"checked      {CHECKED[verify]}"]
     if m.created_by:
         lines.append(f"created by   {m.created_by}")
     lines.append(f"kv mode      {m.kv_mode}" + ("  (in-place TensorScatter)" if m.kv_mode == "scatter" else
@@ -170,12 +178,14 @@ def format_report(m, bundle: str) -> str:
 
 
 def run(args) -> int:
+    from ..bundle_files import check_graph_files
     from ..manifest import load_manifest
 
-    m = load_manifest(Path(args.bundle), verify="size")
+    m = load_manifest(Path(args.bundle), verify=args.verify)
+    check_graph_files(m)
     if args.json:
-        obj = {"bundle": str(args.bundle), "manifest": m.to_json(), "sizes": compute_sizes(m)}
+        obj = {"bundle": str(args.bundle), "verified": args.verify, "manifest": m.to_json(), "sizes": compute_sizes(m)}
         print(json.dumps(obj, indent=2))
     else:
-        print(format_report(m, str(args.bundle)))
+        print(format_report(m, str(args.bundle), args.verify))
     return 0

@@ -35,7 +35,21 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+def _quiet_closed_stdout() -> None:
+    """The reader of our stdout left (`specedge inspect B | head`): send the rest to /dev/null so
+    neither the command nor the interpreter's final flush fails on it."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a descriptor
+        pass
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Run the command `argv` names. Exit codes: 0 done, 2 bad input (one `error: …` line),
+    1 an internal fault (one line; --debug shows the traceback), 130 interrupted; a closed
+    stdout ends the command quietly with 0."""
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     try:
@@ -43,6 +57,9 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _quiet_closed_stdout()
+        return 0
     except expected_errors() as e:
         if debug:
             raise
@@ -53,8 +70,24 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         # sentence meant for the user.
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except MemoryError:
+        if debug:
+            raise
+        print("error: out of memory", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback behind --debug
+        if debug:
+            raise
+        print(f"error: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,15 +39,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _load(bundle: str):
     from ..errors import UserError
-    from ..manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest
+    from ..manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest, read_manifest_json
 
     path = Path(bundle)
     if path.is_file():
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UserError(f"cannot read {path}: {e}") from None
-        m = parse_manifest(obj)
+        m = parse_manifest(read_manifest_json(path))
         m.root = path.parent
         return m
     if path.is_dir() and not (path / MANIFEST_NAME).is_file():

@@ -19,20 +19,28 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..manifest import BundleError, Manifest, load_manifest
+from ..bundle_files import check_graph_files
+from ..manifest import BundleError, Manifest, check_fits_memory, load_manifest
 from .backends import BackendError, backend_class, create_backend, resolve_backend_name
 from ..contract import MAX_SPEC_TOKENS
+from .chat_template import ChatTemplate
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result
+from .ort_version import check_onnxruntime_version
 from .policy import CostModel
 
-__all__ = ["load", "Pipeline", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
+# ONNX Runtime intra-op threads per session: more than any CPU has cores; a larger number is a
+# typo that would spawn threads until memory runs out (the C API and both CLIs share the cap).
+MAX_THREADS = 1024
+
+__all__ = ["load", "Pipeline", "PipelineBusyError", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
 
 
 # ----------------------------------------------------------------------------- tokenizer + template
@@ -116,36 +124,14 @@ class Tokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template rendered in jinja2's sandbox (templates in bundles are untrusted)."""
+        """The chat template rendered in a sandbox under limits (templates in bundles are
+        untrusted; see chat_template.py). Failures are ValueError (ChatTemplateError) sentences."""
         if not self.chat_template:
             raise ValueError("the bundle has no chat template, so chat messages cannot be formatted")
         _check_messages(messages)
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         if self._template is None:
-
-            def raise_exception(message):
-                raise jinja2.TemplateError(message)
-
-            def strftime_now(fmt):
-                import datetime
-
-                return datetime.datetime.now().strftime(fmt)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = strftime_now
-            try:
-                self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise ValueError(f"the bundle's chat template is invalid: {e}") from None
-        try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **self.special_tokens
-            )
-        except jinja2.TemplateError as e:  # includes SecurityError
-            raise ValueError(f"the chat template refused the messages: {e}") from None
+            self._template = ChatTemplate(self.chat_template)
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt, **self.special_tokens)
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
         """Rendered template -> ids, without adding special tokens (the template has them)."""
@@ -158,16 +144,32 @@ def _check_messages(messages) -> None:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError("each message must be a dict with string 'role' and 'content'")
+        _check_text(m["role"], "a message's role")
+        _check_text(m["content"], "a message's content")
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse text that is not encodable Unicode: lone surrogates, which is how Python carries
+    bytes that were not UTF-8 (command-line arguments, surrogateescape streams)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start}: "
+                         "bytes that were not UTF-8)") from None
 
 
 # ----------------------------------------------------------------------------- streaming
 
 
 class TextStream:
-    """Iterate to get text pieces as tokens are accepted; `result` is set once it is exhausted."""
+    """Iterate to get text pieces as tokens are accepted; `result` is set once it is exhausted.
 
-    def __init__(self, gen: Iterator[str]):
+    An open stream holds its pipeline (see `Pipeline`): exhaust it or `close()` it (or use it as
+    a context manager) to let the next request run."""
+
+    def __init__(self, gen: Iterator[str], release=None):
         self._gen = gen
+        self._release = release
         self.result: Result | None = None
 
     def __iter__(self):
@@ -178,17 +180,84 @@ class TextStream:
             return next(self._gen)
         except StopIteration as e:
             self.result = e.value
+            self._done()
+            raise
+        except BaseException:
+            self._done()
             raise
 
+    def _done(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
     def close(self) -> None:
-        self._gen.close()
+        try:
+            self._gen.close()
+        finally:
+            self._done()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # an abandoned stream must not keep the pipeline busy forever
+        self._done()
+
+
+class PipelineBusyError(RuntimeError):
+    """A request on a pipeline from the thread that already holds it (an open stream)."""
+
+
+class _RequestLock:
+    """One request at a time per pipeline: other threads wait their turn; the thread that holds
+    it (a stream it opened is still open) is refused, since waiting would deadlock it and running
+    would corrupt the KV cache the open stream is using."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()  # a plain Lock: a stream may be finished on another thread
+        self._owner: int | None = None
+        self._ident = threading.get_ident
+
+    def held_here(self) -> bool:
+        return self._owner == self._ident()
+
+    def acquire(self, what: str) -> None:
+        if self._owner == self._ident():
+            raise PipelineBusyError(
+                f"the pipeline is busy: {what} was called while a stream this thread opened on it is still open "
+                "(exhaust or close() that stream first; use one pipeline per concurrent request)"
+            )
+        self._lock.acquire()
+        self._owner = self._ident()
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
 
 
 # ----------------------------------------------------------------------------- pipeline
 
 
 class Pipeline:
-    """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one."""
+    """A loaded bundle: tokenizer, target backend, drafter. Use `load()` to make one.
+
+    Thread safety: a pipeline runs one request at a time (it has one KV cache). `generate`,
+    `stream` and `calibrate` called from several threads take turns: each waits until the one
+    before it is done. An open `stream` holds the pipeline until it is exhausted or closed, so a
+    thread that opens a stream and then calls `generate`, `stream`, `calibrate` or `close` on the
+    same pipeline before finishing it gets a `PipelineBusyError` (waiting would deadlock it). For
+    requests that run at the same time, load one pipeline per concurrent request.
+    """
 
     def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
                  draft_backend_name: str | None, draft_backend=None, draft_kv: str = "auto"):
@@ -206,6 +275,8 @@ class Pipeline:
             vocab = min(vocab, draft_backend.vocab_size)
         self.vocab = vocab
         self.costs = CostModel()
+        self._requests = _RequestLock()
+        self._open_stream = None  # weakref to the stream holding the pipeline, if any
         self.generator = Generator(
             target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
             max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
@@ -239,6 +310,13 @@ class Pipeline:
         """Warm up every call shape the loop uses and measure its cost (median of `repeats`):
         target T=1 and T=k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
         caches empty."""
+        self._requests.acquire("calibrate()")
+        try:
+            return self._calibrate(repeats)
+        finally:
+            self._requests.release()
+
+    def _calibrate(self, repeats: int) -> dict:
         k = self.manifest.spec_tokens
         def timeit(backend, t):
             ids = np.zeros(t, dtype=np.int64)
@@ -263,10 +341,25 @@ class Pipeline:
         self.generator.reset()
         return out
 
+    @property
+    def busy(self) -> bool:
+        """True while a request (a `generate` call or an open stream) holds the pipeline."""
+        return self._requests.busy
+
     def close(self) -> None:
-        for b in (self.target, self.draft_backend):
-            if b is not None:
-                b.close()
+        """Free the sessions. A stream this thread still has open is closed first (so leaving a
+        `with` block or a `finally` mid-stream works); a request running on another thread is
+        waited for."""
+        stream = self._open_stream() if self._open_stream is not None else None
+        if stream is not None and self._requests.held_here():
+            stream.close()
+        self._requests.acquire("close()")
+        try:
+            for b in (self.target, self.draft_backend):
+                if b is not None:
+                    b.close()
+        finally:
+            self._requests.release()
 
     def __enter__(self):
         return self
@@ -300,6 +393,7 @@ class Pipeline:
                 raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
             if not prompt:
                 raise ValueError("the prompt is empty")
+            _check_text(prompt, "the prompt")
             ids = self.tokenizer.encode(prompt)
         elif messages is not None:
             ids = self.tokenizer.encode_chat(messages)
@@ -323,11 +417,15 @@ class Pipeline:
                guard: bool = True) -> TextStream:
         """Like `generate`, but returns a TextStream yielding text pieces as tokens are accepted;
         its `result` attribute holds the Result once the stream is exhausted. Arguments are checked
-        before the first piece is requested."""
+        before the first piece is requested. The stream holds the pipeline from this call until it
+        is exhausted or closed (see the class docstring)."""
         cfg = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative,
                                adaptive_k, guard).validate()
         ids = self.encode(prompt, messages, token_ids)
-        return TextStream(self.generator.run(ids, cfg))
+        self._requests.acquire("stream()")
+        stream = TextStream(self.generator.run(ids, cfg), self._requests.release)
+        self._open_stream = weakref.ref(stream)
+        return stream
 
     def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                  token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
@@ -348,11 +446,15 @@ class Pipeline:
         stats) — stats: tokens, tokens_per_s (decode), ttft_s, acceptance_rate, mean_accepted
         (tokens per target call), accepted_histogram, time_draft_s / time_verify_s /
         time_other_s, k, k_final, fallbacks, ...
+
+        Calls from several threads take turns; a call from a thread whose own stream on this
+        pipeline is still open raises PipelineBusyError.
         """
         s = self.stream(prompt, messages, token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
                         spec_tokens, speculative, adaptive_k, guard)
-        for _ in s:
-            pass
+        with s:
+            for _ in s:
+                pass
         return s.result
 
 
@@ -360,6 +462,14 @@ def _clock() -> float:
     import time
 
     return time.perf_counter()
+
+
+def _check_onnxruntime() -> None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return  # the backend says how to install it
+    check_onnxruntime_version(onnxruntime.__version__)
 
 
 def _accepts(klass, name: str) -> bool:
@@ -399,6 +509,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     """
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise ValueError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
     if draft_kv not in ("auto", "own"):
         raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
     if draft not in (None, "model", "ngram"):
@@ -408,9 +521,15 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         draft = "model" if manifest.draft.is_model else "ngram"
     if draft == "model" and not manifest.draft.is_model:
         raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
+    # where the graphs make ONNX Runtime read weights from, whatever `verify` says
+    check_graph_files(manifest)
     tokenizer = Tokenizer(manifest)
     tname = resolve_backend_name(backend)
     dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
+    if any(n and n.startswith("ort-") for n in (tname, dname)):
+        _check_onnxruntime()
+    if tname == "ort-cpu":  # the KV caches and logits live in host memory
+        check_fits_memory(manifest, draft=dname is not None)
     if providers is not None and not all(n.startswith("ort-") for n in (tname, dname) if n):
         raise BackendError("providers apply to the ONNX Runtime backends (ort-cpu, ort-cuda, ort-trt) only")
     two_sessions = dname is not None
