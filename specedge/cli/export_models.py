@@ -9,7 +9,7 @@ import sys
 import time
 
 from .main import _Parser, run_cli
-from .progress import TickingBar
+from ..progress import TickingBar
 
 
 class TqdmProgress:

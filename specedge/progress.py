@@ -4,36 +4,49 @@ caller, with the step named in full. Nothing at all is drawn when quiet."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
 TICK_S = 1.0
 
 
+@contextlib.contextmanager
+def ticking(bar):
+    """Redraw a tqdm bar every second while the block runs: the bar itself redraws only when it is
+    updated, so a long step in between would freeze its timer."""
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(TICK_S):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, name="specedge-progress", daemon=True)
+    thread.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        thread.join()
+
+
 class TickingBar:
-    def __init__(self, name: str, total: int | None = None, quiet: bool = False, unit: str = "step"):
-        self.name, self.total, self.quiet, self.unit = name, total, quiet, unit
+    """One stage: `with TickingBar(name, total) as b: b.update(1, "step")`; nothing drawn when quiet."""
+
+    def __init__(self, name: str, total: int | None = None, quiet: bool = False):
+        self.name, self.total, self.quiet = name, total, quiet
         self.bar = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self):
         if self.quiet:
             return self
         from tqdm import tqdm
 
-        counts = " {n_fmt}/{total_fmt}" if self.total else ""
-        self.bar = tqdm(total=self.total, desc=self.name, file=sys.stderr, leave=True, unit=self.unit,
-                        bar_format="{desc} {bar:20}" + counts + " [{elapsed}]" if self.total
-                        else "{desc} [{elapsed}]")
-        # The bar itself redraws only when it is updated; a long step in between would freeze the timer.
-        self._thread = threading.Thread(target=self._tick, name="specedge-progress", daemon=True)
-        self._thread.start()
+        fmt = "{desc} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]" if self.total else "{desc} [{elapsed}]"
+        self.bar = tqdm(total=self.total, desc=self.name, file=sys.stderr, leave=True, bar_format=fmt)
+        self._stack.enter_context(ticking(self.bar))
         return self
-
-    def _tick(self) -> None:
-        while not self._stop.wait(TICK_S):
-            self.bar.refresh()
 
     def step(self, msg: str | None) -> None:
         """Name what is happening now (the stage's name, then the step, never cut)."""
@@ -50,8 +63,7 @@ class TickingBar:
 
     def __exit__(self, *exc):
         if self.bar is not None:
-            self._stop.set()
-            self._thread.join()
+            self._stack.close()
             self.bar.set_description_str(self.name, refresh=False)
             self.bar.close()
         return False
