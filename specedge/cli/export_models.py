@@ -51,13 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
     p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, help="self-draft precision (default int4)")
     p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
-    p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k (1..16, default 4)")
+    p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
     p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"),
-                   help="scatter: in-place TensorScatter (default); delta: new entries out (TensorRT 10.3 / JetPack 6)")
+                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) (default scatter)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
-                   "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles")
+                   "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
