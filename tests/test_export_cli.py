@@ -118,6 +118,9 @@ def out(tmp_path) -> Path:
     (["--spec-tokens", "17"], "--spec-tokens must be between 1 and 16, got 17"),
     (["--max-seq", "8"], "--max-seq must be at least 16, got 8"),
     (["--max-seq", "15"], "--max-seq must be at least 16, got 15"),
+    (["--max-seq", "2000000"], "--max-seq must be at most 1048576, got 2000000"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+    (["--block-size", "48"], "--block-size must be 16, 32, 64, 128 or 256, got 48"),
 ])
 def test_bad_numbers(ckpt, out, tmp_path, args, fragment):
     res = run(["--target", str(ckpt), "--out", str(out), *args], tmp_path)
@@ -615,3 +618,18 @@ def test_missing_gguf_module_alone_is_named(tmp_path):
     g = tmp_path / "model.gguf"
     g.write_bytes(b"GGUF" + b"\0" * 64)
     assert_bad_input(run(["--target", str(g)], tmp_path, env=env), "(missing: gguf)", "specedge[export]")
+
+
+@pytest.mark.parametrize("source", ["hf-folder", "gguf"])
+def test_max_seq_is_checked_against_the_header_before_loading(source, ckpt, out, tmp_path, monkeypatch, capsys):
+    from specedge.cli import export_models
+    from specedge.export import sources
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(sources, "load", no_loading)
+    target, limit = (str(ckpt), 512) if source == "hf-folder" else (str(_default_gguf()), 8192)
+    rc = export_models.main(["--target", target, "--out", str(out), "--max-seq", str(2 * limit), "--quiet"])
+    assert rc == 2
+    assert capsys.readouterr().err == f"error: --max-seq {2 * limit} is above the model's {limit} positions\n"
+    assert not out.exists()
