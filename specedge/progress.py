@@ -5,6 +5,7 @@ caller, with the step named in full. Nothing at all is drawn when quiet."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 
@@ -30,11 +31,25 @@ def ticking(bar):
         thread.join()
 
 
-class TickingBar:
-    """One stage: `with TickingBar(name, total) as b: b.update(1, "step")`; nothing drawn when quiet."""
+def _size_overrides() -> dict:
+    """tqdm trims each line to the terminal's width (a wrapped line would break the redraw) and
+    hides bars beyond its height; a terminal that reports no size (a bare pseudo-terminal) would
+    show nothing at all, so it is given a wide one."""
+    try:
+        fd = sys.stderr.fileno()
+        if os.isatty(fd) and os.get_terminal_size(fd).columns == 0:
+            return {"ncols": 500, "nrows": 50}
+    except (AttributeError, ValueError, OSError):  # a replaced stderr
+        pass
+    return {}
 
-    def __init__(self, name: str, total: int | None = None, quiet: bool = False):
-        self.name, self.total, self.quiet = name, total, quiet
+
+class TickingBar:
+    """One stage: `with TickingBar(name, total) as b: b.update(1, "step")`; nothing drawn when quiet,
+    and the line is erased at the end unless `leave`."""
+
+    def __init__(self, name: str, total: int | None = None, quiet: bool = False, leave: bool = True):
+        self.name, self.total, self.quiet, self.leave = name, total, quiet, leave
         self.bar = None
         self._stack = contextlib.ExitStack()
 
@@ -44,7 +59,8 @@ class TickingBar:
         from tqdm import tqdm
 
         fmt = "{desc} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]" if self.total else "{desc} [{elapsed}]"
-        self.bar = tqdm(total=self.total, desc=self.name, file=sys.stderr, leave=True, bar_format=fmt)
+        self.bar = tqdm(total=self.total, desc=self.name, file=sys.stderr, leave=self.leave, bar_format=fmt,
+                        **_size_overrides())
         self._stack.enter_context(ticking(self.bar))
         return self
 

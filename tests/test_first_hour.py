@@ -81,3 +81,43 @@ def test_export_progress_names_every_stage_in_full(tiny_checkpoint_factory, tmp_
                   "quantizing draft (int4, block 32)", "checksums"):
         assert any(stage in f for f in final), (stage, final)
     assert all(f.endswith("]") for f in final), final  # each stage line ends with its elapsed time
+
+
+def test_generate_shows_loading_progress_on_a_terminal_only(tiny_bundle_factory):
+    """On a terminal, stderr shows the bundle loading step by step; piped, stderr stays for the
+    stats (and errors) alone."""
+    import os
+    import pty
+
+    bundle = tiny_bundle_factory()
+    cmd = [sys.executable, "-m", "specedge", "generate", str(bundle), "Hello", "--max-new-tokens", "4", "--stats"]
+    master, slave = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # a 200-column terminal
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300, cwd=REPO)
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    for step in ("checking files (sha256)", "target session (ort-cpu)", "draft session (ort-cpu)", "warm-up"):
+        assert f"loading {bundle}: {step}" in shown, shown
+    assert "stats: " in shown
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert piped.returncode == 0 and piped.stderr.startswith("stats: ") and "loading" not in piped.stderr

@@ -69,7 +69,7 @@ def load_pipeline(args):
 
     # A ticking bar while the bundle loads, on a terminal only: piped stderr stays for errors and stats.
     quiet = getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty()
-    with TickingBar(f"loading {args.bundle}", quiet=quiet) as bar:
+    with TickingBar(f"loading {args.bundle}", quiet=quiet, leave=False) as bar:
         return load(
             args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
             providers=args.provider, draft=args.draft, verify=args.verify,
