@@ -450,6 +450,16 @@ def test_reuse_is_decided_before_any_model_is_loaded(ckpt, exported, tmp_path, m
     assert "not current" in capsys.readouterr().err
 
 
+def test_reuse_needs_neither_torch_nor_transformers(ckpt, exported, tmp_path):
+    """Reusing a current bundle reads file sizes only: torch (seconds to import) is never imported."""
+    args = ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet"]
+    code = ("import sys; from specedge.cli.export_models import main; rc = main(%r); "
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules))" % args)
+    res = run(["-c", code], tmp_path, module="")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "0 []", res.stdout
+
+
 @pytest.mark.parametrize("change, fragment", [
     (["--max-seq", "64"], "--max-seq 32 there, 64 now"),
     (["--spec-tokens", "3"], "--spec-tokens 4 there, 3 now"),

@@ -147,16 +147,17 @@ def prepare(opts: ExportOptions) -> OutputPlan:
     if kind == "model":
         dkind, dpath = sources.resolve(opts.draft)
         dsource = source_identity(dkind, dpath)
-    theader = sources.check_header(tkind, tpath)
-    dheader = sources.check_header(dkind, dpath) if kind == "model" else None
     out = Path(opts.out) if opts.out is not None else Path("bundles") / sources.default_name(tkind, tpath)
     record = export_record(recorded_options(opts), source_identity(tkind, tpath), dsource)
     plan = plan_output(out, record, opts.force)
-    if plan.action != "reuse":
-        check_output(out)
-        _check_positions(opts, theader["max_positions"], "model's")
-        if dheader is not None:
-            _check_positions(opts, dheader["max_positions"], "draft model's")
+    if plan.action == "reuse":  # the very files that made a valid bundle: nothing more to check
+        return plan
+    theader = sources.check_header(tkind, tpath)
+    dheader = sources.check_header(dkind, dpath) if kind == "model" else None
+    check_output(out)
+    _check_positions(opts, theader["max_positions"], "model's")
+    if dheader is not None:
+        _check_positions(opts, dheader["max_positions"], "draft model's")
     return plan
 
 
