@@ -223,12 +223,14 @@ def _signals_held():
 
 
 def _commit(tmp: Path, out: Path) -> None:
-    """Swap the finished bundle into place; an old bundle is only removed once the new one is in."""
+    """Swap the finished bundle into place; an old bundle is only removed once the new one is in
+    (an interrupt between the two renames would leave neither in place: signals wait)."""
     old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
+    with _signals_held():
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
