@@ -109,25 +109,31 @@ def _differences(old: dict, new: dict) -> list[str]:
     if old.get("created_by") != new["created_by"] or old.get("schema_version") != new["schema_version"]:
         diffs.append(f"made by {old.get('created_by', '?')} (schema {old.get('schema_version', '?')}), "
                      f"this is {new['created_by']} (schema {new['schema_version']})")
-    oo, no = old.get("options") or {}, new["options"]
+    oo = old.get("options") if isinstance(old.get("options"), dict) else {}
+    no = new["options"]
     for k in no:
         if oo.get(k) != no[k]:
             diffs.append(f"--{k.replace('_', '-')} {oo.get(k)} there, {no[k]} now")
     for role in ("target", "draft"):
         o, n = old.get(role), new[role]
         if o != n:
-            if isinstance(o, dict) and isinstance(n, dict) and o.get("path") == n.get("path"):
-                diffs.append(f"the {role} checkpoint '{n['path']}' changed since")
+            if _source_name(o) == _source_name(n):
+                diffs.append(f"the {role} checkpoint '{_source_name(n)}' changed since")
             else:
-                name = lambda v: v.get("path") if isinstance(v, dict) else v  # noqa: E731
-                diffs.append(f"{role} {name(o)} there, {name(n)} now")
+                diffs.append(f"{role} {_source_name(o)} there, {_source_name(n)} now")
     return diffs
+
+
+def _source_name(source) -> str | None:
+    """A recorded source in words: a checkpoint's path, or the draft kind ('self', 'ngram')."""
+    return source.get("path") if isinstance(source, dict) else source
 
 
 def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
     """Decide about `out` (see the module docstring); raises UserError for a refusal."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UserError(f"output path '{out}' exists and is not a folder (nothing replaced; choose another --out)")
+        raise UserError(f"output path '{out}' exists and is not a folder (or is a symbolic link): nothing replaced; "
+                        "choose another --out")
     clean_stale_partials(out)
     if not out.exists():
         return OutputPlan(out, "new", record)
@@ -141,7 +147,8 @@ def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
     if obj is None:
         raise UserError(f"output folder '{out}' already exists and is not a specedge bundle: nothing replaced "
                         "(--force replaces only a specedge bundle; choose another --out)")
-    diffs = _differences((obj.get("extra") or {}).get("export"), record)
+    extra = obj.get("extra")
+    diffs = _differences(extra.get("export") if isinstance(extra, dict) else None, record)
     damage = None
     if not diffs:
         try:
