@@ -62,7 +62,10 @@ if [ "$WANT" = cpu ]; then
     "$TORCH_VERSION"*" (cpu build)")
       say "torch $have already installed" ;;
     *)
-      [ -n "$have" ] && say "replacing torch $have with the CPU build"
+      if [ -n "$have" ]; then  # pip would keep any installed 2.13.0 as satisfying torch==2.13.0
+        say "removing torch $have to install the CPU build"
+        pip uninstall -y -q torch
+      fi
       # Which wheel pip would take with no index at all (wheel folders from pip's config only).
       local_wheel=$(pip install --disable-pip-version-check --dry-run --no-deps --no-index --ignore-installed -q \
                       --report - "torch==$TORCH_VERSION" 2>/dev/null | python -c "
@@ -87,8 +90,18 @@ else
   case "$have" in
     "$TORCH_VERSION"*" (cuda "*) say "torch $have already installed" ;;
     *)
+      if [ -n "$have" ]; then
+        say "removing torch $have to install the CUDA build"
+        pip uninstall -y -q torch
+      fi
+      # --isolated: pip's configuration may point at a folder of CPU wheels, which would win again.
       say "installing torch $TORCH_VERSION from PyPI: the CUDA build, with several GB of CUDA libraries"
-      pip_install "torch==$TORCH_VERSION" ;;
+      pip_install --isolated "torch==$TORCH_VERSION"
+      have=$(torch_build)
+      case "$have" in
+        "$TORCH_VERSION"*" (cuda "*) say "torch $have installed" ;;
+        *) echo "error: expected the CUDA build of torch $TORCH_VERSION, got '${have:-none}'" >&2; exit 1 ;;
+      esac ;;
   esac
 fi
 
