@@ -2,7 +2,7 @@
 command, the machine and load, the table `specedge bench` prints, the k it would choose and why,
 and the plot's path. Nothing is typed by hand.
 
-    python scripts/bench_md.py bench_out/smollm2-135m-instruct_model/bench.json [more bench.json ...]
+    python scripts/bench_md.py benchmarks/results/smollm2-135m-instruct_model/bench.json [more bench.json ...]
         [--benchmarks-md BENCHMARKS.md]
 """
 

@@ -33,7 +33,7 @@ Writes OUT/peers.json (schema "specedge.bench.peers/1", with the command line) a
 and replaces the part of BENCHMARKS.md between `<!-- peers:begin -->` and `<!-- peers:end -->`
 (creating BENCHMARKS.md with its skeleton when missing).
 
-Preparation (cached under --cache, default bench_out/peers/cache): an HF folder made from the GGUF
+Preparation (cached under --cache, default specedge-bench/peers-cache): an HF folder made from the GGUF
 with transformers (`from_pretrained(folder, gguf_file=...)` + `save_pretrained` + tokenizer), and
 onnxruntime-genai's fp32 and int4 builds of that folder (`python -m
 onnxruntime_genai.models.builder -i HF -o OUT -p fp32|int4 -e cpu`).
@@ -612,9 +612,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each category (default all)")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"subset of {','.join(ENGINES)}")
     ap.add_argument("--only", default=None, help="comma-separated configuration names (substring match)")
-    ap.add_argument("--cache", default=str(REPO / "bench_out" / "peers" / "cache"), help="prepared models")
-    ap.add_argument("--out", default=str(REPO / "bench_out" / "peers"), help="peers.json and peers.md go here")
-    ap.add_argument("--benchmarks-md", default=str(REPO / "BENCHMARKS.md"), help="file whose peers section is replaced ('' = none)")
+    ap.add_argument("--cache", default=str(REPO / "specedge-bench" / "peers-cache"), help="prepared models")
+    ap.add_argument("--out", default=str(REPO / "specedge-bench" / "peers"),
+                    help="peers.json and peers.md go here (the committed ones: --out benchmarks/results/peers)")
+    ap.add_argument("--benchmarks-md", default="",
+                    help="file whose peers section is replaced, e.g. BENCHMARKS.md (default none)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
     ap.add_argument("--prepare-only", action="store_true", help="build the HF folder and onnxruntime-genai models, then stop")
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)

@@ -5,7 +5,7 @@ interpreter's; weights ONNX Runtime leaves memory-mapped become resident on firs
 and the median call time for T = 1 (draft step / plain decode), k + 1 (verify) and the prefill
 chunk, the two sessions alternating so machine noise hits both alike. Writes JSON.
 
-    python scripts/ort_prepacking.py [BUNDLE] [--repeats 5] [--out bench_out/ort_prepacking.json]
+    python scripts/ort_prepacking.py [BUNDLE] [--repeats 5] [--out specedge-bench/ort_prepacking.json]
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--position", type=int, default=100)
-    ap.add_argument("--out", default=str(REPO / "bench_out" / "ort_prepacking.json"))
+    ap.add_argument("--out", default=str(REPO / "specedge-bench" / "ort_prepacking.json"),
+                    help="the committed figures: --out benchmarks/results/ort_prepacking.json")
     a = ap.parse_args()
     m = load_manifest(a.bundle)
     result = {"bundle": a.bundle, "threads": a.threads, "repeats": a.repeats, "position": a.position,

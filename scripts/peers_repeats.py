@@ -3,8 +3,8 @@ configuration's tokens/s per run and the median, and the issue's figures (each a
 within one run) per run and their median. Prints a markdown table; writes summary.json.
 
     for r in 1 2 3; do python scripts/bench_peers.py --threads 2 --max-new-tokens 128 \\
-        --only "specedge,onnxruntime-genai fp32" --out bench_out/peers_repeats/run$r --benchmarks-md ""; done
-    python scripts/peers_repeats.py bench_out/peers_repeats
+        --only "specedge,onnxruntime-genai fp32" --out benchmarks/results/peers_repeats/run$r; done
+    python scripts/peers_repeats.py benchmarks/results/peers_repeats
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it:
-#  1. export the default bundle if missing (the real-model tests use it);
-#  2. build the C++ runtime (release + AddressSanitizer) against ONNX Runtime's headers;
-#  3. pytest, slow real-model tests included. GPU tests skip with their reason without a GPU.
+# The whole test suite, as CI runs it (after scripts/setup.sh):
+#  1. export the default bundle if bundles/smollm2-135m-instruct has none (the real-model tests
+#     use it), checking that `export-models --quiet` writes nothing on stderr;
+#  2. scripts/cpp_setup.sh: as root, installs g++, cmake, nlohmann-json, Catch2 and libssl-dev with
+#     apt and unpacks ONNX Runtime's headers into third_party/ (docs/cpp.md);
+#  3. build the C++ runtime (release, and the unit tests with AddressSanitizer) and run ctest;
+#  4. pytest, slow real-model tests included. GPU tests skip with their reason without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate

@@ -400,3 +400,23 @@ def test_cli_bench_bad_input(tiny_bundle, tmp_path, capsys):
     assert "error:" in err and "Traceback" not in err
     assert main(["bench", str(tiny_bundle), "--tune", "--k", "1,2", "--out", str(tmp_path / "o")]) == 2
     assert "k = 0" in capsys.readouterr().err
+
+
+def test_cli_bench_default_output_is_outside_the_committed_results(tiny_bundle, tmp_path):
+    """No --out: results go to ./specedge-bench/<bundle>_<drafter>/ in the current folder, never
+    into the repository's benchmarks/results/."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    committed = {f: f.stat().st_mtime_ns for f in (repo / "benchmarks" / "results").rglob("*") if f.is_file()}
+    p = subprocess.run([sys.executable, "-m", "specedge", "bench", str(tiny_bundle), "--quick", "--k", "0,2",
+                        "--max-new-tokens", "4", "--prompts-per-category", "1", "--categories", "code",
+                        "--modes", "greedy", "--threads", "1", "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = tmp_path / "specedge-bench" / f"{tiny_bundle.resolve().name}_model"
+    assert json.loads(p.stdout)["files"]["json"] == str(Path("specedge-bench") / out.name / "bench.json")
+    validate_results(json.loads((out / "bench.json").read_text()))
+    assert {f: f.stat().st_mtime_ns for f in (repo / "benchmarks" / "results").rglob("*") if f.is_file()} == committed
+    assert p.stderr == ""  # --quiet: no progress line

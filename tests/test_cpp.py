@@ -376,3 +376,114 @@ def test_python_cli_reference_agrees_on_bad_input(tiny_bundles):
     p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(tiny_bundles / "scatter_self"), "hi",
                         "--top-p", "0"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 2
+
+
+# ----------------------------------------------------------------------------- the C chat example
+
+CHAT = BUILD / "specedge_chat"
+# ChatML with a default system message, as SmolLM2's template has it (the C runtime renders ChatML).
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a small test model.<|im_end|>\n' }}{% endif %}"
+          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chatml_bundle(tiny_bundle_factory, tmp_path_factory) -> Path:
+    """A tiny bundle with 512 positions and a ChatML template (its checksum updated)."""
+    import hashlib
+
+    b = tmp_path_factory.mktemp("chatml") / "bundle"
+    shutil.copytree(tiny_bundle_factory(max_seq=512), b)
+    (b / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
+    m = json.loads((b / "manifest.json").read_text())
+    data = (b / "chat_template.jinja").read_bytes()
+    m["tokenizer"]["chat_template"] = "chat_template.jinja"
+    if "chat_template.jinja" not in m["tokenizer"]["files"]:
+        m["tokenizer"]["files"].append("chat_template.jinja")
+    m["files"]["chat_template.jinja"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (b / "manifest.json").write_text(json.dumps(m))
+    return b
+
+
+def _chat(cmd: list, session: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], input=session, capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def test_chat_example_behaves_like_specedge_chat(chatml_bundle):
+    """The same piped session through `specedge_chat` and `specedge chat`: the same answers on
+    stdout (greedy), the same notes and errors on stderr, the same commands (/reset, unknown
+    commands, /exit ending the session before the last line), and a history longer than the
+    context handled the same way (the oldest exchanges dropped)."""
+    if not CHAT.is_file():
+        pytest.skip(f"{CHAT} not built")
+    turns = [f"Tell me about item number {i}, please." for i in range(1, 11)]
+    session = "\n".join([*turns, "", "/unknown", "/reset", "Name a colour.", "/exit", "never sent"]) + "\n"
+    opts = ["--threads", 1, "--max-new-tokens", 24]
+    c = _chat([CHAT, chatml_bundle, *opts], session)
+    py = _chat([sys.executable, "-m", "specedge", "chat", chatml_bundle, *opts], session)
+    assert c.returncode == 0 and py.returncode == 0, (c.stderr, py.stderr)
+    assert c.stdout == py.stdout
+    assert c.stderr == py.stderr
+    assert c.stderr.splitlines() == ["unknown command /unknown; commands: /reset clears the history, /exit leaves "
+                                     "(so does end of input)", "(history cleared)"]
+    # 11 answers, one line each at least; the whole conversation would not have fitted the context.
+    assert c.stdout.count("\n") >= 11
+    from specedge.runtime.api import load
+
+    with load(chatml_bundle, threads=1, warmup=False) as pipe:
+        msgs = [{"role": "user", "content": t} for t in turns]
+        assert len(pipe.tokenizer.encode_chat(msgs)) + 11 * 24 > pipe.max_seq
+
+
+def test_chat_example_stats_help_and_bad_input(chatml_bundle, tmp_path):
+    if not CHAT.is_file():
+        pytest.skip(f"{CHAT} not built")
+    p = _chat([CHAT, chatml_bundle, "--threads", 1, "--max-new-tokens", 8, "--stats"], "Hello\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.endswith("\n") and "stats:" not in p.stdout
+    (line,) = p.stderr.splitlines()
+    assert line.startswith("stats: ") and "tok/s" in line and line.endswith(("finish length", "finish eos"))
+    h = _chat([CHAT, "--help"], "")
+    assert h.returncode == 0 and h.stdout.startswith("usage: specedge_chat BUNDLE") and "/reset" in h.stdout
+    assert h.stderr == ""
+    for args, fragment in (([], "the bundle folder is required"), ([chatml_bundle, "--threads", "x"], "--threads"),
+                           ([chatml_bundle, "--bogus"], "unrecognized argument --bogus"),
+                           ([tmp_path / "nope"], "does not exist")):
+        assert_usage_error(_chat([CHAT, *args], ""), fragment)
+    # A message too long for the context: one error line, and the chat goes on.
+    p = _chat([CHAT, chatml_bundle, "--threads", 1, "--max-new-tokens", 8], "word " * 600 + "\nHello\n")
+    assert p.returncode == 0
+    assert p.stderr.splitlines()[0].startswith("error: the prompt has") and len(p.stderr.splitlines()) == 1
+    assert p.stdout.strip()
+
+
+# ----------------------------------------------------------------------------- linking, as docs/cpp.md says
+
+
+def _doc_blocks(lang: str) -> list[str]:
+    import re
+
+    text = (REPO / "docs" / "cpp.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def test_documented_install_and_link_commands(tiny_bundles, tmp_path):
+    """docs/cpp.md's complete C and C++ programs, built with its install and pkg-config commands as
+    written (in a scratch folder, its `cpp/build` being this build), run without LD_LIBRARY_PATH."""
+    if shutil.which("pkg-config") is None:
+        pytest.skip("pkg-config is not installed")
+    (c_src,) = [b for b in _doc_blocks("c") if "int main" in b]
+    (cpp_src,) = [b for b in _doc_blocks("cpp") if "int main" in b]
+    (commands,) = [b for b in _doc_blocks("bash") if "pkg-config" in b]
+    (tmp_path / "app.c").write_text(c_src)
+    (tmp_path / "app.cpp").write_text(cpp_src)
+    script = commands.replace("cpp/build", str(BUILD)).replace("bundles/smollm2-135m-instruct",
+                                                               str(tiny_bundles / "scatter_self"))
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PKG_CONFIG_PATH")}
+    env["HOME"] = str(tmp_path)  # the commands install into $HOME/.local
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert (tmp_path / ".local" / "lib" / "pkgconfig" / "specedge.pc").is_file()
+    assert p.stdout.count("tok/s") == 2, p.stdout  # both programs generated and printed their stats

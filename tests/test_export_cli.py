@@ -118,6 +118,9 @@ def out(tmp_path) -> Path:
     (["--spec-tokens", "17"], "--spec-tokens must be between 1 and 16, got 17"),
     (["--max-seq", "8"], "--max-seq must be at least 16, got 8"),
     (["--max-seq", "15"], "--max-seq must be at least 16, got 15"),
+    (["--max-seq", "2000000"], "--max-seq must be at most 1048576, got 2000000"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+    (["--block-size", "48"], "--block-size must be 16, 32, 64, 128 or 256, got 48"),
 ])
 def test_bad_numbers(ckpt, out, tmp_path, args, fragment):
     res = run(["--target", str(ckpt), "--out", str(out), *args], tmp_path)
@@ -388,3 +391,255 @@ def test_inspect_bad_bundles(tmp_path, tiny_bundle_factory):
     data.write_bytes(data.read_bytes()[:-8])
     res = run(["inspect", str(b)], tmp_path, module="specedge.cli.main")
     assert_bad_input(res, "checksum mismatch", "target/model.onnx.data")
+
+
+# ----------------------------------------------------------------------------- running the same export again
+
+
+def _export(ckpt: Path, out: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run(["--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32", "--quiet", *extra],
+               tmp_path)
+
+
+@pytest.fixture
+def exported(ckpt, out, tmp_path) -> Path:
+    res = _export(ckpt, out, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    return out
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def test_same_export_again_reuses_the_bundle(ckpt, exported, tmp_path):
+    before = _tree(exported)
+    res = _export(ckpt, exported, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1 and lines[0] == (f"bundle {exported} is current (same sources and options, "
+                                            "specedge 0.1.0 export-models): nothing to export"), res.stdout
+    assert _tree(exported) == before
+    info = json.loads(_export(ckpt, exported, tmp_path, "--json").stdout)
+    assert info["reused"] is True and info["bundle"] == str(exported) and info["max_seq"] == 32
+    rec = json.loads((exported / "manifest.json").read_text())["extra"]["export"]
+    assert rec["created_by"] == "specedge 0.1.0 export-models" and rec["draft"] == "ngram"
+    assert rec["options"]["max_seq"] == 32 and rec["target"]["path"] == str(ckpt.resolve())
+    assert set(rec["target"]["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+def test_reuse_is_decided_before_any_model_is_loaded(ckpt, exported, tmp_path, monkeypatch, capsys):
+    from specedge.cli import export_models
+    from specedge.export import sources
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(sources, "load", no_loading)
+    monkeypatch.chdir(tmp_path)
+    rc = export_models.main(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32",
+                             "--quiet"])
+    assert rc == 0
+    assert "is current" in capsys.readouterr().out
+    # A stale bundle is refused just as early.
+    rc = export_models.main(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "64",
+                             "--quiet"])
+    assert rc == 2
+    assert "not current" in capsys.readouterr().err
+
+
+def test_reuse_needs_neither_torch_nor_transformers(ckpt, exported, tmp_path):
+    """Reusing a current bundle reads file sizes only: torch (seconds to import) is never imported."""
+    args = ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet"]
+    code = ("import sys; from specedge.cli.export_models import main; rc = main(%r); "
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules))" % args)
+    res = run(["-c", code], tmp_path, module="")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "0 []", res.stdout
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (["--max-seq", "64"], "--max-seq 32 there, 64 now"),
+    (["--spec-tokens", "3"], "--spec-tokens 4 there, 3 now"),
+    (["--kv-update", "delta"], "--kv-update scatter there, delta now"),
+])
+def test_other_options_make_the_bundle_stale(ckpt, exported, tmp_path, change, fragment):
+    before = _tree(exported)
+    res = run(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet",
+               *change], tmp_path)
+    assert_bad_input(res, str(exported), "not current", fragment, "--force")
+    assert _tree(exported) == before
+
+
+def test_another_draft_makes_the_bundle_stale(ckpt, exported, tmp_path):
+    res = run(["--target", str(ckpt), "--draft", "self", "--out", str(exported), "--max-seq", "32"], tmp_path)
+    assert_bad_input(res, "not current", "draft ngram there, self now", "--draft-precision None there, int4 now")
+
+
+def test_a_changed_checkpoint_makes_the_bundle_stale(ckpt, exported, tmp_path):
+    st = ckpt / "model.safetensors"
+    os.utime(st, ns=(st.stat().st_atime_ns, st.stat().st_mtime_ns + 10**9))
+    assert_bad_input(_export(ckpt, exported, tmp_path), "not current",
+                     f"the target checkpoint '{ckpt.resolve()}' changed since")
+
+
+def test_a_damaged_current_bundle_is_not_reused(ckpt, exported, tmp_path):
+    data = exported / "tokenizer.json"
+    data.write_bytes(data.read_bytes()[:100])
+    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "it is damaged", "tokenizer.json",
+                     "--force")
+
+
+def test_a_bundle_of_an_older_export_is_stale(ckpt, exported, tmp_path):
+    mpath = exported / "manifest.json"
+    m = json.loads(mpath.read_text())
+    del m["extra"]["export"]
+    mpath.write_text(json.dumps(m))
+    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "records no sources and options",
+                     "--force")
+
+
+def test_force_replaces_a_stale_specedge_bundle(ckpt, exported, tmp_path):
+    res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert json.loads((exported / "manifest.json").read_text())["spec"]["k"] == 3
+    assert sorted(p.name for p in exported.parent.iterdir()) == ["bundle"]
+
+
+@pytest.mark.parametrize("content", ["user-files", "foreign-manifest", "file"])
+def test_force_never_replaces_what_is_not_a_specedge_bundle(ckpt, out, tmp_path, content):
+    if content == "file":
+        out.write_text("mine")
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+        if content == "foreign-manifest":
+            (out / "manifest.json").write_text(json.dumps({"name": "some other tool's manifest"}))
+    res = _export(ckpt, out, tmp_path, "--force")
+    if content == "file":
+        assert_bad_input(res, str(out), "is not a folder", "nothing replaced")
+        assert out.read_text() == "mine"
+    else:
+        assert_bad_input(res, str(out), "is not a specedge bundle", "nothing replaced",
+                         "--force replaces only a specedge bundle")
+        assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_an_empty_output_folder_is_used(ckpt, out, tmp_path):
+    out.mkdir()
+    res = _export(ckpt, out, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (out / "manifest.json").is_file()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_partial_folders_of_dead_runs_are_removed(ckpt, out, tmp_path):
+    dead = _dead_pid()
+    for kind in ("partial", "old"):
+        d = out.parent / f".{out.name}.{kind}-{dead}"
+        (d / "target").mkdir(parents=True)
+        (d / "target" / "model.onnx.data").write_bytes(b"\0" * 1000)
+    unrelated = out.parent / f".other.partial-{dead}"
+    unrelated.mkdir()
+    res = _export(ckpt, out, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["bundle", unrelated.name])
+
+
+def test_a_live_export_into_the_same_folder_is_refused(ckpt, out, tmp_path):
+    live = out.parent / f".{out.name}.partial-{os.getpid()}"  # this test process is alive
+    live.mkdir()
+    assert_bad_input(_export(ckpt, out, tmp_path), "another export-models", f"pid {os.getpid()}", str(out))
+    assert live.is_dir() and not out.exists()
+
+
+@pytest.mark.parametrize("sig, code, message", [("SIGINT", 130, "error: interrupted"),
+                                                ("SIGTERM", 143, "error: terminated")])
+def test_an_interrupted_export_leaves_nothing(ckpt, out, tmp_path, sig, code, message):
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "specedge.cli.export_models", "--target", str(ckpt), "--out", str(out),
+           "--max-seq", "32", "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    # Wait until the bundle is being written (its temp folder holds a file), then interrupt.
+    while time.time() < deadline and proc.poll() is None:
+        partial = list(out.parent.glob(f".{out.name}.partial-*"))
+        if partial and any(p.is_file() for p in partial[0].rglob("*")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the export ended before it could be interrupted: {proc.communicate()}"
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert stderr.splitlines() == [message], stderr
+    assert not out.exists()
+    assert list(out.parent.iterdir()) == [], "the partial folder was left behind"
+
+
+# ----------------------------------------------------------------------------- runtime-only installs
+
+
+@pytest.fixture
+def without_export_extra(tmp_path) -> dict:
+    """The environment of a `pip install specedge` without the `export` extra: a sitecustomize
+    makes its modules unimportable in the child (nothing is uninstalled)."""
+    shim = tmp_path / "no-export-extra"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'onnx', 'onnxscript', 'onnx_ir', 'gguf', 'safetensors'):\n"
+        "    sys.modules[name] = None\n")
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+@pytest.mark.parametrize("target", ["gguf", "hf-folder", "none"])
+def test_missing_export_extra_names_the_extra(target, ckpt, tmp_path, without_export_extra):
+    args = []
+    if target == "gguf":
+        g = tmp_path / "model.gguf"
+        g.write_bytes(b"GGUF" + b"\0" * 64)
+        args = ["--target", str(g)]
+    elif target == "hf-folder":
+        args = ["--target", str(ckpt)]
+    res = run(args, tmp_path, env=without_export_extra)
+    assert_bad_input(res, "needs the 'export' extra", "missing: torch, transformers, onnx",
+                     "pip install 'specedge[export]'", "from a clone: pip install -e '.[export]'")
+    assert not (tmp_path / "bundles").exists()
+
+
+def test_missing_gguf_module_alone_is_named(tmp_path):
+    shim = tmp_path / "no-gguf"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['gguf'] = None\n")
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    g = tmp_path / "model.gguf"
+    g.write_bytes(b"GGUF" + b"\0" * 64)
+    assert_bad_input(run(["--target", str(g)], tmp_path, env=env), "(missing: gguf)", "specedge[export]")
+
+
+@pytest.mark.parametrize("source", ["hf-folder", "gguf"])
+def test_max_seq_is_checked_against_the_header_before_loading(source, ckpt, out, tmp_path, monkeypatch, capsys):
+    from specedge.cli import export_models
+    from specedge.export import sources
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(sources, "load", no_loading)
+    target, limit = (str(ckpt), 512) if source == "hf-folder" else (str(_default_gguf()), 8192)
+    rc = export_models.main(["--target", target, "--out", str(out), "--max-seq", str(2 * limit), "--quiet"])
+    assert rc == 2
+    assert capsys.readouterr().err == f"error: --max-seq {2 * limit} is above the model's {limit} positions\n"
+    assert not out.exists()

@@ -55,6 +55,7 @@ tiny test bundles) is cut from the left and marked `truncated`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import inspect
@@ -66,6 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..progress import ticking
 from . import stats as S
 
 SCHEMA = "specedge.bench/1"
@@ -394,6 +396,11 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
     ks_spec = [k for k in cfg.ks if k > 0]
     total = len(cfg.modes) * len(cfg.ks) * cfg.repeats * len(suite)
     bar = tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    # Loading a pipeline, the warm-up and one long generation each hold the bar for seconds: keep
+    # its timer moving and name the step.
+    ticker = contextlib.ExitStack()
+    if progress:
+        ticker.enter_context(ticking(bar))
     runs: list[dict] = []
     reference: dict[str, list[int]] = {}  # greedy k=0 outputs, per prompt id
 
@@ -407,6 +414,7 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
         encoded = {p["id"]: _encode(pipe, p, cfg.max_new_tokens) for p in suite}
         # warm-up: every call shape (T = k + 1 for each k), untimed
         warm_ids = encoded[suite[0]["id"]][0]
+        bar.set_postfix_str(f"warm-up, k = {', '.join(map(str, ks))}")
         for k in ks:
             for mode in cfg.modes:
                 _generate(pipe, warm_ids, cfg, mode, k, cfg.seed, min(cfg.max_new_tokens, 2 * k + 4))
@@ -436,6 +444,7 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
         if 0 in cfg.ks:
             # target alone at its best: no draft session (so ONNX Runtime keeps its spinning default)
             say("bench: target-only pipeline (k = 0)")
+            bar.set_postfix_str("loading the target-only pipeline")
             pipe = _load_pipeline(bundle, cfg, "ngram", "none")
             try:
                 phase(pipe, [0])
@@ -443,6 +452,7 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
                 pipe.close()
         if ks_spec:
             say(f"bench: speculative pipeline (drafter: {draft}), k = {', '.join(map(str, ks_spec))}")
+            bar.set_postfix_str(f"loading the speculative pipeline ({draft} drafter)")
             pipe = _load_pipeline(bundle, cfg, draft, "none")
             try:
                 describe = pipe.describe() if hasattr(pipe, "describe") else {}
@@ -452,6 +462,7 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
         else:
             describe = {}
     finally:
+        ticker.close()
         bar.close()
     machine["load_avg_end"] = load_average()
 

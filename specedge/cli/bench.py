@@ -1,10 +1,10 @@
 """`specedge bench BUNDLE`: sweep k over the built-in prompt suite; JSON + PNG; `--tune` sets k.
 
     specedge bench bundles/smollm2-135m-instruct --quick --threads 2
-    specedge bench BUNDLE --k 0,1,2,4 --repeats 3 --max-new-tokens 128 --out results/
+    specedge bench BUNDLE --k 0,1,2,4 --repeats 3 --max-new-tokens 128 --out my-results/
     specedge bench BUNDLE --draft ngram --tune
 
-Writes OUT/bench.json (schema in `specedge.bench.runner`) and OUT/bench.png, prints a table (or the
+Writes OUT/bench.json (OUT defaults to ./specedge-bench/<bundle>_<drafter>) (schema in `specedge.bench.runner`) and OUT/bench.png, prints a table (or the
 JSON with --json). --tune writes the k with the best overall speed-up into the bundle's manifest
 (atomically: only manifest.json changes; it is not in its own checksum list) and says why.
 """
@@ -15,6 +15,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+# Outside any committed results: a plain run writes here (relative to the current folder); the
+# repository's published figures live in benchmarks/results/ and are written only with --out.
+DEFAULT_OUT = "specedge-bench"
 
 
 def _int_list(text: str) -> list[int]:
@@ -66,7 +70,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="keep the runtime's speculation guard on (default off: each k is measured as itself)")
     p.add_argument("--quick", action="store_true", help="short run: k 0,1,2,4, 1 repeat, 64 tokens, 2 prompts per category")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder for bench.json and bench.png (default bench_out/<bundle>_<drafter>)")
+                   help="output folder for bench.json and bench.png (default ./specedge-bench/<bundle>_<drafter> in the "
+                   "current folder)")
     p.add_argument("--tune", action="store_true",
                    help="write the best k into the bundle's manifest (atomically) and say why")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -117,7 +122,7 @@ def run(args) -> int:
         if 0 not in cfg.ks or not any(k > 0 for k in cfg.ks):
             raise UserError("--tune needs k = 0 (the target-only baseline) and at least one k >= 1 in --k")
     cfg.verify = "none"  # just checked in full above
-    out = Path(args.out) if args.out else Path("bench_out") / f"{bundle.resolve().name}_{drafter}"
+    out = Path(args.out) if args.out else Path(DEFAULT_OUT) / f"{bundle.resolve().name}_{drafter}"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -90,13 +90,18 @@ def read_utf8(data: bytes, what: str) -> str:
 
 
 def load_pipeline(args):
+    from ..progress import TickingBar
     from ..runtime.api import load
 
-    return load(
-        args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
-        providers=args.provider, draft=args.draft, verify=args.verify,
-        shared_pool=True,  # the CLI owns its process: target and draft on one spinning pool
-    )
+    # A ticking bar while the bundle loads, on a terminal only: piped stderr stays for errors and stats.
+    quiet = getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty()
+    with TickingBar(f"loading {args.bundle}", quiet=quiet, leave=False) as bar:
+        return load(
+            args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
+            providers=args.provider, draft=args.draft, verify=args.verify,
+            shared_pool=True,  # the CLI owns its process: target and draft on one spinning pool
+            progress=bar.step,
+        )
 
 
 def gen_kwargs(args) -> dict:
@@ -168,6 +173,11 @@ def run(args) -> int:
         raise UserError("the prompt is empty")
     if args.system is not None and not args.chat:
         raise UserError("--system needs --chat")
+    if args.chat:  # before loading any weights: a base model's bundle has no template
+        from ..manifest import load_manifest
+
+        if not load_manifest(args.bundle, verify="none").chat_template:
+            raise UserError("the bundle has no chat template (a base model?): drop --chat and give a plain prompt")
     pipe = load_pipeline(args)
     try:
         if args.chat:

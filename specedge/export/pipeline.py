@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..contract import MAX_SPEC_TOKENS, graph_io
 from ..errors import UserError
 from ..manifest import (
     KV_DTYPE,
     MANIFEST_NAME,
+    MAX_MAX_SEQ,
     PRECISIONS,
     SCHEMA_VERSION,
     GraphSpec,
@@ -24,6 +27,8 @@ from ..manifest import (
     sha256_file,
     write_json_atomic,
 )
+from .extras import require_export_extra
+from .output import OutputPlan, export_record, plan_output, source_identity
 
 MIN_MAX_SEQ = 16
 DEFAULT_MAX_SEQ = 2048
@@ -83,19 +88,19 @@ def validate_options(o: ExportOptions) -> None:
         raise UserError(f"--spec-tokens must be between 1 and {MAX_SPEC_TOKENS}, got {o.spec_tokens}")
     if o.max_seq < MIN_MAX_SEQ:
         raise UserError(f"--max-seq must be at least {MIN_MAX_SEQ}, got {o.max_seq}")
+    if o.max_seq > MAX_MAX_SEQ:
+        raise UserError(f"--max-seq must be at most {MAX_MAX_SEQ}, got {o.max_seq}")
+    if o.prefill_chunk < 1:
+        raise UserError(f"--prefill-chunk must be at least 1, got {o.prefill_chunk}")
     graph_flavours(o.graphs, o.kv_mode, o.precision)
     graph_flavours(o.graphs, o.kv_mode, o.draft_precision)
     if o.block_size not in (16, 32, 64, 128, 256):
         raise UserError(f"--block-size must be 16, 32, 64, 128 or 256, got {o.block_size}")
 
 
-def check_output(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        raise UserError(f"output folder '{out}' already exists (use --force to replace it)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output path '{out}' exists and is not a folder")
-    parent = out.parent
-    probe = parent
+def check_output(out: Path) -> None:
+    """The bundle's temp folder can be made next to `out` (its parent, or the first ancestor that exists)."""
+    probe = out.parent
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
@@ -110,26 +115,67 @@ def check_output(out: Path, force: bool) -> None:
         raise UserError(f"output folder '{out}' is not writable ({e.strerror or type(e).__name__} in '{probe}')") from None
 
 
-def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tuple[Path, Manifest]:
-    """Run the whole export; returns the bundle path and its manifest."""
+def _draft_kind(opts: ExportOptions) -> str:
+    return "ngram" if opts.draft in (None, "ngram") else ("self" if opts.draft == "self" else "model")
+
+
+def _check_positions(opts: ExportOptions, limit: int, whose: str) -> None:
+    if limit and opts.max_seq > limit:
+        raise UserError(f"--max-seq {opts.max_seq} is above the {whose} {limit} positions")
+
+
+def recorded_options(opts: ExportOptions) -> dict:
+    """The options that shape a bundle, as its manifest records them (keys read as CLI flags)."""
+    kind = _draft_kind(opts)
+    return {"precision": opts.precision, "draft_precision": opts.draft_precision if kind != "ngram" else None,
+            "max_seq": opts.max_seq, "spec_tokens": opts.spec_tokens, "kv_update": opts.kv_mode,
+            "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
+            "graphs": opts.graphs}
+
+
+def prepare(opts: ExportOptions) -> OutputPlan:
+    """Every check that needs no model loaded: options, installed modules, sources, their position
+    limit, and what to do with the output folder (export, replace, or reuse a current bundle)."""
+    from . import sources
+
+    validate_options(opts)
+    require_export_extra()
+    kind = _draft_kind(opts)
+    tkind, tpath = sources.resolve(opts.target)
+    dsource: dict | str = kind
+    if kind == "model":
+        dkind, dpath = sources.resolve(opts.draft)
+        dsource = source_identity(dkind, dpath)
+    out = Path(opts.out) if opts.out is not None else Path("bundles") / sources.default_name(tkind, tpath)
+    record = export_record(recorded_options(opts), source_identity(tkind, tpath), dsource)
+    plan = plan_output(out, record, opts.force)
+    if plan.action == "reuse":  # the very files that made a valid bundle: nothing more to check
+        return plan
+    theader = sources.check_header(tkind, tpath)
+    dheader = sources.check_header(dkind, dpath) if kind == "model" else None
+    check_output(out)
+    _check_positions(opts, theader["max_positions"], "model's")
+    if dheader is not None:
+        _check_positions(opts, dheader["max_positions"], "draft model's")
+    return plan
+
+
+def export_bundle(opts: ExportOptions, progress: Progress | None = None,
+                  plan: OutputPlan | None = None) -> tuple[Path, Manifest]:
+    """Run the whole export; returns the bundle path and its manifest. A current bundle already at
+    the output (see output.py) is returned as it is: `prepare(opts).action == "reuse"` tells."""
     from . import sources
 
     progress = progress or Progress()
-    validate_options(opts)
-    draft_kind = "ngram" if opts.draft in (None, "ngram") else ("self" if opts.draft == "self" else "model")
-    # Cheap checks on the output first, before minutes of loading.
-    if opts.out is not None:
-        check_output(Path(opts.out), opts.force)
-    sources.resolve(opts.target)
-    if draft_kind == "model":
-        sources.resolve(opts.draft)
-
+    plan = plan or prepare(opts)
+    if plan.action == "reuse":
+        return plan.out, plan.manifest
+    draft_kind = _draft_kind(opts)
     with progress.stage("loading target", total=1) as st:
         target = sources.load(opts.target, progress=lambda m: st.update(0, m))
         st.update(1)
-    max_pos = int(getattr(target.config, "max_position_embeddings", 0) or 0)
-    if max_pos and opts.max_seq > max_pos:
-        raise UserError(f"--max-seq {opts.max_seq} is above the model's {max_pos} positions")
+    # The header's limit was checked before loading; transformers' config is the last word.
+    _check_positions(opts, int(getattr(target.config, "max_position_embeddings", 0) or 0), "model's")
     if opts.prefill_chunk > opts.max_seq:
         opts.prefill_chunk = opts.max_seq
     draft = None
@@ -137,18 +183,11 @@ def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tupl
         with progress.stage("loading draft", total=1) as st:
             draft = sources.load(opts.draft, progress=lambda m: st.update(0, m))
             st.update(1)
-        from ..models import build_model
+        sources.check_same_tokenizer(target.tokenizer, draft.tokenizer, target.config.vocab_size,
+                                     draft.config.vocab_size)
+        _check_positions(opts, int(getattr(draft.config, "max_position_embeddings", 0) or 0), "draft model's")
 
-        t_rows = target.config.vocab_size
-        d_rows = draft.config.vocab_size
-        sources.check_same_tokenizer(target.tokenizer, draft.tokenizer, t_rows, d_rows)
-        dmax = int(getattr(draft.config, "max_position_embeddings", 0) or 0)
-        if dmax and opts.max_seq > dmax:
-            raise UserError(f"--max-seq {opts.max_seq} is above the draft model's {dmax} positions")
-        del build_model
-
-    out = Path(opts.out) if opts.out is not None else Path("bundles") / target.name
-    check_output(out, opts.force)
+    out = plan.out
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -158,22 +197,39 @@ def export_bundle(opts: ExportOptions, progress: Progress | None = None) -> tupl
     except OSError as e:
         raise UserError(f"cannot create the output folder '{out}': {e.strerror or e}") from None
     try:
-        manifest = _write_bundle(tmp, opts, target, draft, draft_kind, progress)
+        manifest = _write_bundle(tmp, opts, target, draft, draft_kind, progress, plan.record)
         _commit(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with _signals_held():
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     manifest.root = out
     return out, manifest
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """A second Ctrl-C or SIGTERM must not stop the clean-up half way: hold them until it is done."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
 def _commit(tmp: Path, out: Path) -> None:
-    """Swap the finished bundle into place; an old bundle is only removed once the new one is in."""
+    """Swap the finished bundle into place; an old bundle is only removed once the new one is in
+    (an interrupt between the two renames would leave neither in place: signals wait)."""
     old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
+    with _signals_held():
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -341,7 +397,8 @@ def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
     return files, template, info
 
 
-def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str, progress) -> Manifest:
+def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str, progress,
+                  record: dict) -> Manifest:
     t0 = time.time()
     tok_files, template, tok_info = _write_tokenizer(tmp, target)
     tspec, fp32 = _export_one(tmp, "target", target, opts.precision, opts, progress)
@@ -365,7 +422,7 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
             st.update(1)
     m = Manifest(
         schema_version=SCHEMA_VERSION,
-        created_by=f"specedge {__version__} export-models",
+        created_by=record["created_by"],
         max_seq=opts.max_seq,
         batch=1,
         kv_mode=opts.kv_mode,
@@ -381,7 +438,7 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
         draft=dspec,
         files=files,
         extra={"export_seconds": round(time.time() - t0, 1), "source_target": target.source,
-               "source_draft": opts.draft if draft_kind != "self" else "self"},
+               "source_draft": opts.draft if draft_kind != "self" else "self", "export": record},
     )
     write_json_atomic(tmp / MANIFEST_NAME, m.to_json())
     # Round-trip through the loader: never ship a bundle our own runtime would refuse.

@@ -130,7 +130,11 @@ def gguf_header_check(path: Path) -> dict:
         raise UserError(f"'{path}' is not a GGUF file (bad magic bytes)")
     try:
         from gguf import GGUFReader
+    except ImportError as e:
+        from .extras import missing_extra_error
 
+        raise missing_extra_error([e.name or "gguf"]) from None
+    try:
         reader = GGUFReader(str(path))
     except (ValueError, struct.error, IndexError, OSError, KeyError) as e:
         raise UserError(f"GGUF file '{path}' is truncated or corrupt ({type(e).__name__}: {e})") from None
@@ -152,7 +156,53 @@ def gguf_header_check(path: Path) -> dict:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size:
             raise UserError(f"GGUF file '{path}' is truncated: tensor '{t.name}' ends past the end of the file")
-    return {"architecture": field_str("general.architecture"), "chat_template": field_str("tokenizer.chat_template")}
+    arch = field_str("general.architecture")
+    return {"architecture": arch, "chat_template": field_str("tokenizer.chat_template"),
+            "context_length": field_int(reader, f"{arch}.context_length")}
+
+
+def field_int(reader, name: str) -> int | None:
+    f = reader.fields.get(name)
+    try:
+        return int(f.parts[f.data[0]][0]) if f is not None else None
+    except Exception:
+        return None
+
+
+def default_name(kind: str, path: Path) -> str:
+    """The bundle folder name for a checkpoint: bundles/<this> when --out is not given."""
+    return path.stem.split(".")[0].lower() if kind == "gguf" else path.name.lower()
+
+
+def check_header(kind: str, path: Path) -> dict:
+    """Every check on a checkpoint that needs no model loaded: the GGUF header or config.json and
+    safetensors headers, the architecture. Returns the header's fields: architecture (the
+    transformers model_type), chat_template (GGUF only) and max_positions (0 when none is stated)."""
+    if kind == "gguf":
+        meta = gguf_header_check(path)
+        arch = meta["architecture"]
+        if arch not in GGUF_ARCHS:
+            raise UserError(
+                f"architecture '{arch}' of '{path}' is not supported; supported families: {', '.join(_supported_types())}"
+            )
+        _check_arch(GGUF_ARCHS[arch], str(path))
+        return {"architecture": GGUF_ARCHS[arch], "chat_template": meta["chat_template"],
+                "max_positions": int(meta["context_length"] or 0)}
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read '{path / 'config.json'}': {_short(e)}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"'{path / 'config.json'}' is not a JSON object")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    mt = cfg.get("model_type")
+    if mt == "gemma3" and text:
+        mt = "gemma3_text"
+    _check_arch(mt, str(path))
+    _check_safetensors(path)
+    positions = cfg.get("max_position_embeddings", text.get("max_position_embeddings", 0))
+    return {"architecture": mt, "chat_template": None,
+            "max_positions": positions if isinstance(positions, int) and positions > 0 else 0}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -178,11 +228,16 @@ def load(source: str | None, progress=None) -> Checkpoint:
     """Load a checkpoint in fp32. `progress(msg)` is told what is happening (for the CLI's bars)."""
     kind, path = resolve(source)
     say = progress or (lambda msg: None)
-    # The GGUF header is read before torch and transformers are imported (seconds on a small CPU):
+    # The headers are read before torch and transformers are imported (seconds on a small CPU):
     # a truncated or corrupt file is reported at once.
-    meta = gguf_header_check(path) if kind == "gguf" else {}
-    import torch  # noqa: F401  (export extra)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    meta = check_header(kind, path)
+    try:
+        import torch  # noqa: F401  (export extra)
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        from .extras import missing_extra_error
+
+        raise missing_extra_error([e.name or "torch"]) from None
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -192,12 +247,6 @@ def load(source: str | None, progress=None) -> Checkpoint:
     chat_template = None
     extra: dict = {}
     if kind == "gguf":
-        arch = meta["architecture"]
-        if arch not in GGUF_ARCHS:
-            raise UserError(
-                f"architecture '{arch}' of '{path}' is not supported; supported families: {', '.join(_supported_types())}"
-            )
-        _check_arch(GGUF_ARCHS[arch], str(path))
         chat_template = meta["chat_template"]
         folder, fname = str(path.parent), path.name
         say(f"loading {path.name} (dequantizing GGUF)")
@@ -211,18 +260,9 @@ def load(source: str | None, progress=None) -> Checkpoint:
             raise
         except Exception as e:
             raise UserError(f"cannot load GGUF checkpoint '{path}': {_short(e)}") from None
-        name = path.stem.split(".")[0].lower()
+        name = default_name(kind, path)
         extra["gguf"] = path.name
     else:
-        try:
-            cfg_raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read '{path / 'config.json'}': {_short(e)}") from None
-        mt = cfg_raw.get("model_type")
-        if mt == "gemma3" and isinstance(cfg_raw.get("text_config"), dict):
-            mt = "gemma3_text"
-        _check_arch(mt, str(path))
-        _check_safetensors(path)
         say(f"loading {path.name}")
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True)
@@ -235,7 +275,7 @@ def load(source: str | None, progress=None) -> Checkpoint:
             raise UserError(f"cannot load checkpoint '{path}': {_short(e)}") from None
         tmpl = path / "chat_template.jinja"
         chat_template = tmpl.read_text(encoding="utf-8") if tmpl.is_file() else None
-        name = path.name.lower()
+        name = default_name(kind, path)
     chat_template = getattr(tok, "chat_template", None) or chat_template
     state = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
     if hasattr(model, "config"):

@@ -485,7 +485,7 @@ def _accepts(klass, name: str) -> bool:
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
          spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
-         backend_options: dict | None = None) -> Pipeline:
+         backend_options: dict | None = None, progress=None) -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -506,7 +506,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     draft_kv: "auto" (a self-draft copies the target's K/V for the tokens the target has already
       run instead of computing its own: no draft prefill of the prompt, where ONNX Runtime CPU
       backends serve both) or "own" (the draft feeds every token itself).
+    progress: called with the name of each loading step (for a progress display).
     """
+    say = progress or (lambda step: None)
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
@@ -516,6 +518,7 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
     if draft not in (None, "model", "ngram"):
         raise ValueError(f"draft must be 'model', 'ngram' or None, got {draft!r}")
+    say({"full": "checking files (sha256)", "size": "checking file sizes", "none": "reading the manifest"}[verify])
     manifest = load_manifest(bundle, verify=verify)
     if draft is None:
         draft = "model" if manifest.draft.is_model else "ngram"
@@ -547,11 +550,13 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         t = threads if _accepts(klass, "threads") else None
         return create_backend(name, manifest, spec, threads=t, providers=providers, **opts)
 
+    say(f"target session ({tname})")
     target = make(tname, manifest.target)
     dbackend = None
     try:
         vocab = min(manifest.tokenizer_vocab_size, manifest.target.vocab_size)
         if draft == "model":
+            say(f"draft session ({dname})")
             dbackend = make(dname, manifest.draft)
             drafter = ModelDrafter(dbackend, manifest.prefill_chunk, vocab=min(vocab, dbackend.vocab_size))
         else:
@@ -559,6 +564,7 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
             drafter = NgramProposer(vocab, ngram_sizes=tuple(sizes))
         pipe = Pipeline(manifest, tokenizer, target, drafter, tname, dname, dbackend, draft_kv=draft_kv)
         if warmup:
+            say("warm-up")
             pipe.calibrate()
     except BaseException:
         target.close()

@@ -1,0 +1,123 @@
+"""What a new user meets first, outside export-models (tests/test_export_cli.py) and the README
+synopses (tests/test_cli_help.py): a refusal before any weights load, and progress that moves."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
+    b = tmp_path / "base-model"
+    shutil.copytree(tiny_bundle_factory(), b)
+    m = json.loads((b / "manifest.json").read_text())
+    m["tokenizer"]["chat_template"] = None
+    m["tokenizer"]["files"] = [f for f in m["tokenizer"]["files"] if f != "chat_template.jinja"]
+    m["files"].pop("chat_template.jinja", None)
+    (b / "chat_template.jinja").unlink()
+    (b / "manifest.json").write_text(json.dumps(m))
+    # Loading would fail on this truncated graph: the refusal must come first.
+    data = b / "target" / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:64])
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello", "--chat"], capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        "error: the bundle has no chat template (a base model?): drop --chat and give a plain prompt"]
+    # Without --chat the damage is what is reported.
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello"], capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    assert p.returncode == 2 and "model.onnx.data" in p.stderr
+
+
+def _ticking_output(monkeypatch, step: str) -> str:
+    from specedge import progress
+
+    monkeypatch.setattr(progress, "TICK_S", 0.05)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with progress.TickingBar("tracing target (fp32, ort graph)", total=1) as bar:
+        bar.update(0, step)
+        time.sleep(0.6)  # one long step: no update from the caller
+        bar.update(1)
+    return err.getvalue()
+
+
+def test_the_bar_redraws_during_a_long_step_and_names_it_in_full(monkeypatch):
+    step = "loading SmolLM2-135M-Instruct.Q4_1.gguf (dequantizing GGUF), a step name well over sixty characters"
+    out = _ticking_output(monkeypatch, step)
+    frames = [f for f in out.split("\r") if f.strip()]
+    during = [f for f in frames if step in f and "0/1" in f]
+    assert len(during) >= 5, f"the bar was drawn {len(during)} times during a 0.6 s step:\n{out!r}"
+    assert f"tracing target (fp32, ort graph): {step}" in out
+
+
+def test_quiet_draws_nothing(monkeypatch):
+    from specedge import progress
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with progress.TickingBar("stage", total=2, quiet=True) as bar:
+        bar.update(1, "a step")
+        bar.step("another")
+    assert err.getvalue() == ""
+
+
+def test_export_progress_names_every_stage_in_full(tiny_checkpoint_factory, tmp_path):
+    out = tmp_path / "bundle"
+    p = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target",
+                        str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    final = [f.strip() for line in p.stderr.splitlines() for f in line.split("\r")[-1:] if f.strip()]
+    for stage in ("loading target", "tracing target (fp32, ort graph)", "writing target (ort graph)",
+                  "quantizing draft (int4, block 32)", "checksums"):
+        assert any(stage in f for f in final), (stage, final)
+    assert all(f.endswith("]") for f in final), final  # each stage line ends with its elapsed time
+
+
+def test_generate_shows_loading_progress_on_a_terminal_only(tiny_bundle_factory):
+    """On a terminal, stderr shows the bundle loading step by step; piped, stderr stays for the
+    stats (and errors) alone."""
+    import os
+    import pty
+
+    bundle = tiny_bundle_factory()
+    cmd = [sys.executable, "-m", "specedge", "generate", str(bundle), "Hello", "--max-new-tokens", "4", "--stats"]
+    master, slave = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # a 200-column terminal
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300, cwd=REPO)
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    for step in ("checking files (sha256)", "target session (ort-cpu)", "draft session (ort-cpu)", "warm-up"):
+        assert f"loading {bundle}: {step}" in shown, shown
+    assert "stats: " in shown
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert piped.returncode == 0 and piped.stderr.startswith("stats: ") and "loading" not in piped.stderr
