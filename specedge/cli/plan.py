@@ -38,7 +38,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _load(bundle: str):
-    from ..errors import UserError
     from ..manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest, read_manifest_json
 
     path = Path(bundle)
