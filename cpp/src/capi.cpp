@@ -124,6 +124,7 @@ GenConfig to_config(const specedge_gen_params* p) {
   c.spec_tokens = p->spec_tokens;
   c.speculative = p->speculative != 0;
   c.guard = p->guard != 0;
+  c.adaptive_k = p->adaptive_k != 0;
   return c;
 }
 
@@ -240,6 +241,7 @@ void specedge_gen_params_init(specedge_gen_params* p) {
   p->spec_tokens = 0;
   p->speculative = 1;
   p->guard = 1;
+  p->adaptive_k = 0;
 }
 
 specedge_status specedge_generate(specedge_model* model, const char* prompt, const specedge_gen_params* params,

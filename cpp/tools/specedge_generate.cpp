@@ -18,9 +18,9 @@ namespace {
 
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                         [--seed S] [--spec-tokens K] [--no-spec] [--no-guard] [--draft model|ngram]\n"
-    "                         [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt] [--verify full|size|none]\n"
-    "                         [--chat] [--system TEXT] [--json] [--stats]\n"
+    "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard]\n"
+    "                         [--draft model|ngram] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
+    "                         [--verify full|size|none] [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
 
 constexpr long long kMaxThreads = 1024;  // as the Python CLI and the C API
@@ -128,6 +128,8 @@ int main(int argc, char** argv) {
         threads = int(v);
       } else if (a == "--no-spec") {
         gp.speculative = false;
+      } else if (a == "--adaptive-k") {
+        gp.adaptive_k = true;
       } else if (a == "--no-guard") {
         gp.guard = false;
       } else if (a == "--draft") {
