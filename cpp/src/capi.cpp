@@ -13,6 +13,10 @@
 
 using namespace specedge;
 
+// The public header states k's bound for C callers (stats arrays, specedge_generate's check); it
+// is the runtime's, not a second one.
+static_assert(SPECEDGE_MAX_SPEC_TOKENS == kMaxSpecTokens, "specedge.h and manifest.h disagree on k's bound");
+
 struct specedge_model {
   std::unique_ptr<Engine> engine;
   std::string drafter;

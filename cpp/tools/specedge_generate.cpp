@@ -119,7 +119,9 @@ int main(int argc, char** argv) {
         gp.seed = uint64_t(v);
       } else if (a == "--spec-tokens") {
         long long v = to_int(a, value());
-        if (v < 1 || v > 16) throw UsageError("--spec-tokens must be between 1 and 16, got " + std::to_string(v));
+        if (v < 1 || v > SPECEDGE_MAX_SPEC_TOKENS)
+          throw UsageError("--spec-tokens must be between 1 and " + std::to_string(SPECEDGE_MAX_SPEC_TOKENS) + ", got " +
+                           std::to_string(v));
         gp.spec_tokens = int(v);
       } else if (a == "--threads") {
         long long v = to_int(a, value());
