@@ -422,7 +422,7 @@ def prepare_ortgenai(hf: Path, dst: Path, precision: str, cache: Path) -> Path:
 
 def default_gguf() -> Path | None:
     try:
-        from specedge.export.sources import default_gguf as dg
+        from specedge.checkpoints import default_gguf as dg
 
         return Path(dg())
     except Exception:

@@ -113,13 +113,14 @@ def load_default_model(dtype_name: str):
     import torch
 
     from specedge.models import build_model, load_weights
-    from specedge.runtime.backends.torch_backend import default_gguf
+    from specedge.checkpoints import default_gguf
 
     note = ""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder, name = default_gguf()
+        gguf = default_gguf()
+        folder, name = str(gguf.parent), gguf.name
         t0 = time.perf_counter()
         hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)

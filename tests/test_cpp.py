@@ -319,6 +319,42 @@ def test_generate_json_and_streaming(tiny_bundles):
     assert json.loads(p.stdout)["token_ids"] == got["token_ids"]
 
 
+@pytest.mark.parametrize("name", ["delta_ngram", "scatter_self"])
+def test_generate_adaptive_k(tiny_bundles, name):
+    """--adaptive-k (specedge_gen_params.adaptive_k): k grows while drafts are accepted, the greedy
+    output does not change, and the k chosen round by round is the Python runtime's (guard off:
+    the policy then depends on the accepted counts only, docs/design.md)."""
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundles / name
+    # prompts whose drafts the tiny model accepts in full now and then (an n-gram lookup needs repeats)
+    prompt, n = ("1 2 3 1 2 3 1 2 3 1 2 3" if name == "delta_ngram" else "def add(a, b):"), 48
+    args = (bundle, prompt, "--max-new-tokens", n, "--threads", 1, "--spec-tokens", 2, "--no-guard")
+    fixed = cpp_json(*args)
+    adaptive = cpp_json(*args, "--adaptive-k")
+    assert adaptive["token_ids"] == fixed["token_ids"]
+    # without it k stays 2 (1 only where the tokens left cap it)
+    assert set(fixed["stats"]["k_histogram"]) <= {"1", "2"}, fixed["stats"]
+    assert max(int(k) for k in adaptive["stats"]["k_histogram"]) > 2, adaptive["stats"]
+    with load(bundle, threads=1) as pipe:
+        py = pipe.generate(prompt, max_new_tokens=n, spec_tokens=2, guard=False, adaptive_k=True).stats
+    assert {str(k): v for k, v in py["k_histogram"].items()} == adaptive["stats"]["k_histogram"]
+    assert py["k_final"] == adaptive["stats"]["k_final"]
+
+
+def test_docs_synopsis_lists_the_options_of_help():
+    """docs/cpp.md's specedge_generate synopsis and `specedge_generate --help` name the same options."""
+    import re
+
+    doc = (REPO / "docs" / "cpp.md").read_text(encoding="utf-8")
+    block = re.search(r"## `specedge_generate`\n\n```\n(specedge_generate .*?)```", doc, re.S)
+    assert block, "docs/cpp.md has no specedge_generate synopsis block"
+    options = lambda text: set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))  # noqa: E731
+    in_help, in_doc = options(run_cpp("--help").stdout), options(block.group(1))
+    assert "--adaptive-k" in in_help
+    assert in_help == in_doc, (sorted(in_help - in_doc), sorted(in_doc - in_help))
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
+def _base_model_bundle(tiny_bundle_factory, tmp_path) -> Path:
+    """A copy of a tiny bundle without a chat template (as a base model's is) whose target
+    weights are truncated, so that loading it would fail."""
     b = tmp_path / "base-model"
     shutil.copytree(tiny_bundle_factory(), b)
     m = json.loads((b / "manifest.json").read_text())
@@ -26,6 +28,11 @@ def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle
     # Loading would fail on this truncated graph: the refusal must come first.
     data = b / "target" / "model.onnx.data"
     data.write_bytes(data.read_bytes()[:64])
+    return b
+
+
+def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
+    b = _base_model_bundle(tiny_bundle_factory, tmp_path)
     p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello", "--chat"], capture_output=True,
                        text=True, timeout=300, cwd=REPO)
     assert p.returncode == 2, p.stderr
@@ -35,6 +42,16 @@ def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle
     p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello"], capture_output=True, text=True,
                        timeout=300, cwd=REPO)
     assert p.returncode == 2 and "model.onnx.data" in p.stderr
+
+
+def test_chat_command_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
+    b = _base_model_bundle(tiny_bundle_factory, tmp_path)
+    p = subprocess.run([sys.executable, "-m", "specedge", "chat", str(b)], input="Hello\n", capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        "error: the bundle has no chat template (a base model?): use `specedge generate` for plain prompts"]
+    assert p.stdout == ""
 
 
 def _ticking_output(monkeypatch, step: str) -> str:

@@ -629,7 +629,8 @@ def test_api_argument_errors(int4_pipe, tiny_bundle_factory):
         (dict(prompt="x", messages=[{"role": "user", "content": "y"}]), "exactly one"),
         (dict(messages=[{"role": "user"}]), "string 'role' and 'content'"),
         (dict(token_ids=[10**6]), "token ids must be in"),
-        (dict(prompt="word " * 200), "context holds 128"),
+        (dict(token_ids=[]), "the prompt is empty"),
+        (dict(prompt="word " * 200), "the prompt has \\d+ tokens but the bundle's context holds 128"),
     ]
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):

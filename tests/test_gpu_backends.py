@@ -271,6 +271,45 @@ def test_torch_backend_without_checkpoint_says_how(toy_scatter):
         TorchBackend(m, m.target, device="cpu")
 
 
+def test_torch_backend_rebuilds_the_bundle_source_on_cpu(tiny_bundle_factory):
+    """The manifest's source (an HF folder here) is found by specedge.checkpoints.resolve, the
+    rules export used, and the rebuilt module computes what the exported graph does."""
+    pytest.importorskip("torch")
+    from specedge.runtime.backends import create_backend
+    from specedge.runtime.backends.torch_backend import TorchBackend
+
+    m = load_manifest(tiny_bundle_factory())
+    ref = create_backend("ort-cpu", m, m.target)
+    b = TorchBackend(m, m.target, device="cpu", dtype="float32")
+    for ids, pos in _exported_calls(m.spec_tokens, m.prefill_chunk):
+        np.testing.assert_allclose(b.run(ids, pos), ref.run(ids, pos), atol=2e-3, rtol=1e-3)
+
+
+def test_torch_backend_checkpoint_relative_to_the_bundle(tiny_checkpoint_factory, tmp_path):
+    pytest.importorskip("torch")
+    import shutil
+
+    from specedge.runtime.backends.torch_backend import load_checkpoint
+
+    shutil.copytree(tiny_checkpoint_factory(), tmp_path / "ckpt")
+    model = load_checkpoint("ckpt", root=tmp_path)
+    assert model.config.num_hidden_layers >= 1
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BackendError, match=r"checkpoint folder '.*/empty' has no config\.json.*from_module"):
+        load_checkpoint("empty", root=tmp_path)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("/no/such/checkpoint", r"checkpoint '/no/such/checkpoint' does not exist; load the model yourself.*from_module"),
+    ("someorg/not-cached-anywhere", r"not available offline in the Hugging Face cache.*from_module"),
+])
+def test_torch_backend_unresolvable_checkpoint_says_how(source, message):
+    from specedge.runtime.backends.torch_backend import load_checkpoint
+
+    with pytest.raises(BackendError, match=message):
+        load_checkpoint(source)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the error on a machine without a CUDA GPU")
 def test_torch_backend_on_cuda_without_gpu_is_a_clear_error(tiny_llama):
     from specedge.runtime.backends.torch_backend import TorchBackend

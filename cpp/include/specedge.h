@@ -107,6 +107,9 @@ typedef struct specedge_gen_params {
   int speculative;        /* 1 (default): use the drafter; 0: target only */
   int guard;              /* 1 (default): shrink k / fall back to target-only when speculation
                              does not pay */
+  int adaptive_k;         /* 0 (default); 1: also move k by the last round, up after a round that
+                             accepted every draft, down after one that accepted fewer than half
+                             (Python's adaptive_k / --adaptive-k; docs/design.md) */
 } specedge_gen_params;
 
 SPECEDGE_API void specedge_gen_params_init(specedge_gen_params* params);

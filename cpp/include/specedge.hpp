@@ -72,6 +72,7 @@ struct GenParams {
   int spec_tokens = 0;
   bool speculative = true;
   bool guard = true;
+  bool adaptive_k = false;
 };
 
 struct Result {
@@ -175,6 +176,7 @@ class Model {
     gp.spec_tokens = p.spec_tokens;
     gp.speculative = p.speculative;
     gp.guard = p.guard;
+    gp.adaptive_k = p.adaptive_k;
     Trampoline tr{&cb, nullptr};
     specedge_result* raw = nullptr;
     specedge_status s;

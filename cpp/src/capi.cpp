@@ -13,6 +13,10 @@
 
 using namespace specedge;
 
+// The public header states k's bound for C callers (stats arrays, specedge_generate's check); it
+// is the runtime's, not a second one.
+static_assert(SPECEDGE_MAX_SPEC_TOKENS == kMaxSpecTokens, "specedge.h and manifest.h disagree on k's bound");
+
 struct specedge_model {
   std::unique_ptr<Engine> engine;
   std::string drafter;
@@ -124,6 +128,7 @@ GenConfig to_config(const specedge_gen_params* p) {
   c.spec_tokens = p->spec_tokens;
   c.speculative = p->speculative != 0;
   c.guard = p->guard != 0;
+  c.adaptive_k = p->adaptive_k != 0;
   return c;
 }
 
@@ -240,6 +245,7 @@ void specedge_gen_params_init(specedge_gen_params* p) {
   p->spec_tokens = 0;
   p->speculative = 1;
   p->guard = 1;
+  p->adaptive_k = 0;
 }
 
 specedge_status specedge_generate(specedge_model* model, const char* prompt, const specedge_gen_params* params,

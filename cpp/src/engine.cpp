@@ -417,16 +417,16 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     if (kk >= 1) {
       double t0 = now();
       std::vector<int32_t> draft;
+      // The model drafter's q rows when sampling; an n-gram lookup is deterministic and has none
+      // (each token a point mass for verify_sampling), so no [k, V] one-hot rows are built.
+      const std::vector<double>* q = nullptr;
       if (drafter_) {
         draft = drafter_->propose(tokens, kk, params, rng, params.greedy() ? nullptr : &q_rows_);
+        q = &q_rows_;
       } else {
         draft = ngram_->propose(tokens, kk);
         draft.erase(std::remove_if(draft.begin(), draft.end(), [&](int32_t d) { return d < 0 || d >= vocab_; }),
                     draft.end());
-        if (!params.greedy()) {
-          q_rows_.assign(draft.size() * size_t(vocab_), 0.0);
-          for (size_t i = 0; i < draft.size(); ++i) q_rows_[i * size_t(vocab_) + size_t(draft[i])] = 1.0;
-        }
       }
       double t1 = now();
       if (draft.empty()) {
@@ -456,7 +456,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
             probs_from_logits(logits + r * size_t(V), vocab_, params, prow);
             std::copy(prow.begin(), prow.end(), p_all.begin() + long(r) * vocab_);
           }
-          fresh = verify_sampling(draft, q_rows_, p_all, vocab_, rng);
+          fresh = verify_sampling(draft, q, p_all, vocab_, rng);
         }
         tcache_->rollback(position + int(fresh.size()));
         double t2 = now();

@@ -106,31 +106,47 @@ std::vector<int32_t> verify_greedy(const std::vector<int32_t>& draft, const floa
   return out;
 }
 
-std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const std::vector<double>& q_all,
+std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const std::vector<double>* q_all,
                                      const std::vector<double>& p_all, int V, Rng& rng) {
+  const size_t k = draft.size(), v_n = size_t(V);
+  if (V < 1 || p_all.size() != (k + 1) * v_n)
+    fail_arg("target probabilities must be [k + 1, V] = [" + std::to_string(k + 1) + ", " + std::to_string(V) +
+             "], got " + std::to_string(p_all.size()) + " values");
+  if (q_all && q_all->size() != k * v_n)
+    fail_arg("draft probabilities must be [k, V] = [" + std::to_string(k) + ", " + std::to_string(V) + "], got " +
+             std::to_string(q_all->size()) + " values");
+  for (int32_t x : draft)
+    if (x < 0 || x >= V) fail_arg("draft token " + std::to_string(x) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   std::vector<int32_t> out;
-  std::vector<double> residual(static_cast<size_t>(V));
-  for (size_t i = 0; i < draft.size(); ++i) {
-    const double* p = p_all.data() + i * size_t(V);
-    const double* q = q_all.data() + i * size_t(V);
+  std::vector<double> residual(v_n);
+  for (size_t i = 0; i < k; ++i) {
+    const double* p = p_all.data() + i * v_n;
+    const double* q = q_all ? q_all->data() + i * v_n : nullptr;
     int x = draft[i];
-    double qx = q[x];
-    bool onehot = !(qx > 0);
-    if (onehot) qx = 1.0;
-    if (rng.uniform() * qx < p[x]) {
-      out.push_back(x);
-      continue;
+    double qx = q ? q[x] : 0.0;
+    if (!(qx > 0)) {  // a point mass at x: u < p(x) / 1, and max(p - onehot(x), 0) is p without x
+      if (rng.uniform() < p[x]) {
+        out.push_back(x);
+        continue;
+      }
+      std::copy(p, p + V, residual.begin());
+      residual[size_t(x)] = 0.0;
+    } else {
+      // u < p/q without dividing; with p(x) >= q(x) this always holds because u < 1.
+      if (rng.uniform() * qx < p[x]) {
+        out.push_back(x);
+        continue;
+      }
+      for (size_t v = 0; v < v_n; ++v) residual[v] = std::max(p[v] - q[v], 0.0);
     }
+    // A rejection implies p(y) > q(y) somewhere; only rounding (p ~= q) can leave no mass, and
+    // then p itself is the right fallback.
     double sum = 0;
-    for (int v = 0; v < V; ++v) {
-      double qv = onehot ? (v == x ? 1.0 : 0.0) : q[v];
-      residual[size_t(v)] = std::max(p[v] - qv, 0.0);
-      sum += residual[size_t(v)];
-    }
+    for (double r : residual) sum += r;
     out.push_back(sum > 0 ? sample(residual.data(), V, rng) : sample(p, V, rng));
     return out;
   }
-  out.push_back(sample(p_all.data() + draft.size() * size_t(V), V, rng));
+  out.push_back(sample(p_all.data() + k * v_n, V, rng));
   return out;
 }
 

@@ -38,8 +38,11 @@ int sample(const double* p, int n, Rng& rng);
 
 // Greedy verification: accepted draft prefix + the target's own token. rows: [k+1, V] logits.
 std::vector<int32_t> verify_greedy(const std::vector<int32_t>& draft, const float* logits, int V);
-// Exact speculative sampling (Leviathan et al.); q: [k, V], p: [k+1, V] probability rows.
-std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const std::vector<double>& q,
+// Exact speculative sampling (Leviathan et al.); p: [k+1, V] probability rows; q: the [k, V]
+// rows the draft tokens were sampled from, or nullptr for a deterministic proposal (an n-gram
+// lookup), where each token is a point mass: accept x with probability p(x), otherwise sample p
+// without x. A token with q(x) == 0 gets the same rule (verify.py verify_sampling).
+std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const std::vector<double>* q,
                                      const std::vector<double>& p, int V, Rng& rng);
 
 }  // namespace specedge

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "catch.h"
@@ -278,7 +279,7 @@ TEST_CASE("verify: speculative sampling reproduces the target distribution") {
     std::vector<int32_t> draft;
     draft.push_back(sample(q.data(), V, rng));
     draft.push_back(sample(q.data() + V, V, rng));
-    auto out = verify_sampling(draft, q, p, V, rng);
+    auto out = verify_sampling(draft, &q, p, V, rng);
     REQUIRE(!out.empty());
     REQUIRE(out.size() <= 3);
     first[size_t(out[0])] += 1.0 / N;
@@ -290,10 +291,85 @@ TEST_CASE("verify: speculative sampling reproduces the target distribution") {
   std::vector<double> q0(2 * V, 0.0);
   int accepted = 0;
   for (int i = 0; i < N; ++i) {
-    auto out = verify_sampling({3, 0}, q0, p, V, rng);
+    auto out = verify_sampling({3, 0}, &q0, p, V, rng);
     accepted += out[0] == 3;
   }
   CHECK(double(accepted) / N == Approx(0.4).margin(0.005));
+}
+
+namespace {
+// A probability row over V tokens with some zero-mass entries (and, now and then, all mass on
+// one token), normalized as probs_from_logits leaves it.
+std::vector<double> random_row(std::mt19937_64& gen, int V) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> r(size_t(V), 0.0);
+  if (u(gen) < 0.1) {
+    r[size_t(gen() % uint64_t(V))] = 1.0;
+    return r;
+  }
+  double total = 0;
+  for (double& x : r) total += (x = u(gen) < 0.3 ? 0.0 : u(gen));
+  if (total == 0) r[0] = total = 1.0;
+  for (double& x : r) x /= total;
+  return r;
+}
+
+std::string verify_error(const std::vector<int32_t>& draft, const std::vector<double>* q, const std::vector<double>& p,
+                         int V) {
+  Rng rng(1);
+  try {
+    verify_sampling(draft, q, p, V, rng);
+  } catch (const Error& e) {
+    CHECK(e.code() == SPECEDGE_ERR_INVALID_ARGUMENT);
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("verify: a proposal without q rows is the one-hot rows' point mass, decision for decision") {
+  // The n-gram drafter passes no q rows (verify.py's draft_probs=None). Over many random cases,
+  // the same random stream must give the same accepts, rejections and residual samples as the
+  // dense one-hot [k, V] rows the engine built before, and as rows of zeros (q(x) == 0), and
+  // leave the stream at the same place.
+  std::mt19937_64 gen(20261203);
+  int rejected = 0, accepted_all = 0;
+  for (int c = 0; c < 20000; ++c) {
+    const int V = 2 + int(gen() % 9), k = 1 + int(gen() % 5);
+    std::vector<int32_t> draft;
+    std::vector<double> p, onehot(size_t(k) * size_t(V), 0.0), zeros(size_t(k) * size_t(V), 0.0);
+    for (int i = 0; i < k; ++i) {
+      draft.push_back(int32_t(gen() % uint64_t(V)));
+      onehot[size_t(i) * size_t(V) + size_t(draft.back())] = 1.0;
+    }
+    for (int i = 0; i <= k; ++i) {
+      auto row = random_row(gen, V);
+      p.insert(p.end(), row.begin(), row.end());
+    }
+    const uint64_t seed = gen();
+    Rng r_none(seed), r_onehot(seed), r_zeros(seed);
+    auto none = verify_sampling(draft, nullptr, p, V, r_none);
+    REQUIRE(none == verify_sampling(draft, &onehot, p, V, r_onehot));
+    REQUIRE(none == verify_sampling(draft, &zeros, p, V, r_zeros));
+    const double next = r_none.uniform();
+    REQUIRE(next == r_onehot.uniform());
+    REQUIRE(next == r_zeros.uniform());
+    rejected += none.size() <= size_t(k);
+    accepted_all += none.size() == size_t(k) + 1;
+  }
+  // both outcomes were exercised many times
+  CHECK(rejected > 1000);
+  CHECK(accepted_all > 1000);
+}
+
+TEST_CASE("verify: speculative sampling refuses rows of the wrong size") {
+  const std::vector<double> p{0.5, 0.5, 0.25, 0.75};  // [2, 2]
+  CHECK(verify_error({0}, nullptr, std::vector<double>{0.5, 0.5}, 2) ==
+        "target probabilities must be [k + 1, V] = [2, 2], got 2 values");
+  const std::vector<double> q{1.0};
+  CHECK(verify_error({0}, &q, p, 2) == "draft probabilities must be [k, V] = [1, 2], got 1 values");
+  CHECK(verify_error({2}, nullptr, p, 2) == "draft token 2 is outside the vocabulary [0, 2)");
+  CHECK(verify_error({0}, nullptr, p, 2).empty());
 }
 
 TEST_CASE("ngram drafter: prompt lookup like the Python drafter") {

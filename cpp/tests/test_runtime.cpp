@@ -81,6 +81,33 @@ TEST_CASE("end to end: speculative greedy equals target-only greedy; scatter equ
   for (const auto& o : outs) CHECK(o == outs[0]);
 }
 
+TEST_CASE("C API: adaptive k is off by default, and moves k without changing greedy output") {
+  specedge_gen_params d;
+  specedge_gen_params_init(&d);
+  CHECK(d.adaptive_k == 0);
+  NEED_BUNDLE(b, "delta_ngram");
+  auto m = open(b);
+  specedge::GenParams gp;
+  gp.max_new_tokens = 48;
+  gp.spec_tokens = 2;
+  gp.guard = false;
+  // the n-gram drafter proposes whole k-token drafts on a repeating prompt
+  const std::string prompt = "1 2 3 1 2 3 1 2 3 1 2 3";
+  auto fixed = m.generate(prompt, gp);
+  gp.adaptive_k = true;
+  auto adaptive = m.generate(prompt, gp);
+  CHECK(adaptive.token_ids == fixed.token_ids);
+  auto largest_k = [](const specedge_stats& s) {
+    int k = 0;
+    for (int i = 0; i <= SPECEDGE_MAX_SPEC_TOKENS; ++i)
+      if (s.k_histogram[i]) k = i;
+    return k;
+  };
+  CHECK(largest_k(fixed.stats) == 2);
+  CHECK(adaptive.stats.accepted > 0);
+  CHECK(largest_k(adaptive.stats) > 2);
+}
+
 TEST_CASE("end to end: streaming callback, cancellation, stop strings, errors") {
   NEED_BUNDLE(b, "scatter_self");
   auto m = open(b);

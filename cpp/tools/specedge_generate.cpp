@@ -18,9 +18,9 @@ namespace {
 
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                         [--seed S] [--spec-tokens K] [--no-spec] [--no-guard] [--draft model|ngram]\n"
-    "                         [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt] [--verify full|size|none]\n"
-    "                         [--chat] [--system TEXT] [--json] [--stats]\n"
+    "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard]\n"
+    "                         [--draft model|ngram] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
+    "                         [--verify full|size|none] [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
 
 constexpr long long kMaxThreads = 1024;  // as the Python CLI and the C API
@@ -119,7 +119,9 @@ int main(int argc, char** argv) {
         gp.seed = uint64_t(v);
       } else if (a == "--spec-tokens") {
         long long v = to_int(a, value());
-        if (v < 1 || v > 16) throw UsageError("--spec-tokens must be between 1 and 16, got " + std::to_string(v));
+        if (v < 1 || v > SPECEDGE_MAX_SPEC_TOKENS)
+          throw UsageError("--spec-tokens must be between 1 and " + std::to_string(SPECEDGE_MAX_SPEC_TOKENS) + ", got " +
+                           std::to_string(v));
         gp.spec_tokens = int(v);
       } else if (a == "--threads") {
         long long v = to_int(a, value());
@@ -128,6 +130,8 @@ int main(int argc, char** argv) {
         threads = int(v);
       } else if (a == "--no-spec") {
         gp.speculative = false;
+      } else if (a == "--adaptive-k") {
+        gp.adaptive_k = true;
       } else if (a == "--no-guard") {
         gp.guard = false;
       } else if (a == "--draft") {

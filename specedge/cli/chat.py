@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .generate import add_sampling_args, check_args, format_stats, gen_kwargs, load_pipeline, safe_stdout
+from .generate import (add_sampling_args, check_args, format_stats, gen_kwargs, load_pipeline, require_chat_template,
+                       safe_stdout)
 
 HELP = "commands: /reset clears the history, /exit leaves (so does end of input)"
 
@@ -39,13 +40,9 @@ def _fit_history(pipe, messages: list[dict], n_system: int) -> list[dict]:
 
 
 def run(args) -> int:
-    from ..errors import UserError
-
     check_args(args)
+    require_chat_template(args.bundle, "use `specedge generate` for plain prompts")
     pipe = load_pipeline(args)
-    if not pipe.tokenizer.chat_template:
-        pipe.close()
-        raise UserError("the bundle has no chat template; use `specedge generate` for plain prompts")
     safe_stdout()
     tty = sys.stdin.isatty()
     system = [{"role": "system", "content": args.system}] if args.system else []

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-MAX_K = 16
+from ..contract import MAX_SPEC_TOKENS as MAX_K
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
@@ -87,6 +87,16 @@ def read_utf8(data: bytes, what: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def require_chat_template(bundle: str, instead: str) -> None:
+    """Refuse a bundle without a chat template (a base model) from its manifest alone, before
+    any weights load: loading takes seconds to minutes and would only end in this refusal."""
+    from ..errors import UserError
+    from ..manifest import load_manifest
+
+    if not load_manifest(bundle, verify="none").chat_template:
+        raise UserError(f"the bundle has no chat template (a base model?): {instead}")
 
 
 def load_pipeline(args):
@@ -173,11 +183,8 @@ def run(args) -> int:
         raise UserError("the prompt is empty")
     if args.system is not None and not args.chat:
         raise UserError("--system needs --chat")
-    if args.chat:  # before loading any weights: a base model's bundle has no template
-        from ..manifest import load_manifest
-
-        if not load_manifest(args.bundle, verify="none").chat_template:
-            raise UserError("the bundle has no chat template (a base model?): drop --chat and give a plain prompt")
+    if args.chat:
+        require_chat_template(args.bundle, "drop --chat and give a plain prompt")
     pipe = load_pipeline(args)
     try:
         if args.chat:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checkpoints import resolve
 from ..contract import MAX_SPEC_TOKENS, graph_io
 from ..errors import UserError
 from ..manifest import (
@@ -141,10 +142,10 @@ def prepare(opts: ExportOptions) -> OutputPlan:
     validate_options(opts)
     require_export_extra()
     kind = _draft_kind(opts)
-    tkind, tpath = sources.resolve(opts.target)
+    tkind, tpath = resolve(opts.target)
     dsource: dict | str = kind
     if kind == "model":
-        dkind, dpath = sources.resolve(opts.draft)
+        dkind, dpath = resolve(opts.draft)
         dsource = source_identity(dkind, dpath)
     out = Path(opts.out) if opts.out is not None else Path("bundles") / sources.default_name(tkind, tpath)
     record = export_record(recorded_options(opts), source_identity(tkind, tpath), dsource)

