@@ -539,10 +539,28 @@ class FakeTRT(types.ModuleType):
         self.Builder, self.OnnxParser = Builder, Parser
 
 
-def _bundle(tmp_path, kv_mode="scatter", precision="fp16"):
+def _onnx_bytes(weights_at: str | None = None) -> bytes:
+    """A graph file the bundle check can read (the fake parser ignores its content); with
+    `weights_at`, one initializer whose external data lies there."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inits = []
+    if weights_at is not None:
+        t = helper.make_tensor("w", TensorProto.FLOAT, [1], [0.0])
+        t.ClearField("float_data")
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", weights_at), ("offset", "0"), ("length", "4")):
+            t.external_data.add(key=key, value=value)
+        inits.append(t)
+    graph = helper.make_graph([], "g", [], [], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]).SerializeToString()
+
+
+def _bundle(tmp_path, kv_mode="scatter", precision="fp16", weights_at=None):
     d = tmp_path / "bundle"
     (d / "target").mkdir(parents=True)
-    data = b"not really onnx"
+    data = _onnx_bytes(weights_at)
     (d / "target" / "model.onnx").write_bytes(data)
     ins, outs = graph_io(spec(), kv_mode, S)
     m = {
@@ -624,6 +642,17 @@ def test_build_engines_refuses_matmulnbits_graphs(tmp_path, fake_trt, capsys, pr
     assert main(["build-engines", str(b)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: the target is {precision} (ONNX Runtime's MatMulNBits)") and "--precision fp16" in err
+    assert fake.calls["builds"] == 0 and not (b / "engines").exists()
+
+
+@pytest.mark.parametrize("location", ["/etc/passwd", "../../secret.bin", "model.onnx.data"])
+def test_build_engines_refuses_graph_weights_the_manifest_does_not_hold(tmp_path, fake_trt, capsys, location):
+    # TensorRT's parser would open these files itself: absolute, escaping, or simply not listed
+    fake = fake_trt()
+    b = _bundle(tmp_path, weights_at=location)
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the target graph 'target/model.onnx'") and err.count("\n") == 1
     assert fake.calls["builds"] == 0 and not (b / "engines").exists()
 
 

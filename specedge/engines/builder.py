@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..bundle_files import check_graph_files
 from ..contract import ARGMAX_OUTPUT, check_graph_names, expected_names, graph_io
 from ..errors import UserError, import_optional
 from ..manifest import Manifest, ModelSpec, load_manifest
@@ -292,6 +293,8 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
     """Build (or confirm up to date) the plans of a bundle for this device."""
     options.validate()
     manifest = load_manifest(bundle, verify="full")
+    # TensorRT's ONNX parser opens the weight files a graph names, like ONNX Runtime: the same check first
+    check_graph_files(manifest)
     trt = import_tensorrt()
     check_kv_mode_supported(manifest.kv_mode, trt.__version__)
     gpu = current_gpu(options.device_id)
