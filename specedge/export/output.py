@@ -16,7 +16,6 @@ folders next to the bundle; those whose process is gone are removed here.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UserError
-from ..manifest import MANIFEST_NAME, SCHEMA_VERSION, BundleError, Manifest, load_manifest
+from ..manifest import MANIFEST_NAME, SCHEMA_VERSION, BundleError, Manifest, load_manifest, read_manifest_json
 
 CREATED_BY = f"specedge {__version__} export-models"
 # Files of a Hugging Face folder that decide what gets exported (weights, config, tokenizer).
@@ -93,8 +92,8 @@ def _read_manifest_json(out: Path) -> dict | None:
     if not mpath.is_file() or mpath.is_symlink():
         return None
     try:
-        obj = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        obj = read_manifest_json(mpath)
+    except BundleError:
         return None
     if not isinstance(obj, dict) or not str(obj.get("created_by", "")).startswith("specedge "):
         return None
