@@ -643,3 +643,35 @@ def test_max_seq_is_checked_against_the_header_before_loading(source, ckpt, out,
     assert rc == 2
     assert capsys.readouterr().err == f"error: --max-seq {2 * limit} is above the model's {limit} positions\n"
     assert not out.exists()
+
+
+def test_a_signal_during_the_export_imports_is_raised_once_they_are_in(monkeypatch):
+    # An exception from a signal handler in the middle of initialising a C extension module crashed
+    # the process (SIGSEGV, partial folder left); the imports finish first, then the signal counts.
+    import importlib.abc
+    import signal
+
+    from specedge.export import pipeline
+
+    class SignalOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "specedge.export.quantize":
+                signal.raise_signal(signal.SIGTERM)
+            return None  # the ordinary finders load it
+
+    handled = []
+
+    def handler(signum, frame):
+        handled.append(("quantize imported", "specedge.export.quantize" in sys.modules))
+        raise KeyboardInterrupt
+
+    monkeypatch.delitem(sys.modules, "specedge.export.quantize", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [SignalOnImport(), *sys.meta_path])
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pipeline._import_export_stack()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert handled == [("quantize imported", True)]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
