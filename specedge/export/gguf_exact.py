@@ -358,10 +358,28 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
     return out
 
 
+MIN_FORMS = ("correction", "float_zp")
+
+
+def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
+    """The block mins as MatMulNBits float zero points of the scales' type: w = (u − z)·d with
+    z = 2^(bits−1) − m'/d. Not bit-exact (z rounds), which is why it is only an option measured by
+    scripts/int4_levers.py; None when a block has d = 0 (m' then cannot be expressed)."""
+    if w.mins is None or w.zero_points is not None or not np.all(w.scales != 0):
+        return None
+    z = (1 << (w.bits - 1)) - w.mins.astype(np.float64) / w.scales.astype(np.float64)
+    return np.ascontiguousarray(z.astype(np.float32))
+
+
 def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: int,
-                  accuracy_level: int, say=None) -> ExactReport:
+                  accuracy_level: int, say=None, min_form: str = "correction") -> ExactReport:
     """Replace every MatMul whose constant weight is a (permuted, concatenated) set of GGUF rows by
-    an exact MatMulNBits (+ the block-min correction for affine types). In place."""
+    an exact MatMulNBits (+ the block-min correction for affine types). In place.
+
+    min_form "float_zp" stores the block mins as float zero points instead of the correction
+    nodes where it can (see float_zero_points; fewer nodes, not bit-exact)."""
+    if min_form not in MIN_FORMS:
+        raise ValueError(f"min_form must be one of {', '.join(MIN_FORMS)}, got {min_form!r}")
     say = say or (lambda msg: None)
     g = proto.graph
     inits = {t.name: t for t in g.initializer}
@@ -405,10 +423,15 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
                     ins.append(uniq(f"{bname}_gguf_zp"))
                     new_inits.append(numpy_helper.from_array(w.zero_points, ins[-1]))
                 mn = None
-                if w.mins is not None:
+                fz = float_zero_points(w) if min_form == "float_zp" else None
+                if fz is not None:
+                    ins.append(uniq(f"{bname}_gguf_fzp"))
+                    new_inits.append(numpy_helper.from_array(fz, ins[-1]))
+                elif w.mins is not None:
                     mn = uniq(f"{bname}_gguf_mins")
                     new_inits.append(numpy_helper.from_array(np.ascontiguousarray(w.mins.T), mn))
                 kind = f"{w.bits}-bit" + ("+zp" if w.zero_points is not None else "") + ("+mins" if mn else "")
+                kind += "+float-zp" if fz is not None else ""
                 done[bname] = (ins, mn, w.bits, sorted(set(types)), kind)
         if done[bname] is None:
             rep.unmatched.append(node.name)

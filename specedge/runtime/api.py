@@ -33,6 +33,7 @@ from .chat_template import ChatTemplate
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result, check_prompt
+from .invariant import InvariantSteps, wants_invariant_steps
 from .ort_version import check_onnxruntime_version
 from .policy import CostModel
 
@@ -478,7 +479,7 @@ def _accepts(klass, name: str) -> bool:
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
          spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
-         backend_options: dict | None = None, progress=None) -> Pipeline:
+         backend_options: dict | None = None, progress=None, invariant_steps: bool | None = None) -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -500,6 +501,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       run instead of computing its own: no draft prefill of the prompt, where ONNX Runtime CPU
       backends serve both) or "own" (the draft feeds every token itself).
     progress: called with the name of each loading step (for a progress display).
+    invariant_steps: run the target's single-token steps as two-token calls, so that they round
+      exactly like verification rows and greedy speculation equals target-only decoding bit for
+      bit (runtime/invariant.py); None = on for int4/int8/fp16/bf16 targets, off for fp32.
     """
     say = progress or (lambda step: None)
     if verify not in ("full", "size", "none"):
@@ -511,6 +515,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
     if draft not in (None, "model", "ngram"):
         raise ValueError(f"draft must be 'model', 'ngram' or None, got {draft!r}")
+    if invariant_steps is not None and not isinstance(invariant_steps, bool):
+        raise ValueError(f"invariant_steps must be True, False or None, got {invariant_steps!r}")
     say({"full": "checking files (sha256)", "size": "checking file sizes", "none": "reading the manifest"}[verify])
     manifest = load_manifest(bundle, verify=verify)
     if draft is None:
@@ -545,6 +551,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
 
     say(f"target session ({tname})")
     target = make(tname, manifest.target)
+    if wants_invariant_steps(manifest.target.precision) if invariant_steps is None else invariant_steps:
+        target = InvariantSteps(target)
     dbackend = None
     try:
         vocab = min(manifest.tokenizer_vocab_size, manifest.target.vocab_size)

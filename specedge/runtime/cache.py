@@ -96,7 +96,9 @@ class CacheTracker:
         backend cannot, and then the caller feeds them)."""
         n = self.position
         m = min(common_prefix(donor.tokens, history), len(history) - 1)
-        if m > n and self.backend.copy_kv_from(donor.backend, n, m):
+        # a wrapped target (runtime/invariant.py) lends the K/V of the backend it wraps
+        source = getattr(donor.backend, "inner", donor.backend)
+        if m > n and self.backend.copy_kv_from(source, n, m):
             self.adopt(history[n:m])
             return m - n
         return 0
