@@ -97,3 +97,22 @@ def test_real_int4_target_speculation_is_exact(tmp_path):
         spec = pipe.generate(token_ids=ids, max_new_tokens=64, speculative=True)
         assert spec.token_ids == ref.token_ids, p["id"]
     pipe.close()
+
+
+def test_int4_export_defaults_to_the_ngram_drafter_and_inspect_says_the_step_mode(tiny_checkpoint_factory, tmp_path,
+                                                                                  capsys):
+    from specedge.cli import export_models
+    from specedge.cli.main import main
+    from specedge.export.quantize import default_draft
+
+    assert default_draft("int4") == "ngram" and default_draft("int8") == "ngram" and default_draft("fp32") == "self"
+    out = tmp_path / "b"
+    rc = export_models.main(["--target", str(tiny_checkpoint_factory()), "--precision", "int4", "--out", str(out),
+                             "--max-seq", "64", "--quiet"])
+    assert rc == 0
+    m = load_manifest(out, verify="none")
+    assert m.target.precision == "int4" and not m.draft.is_model
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "steps      batch-invariant" in text and "n-gram" in text

@@ -131,6 +131,8 @@ CHECKED = {
 
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
+    from ..runtime.invariant import wants_invariant_steps
+
     sizes = compute_sizes(m)
     lines = [f"bundle       {bundle}", f"checked      {CHECKED[verify]}"]
     if m.created_by:
@@ -156,6 +158,10 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
             extra = f"  (self draft: the {spec.extra['self_draft_of']} re-exported)"
         lines.append(f"{spec.role:<7}      {spec.family}  {spec.kind}  {spec.precision}{extra}")
         lines.append(f"  weights    {weights}")
+        if spec.role == "target":
+            lines.append("  steps      " + ("batch-invariant: single-token steps run as 2 tokens, so greedy speculation "
+                                          "equals target-only exactly" if wants_invariant_steps(spec.precision) else
+                                          "plain single-token steps (fp32: verification rows agree to ~1e-5)"))
         lines.append(f"  params     {fmt_count(spec.num_params)} ({spec.num_params:,})    "
                      f"weight bytes/step {fmt_bytes(spec.weight_bytes)}    "
                      f"files {fmt_bytes(sizes['models'][spec.role]['file_bytes'])}")
