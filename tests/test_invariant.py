@@ -102,8 +102,8 @@ def test_real_int4_target_speculation_is_exact(tmp_path):
 def test_int4_export_defaults_to_the_ngram_drafter_and_inspect_says_the_step_mode(tiny_checkpoint_factory, tmp_path,
                                                                                   capsys):
     from specedge.cli import export_models
+    from specedge.cli.export_models import default_draft
     from specedge.cli.main import main
-    from specedge.export.quantize import default_draft
 
     assert default_draft("int4") == "ngram" and default_draft("int8") == "ngram" and default_draft("fp32") == "self"
     out = tmp_path / "b"

@@ -65,14 +65,6 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
     return out
 
 
-def default_draft(precision: str) -> str:
-    """export-models' draft when none is named. A quantized target is already as cheap per token
-    as its own int4 self-draft would be, so drafting with it costs a target step per token: on the
-    default model's int4 target the n-gram drafter gives 110.7 tok/s, the int4 self-draft 76.1
-    (target-only 74.2; benchmarks/results/int4_exactness.json)."""
-    return "ngram" if precision in ("int4", "int8") else "self"
-
-
 def describe(precision: str, info: dict) -> str:
     """One line for the manifest's `weights` field (shown by `specedge inspect`)."""
     head = f"{precision} weight-only (MatMulNBits"
