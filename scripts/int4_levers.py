@@ -71,16 +71,20 @@ class Stepper:
         self.io.bind_cpu_input("position", np.array([pos], np.int64))
         self.io.bind_output("logits")  # unallocated again: its shape follows T
         self.s.run_with_iobinding(self.io)
-        return self.io.copy_outputs_to_cpu()[0][0]
+        # logits only (copy_outputs_to_cpu would copy the 60 bound cache tensors too)
+        return self.io.get_outputs()[0].numpy()[0].copy()
+
+    def step(self) -> None:
+        self.s.run_with_iobinding(self.io)
 
     def time_ms(self, t: int, reps: int = 30) -> float:
-        ids = [1] * t
+        self.run([1] * t, POS)  # binds the inputs of this shape
         for _ in range(5):
-            self.run(ids, POS)
+            self.step()
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            self.run(ids, POS)
+            self.step()
             ts.append(time.perf_counter() - t0)
         return 1000 * float(np.median(ts))
 
