@@ -672,7 +672,13 @@ def main(argv=None) -> int:
 
     paths = {"bundle": str(bundle.resolve()), "gguf": str(gguf), "cache": str(cache)}
     if args.int4_bundle:
-        int4 = load_manifest(Path(args.int4_bundle), verify="size")
+        from specedge.manifest import BundleError
+
+        try:
+            int4 = load_manifest(Path(args.int4_bundle), verify="size")
+        except BundleError as e:
+            print(f"error: --int4-bundle: {e}", file=sys.stderr)
+            return 2
         if int4.target.precision != "int4":
             print(f"error: --int4-bundle {args.int4_bundle} has a {int4.target.precision} target, not int4", file=sys.stderr)
             return 2

@@ -1,0 +1,31 @@
+"""scripts/bench_peers.py's int4 rows: a bad --int4-bundle is refused with one error line."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench_peers():
+    spec = importlib.util.spec_from_file_location("bench_peers", REPO / "scripts" / "bench_peers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_int4_bundle_must_be_an_int4_bundle(tiny_bundle_factory, tmp_path, capsys):
+    bp = _bench_peers()
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    fp32 = tiny_bundle_factory()
+    args = ["--bundle", str(fp32), "--gguf", str(gguf), "--engines", "specedge", "--out", str(tmp_path / "o"),
+            "--cache", str(tmp_path / "c")]
+    capsys.readouterr()  # the tiny export's progress
+    assert bp.main(args + ["--int4-bundle", str(fp32)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --int4-bundle") and "has a fp32 target, not int4" in err[0]
+    assert bp.main(args + ["--int4-bundle", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --int4-bundle: ")
