@@ -263,3 +263,22 @@ def test_default_gguf_weights_are_all_exact():
         rows, types, found = index.match(w.numpy().T)
         assert rows is not None, f"{name}: {found} of {w.shape[0]} rows found in the GGUF"
     assert len(seen) == 30 * 7 + 1  # 7 projections per layer + the tied embedding / lm_head
+
+
+def test_float_zero_point_form_drops_the_correction_nodes(rng, tmp_path):
+    """min_form="float_zp" (measured by scripts/int4_levers.py, not the default): the Q4_1 mins
+    become MatMulNBits float zero points; no correction nodes, the same weight up to rounding."""
+    raw = rand_raw(Q4_1, 48, K, rng)
+    path = write_gguf(tmp_path / "w.gguf", {"w": (Q4_1, raw)})
+    w = dequant(Q4_1, raw)
+    proto = matmul_model({"a": w.T})
+    rep = ge.rewrite_exact(proto, ge.GGUFRowIndex(path), 4, accuracy_level=0, min_form="float_zp")
+    assert rep.exact == 1 and rep.storage == {"4-bit+float-zp": 1}
+    assert [nd.op_type for nd in proto.graph.node] == ["MatMulNBits"]
+    zp = {t.name: t for t in proto.graph.initializer}[proto.graph.node[0].input[3]]
+    assert zp.data_type == TensorProto.FLOAT and list(zp.dims) == [48, K // 32]
+    x = rng.normal(size=(1, 5, K)).astype(np.float32)
+    ref = x[0].astype(np.float64) @ w.T.astype(np.float64)
+    assert rel_err(run(proto, x)["y_a"][0], ref) <= REL_TOL
+    with pytest.raises(ValueError, match="min_form must be one of correction, float_zp, got 'zp'"):
+        ge.rewrite_exact(matmul_model({"a": w.T}), ge.GGUFRowIndex(path), 4, accuracy_level=0, min_form="zp")
