@@ -65,8 +65,23 @@ int CacheTracker::reuse(const std::vector<int32_t>& prompt, bool keep_last) {
   return n;
 }
 
+bool wants_invariant_steps(const std::string& precision) {
+  return precision == "int4" || precision == "int8" || precision == "fp16" || precision == "bf16";
+}
+
+// ONNX Runtime rounds a T = 1 call differently from a row of a T >= 2 call, which on quantized
+// targets changes greedy picks; T = 2 with a padding token (masked, then overwritten by the next
+// call) gives row 0 a verification row's bits. The last slot has no room: both modes call T = 1 there.
+const float* CacheTracker::call(const int32_t* ids, int n, int position) {
+  if (invariant_ && n == 1 && position + 2 <= backend_->max_seq()) {
+    const int32_t two[2] = {ids[0], 0};
+    return backend_->run(two, 2, position);
+  }
+  return backend_->run(ids, n, position);
+}
+
 const float* CacheTracker::feed(const int32_t* ids, int n) {
-  const float* logits = backend_->run(ids, n, position());
+  const float* logits = call(ids, n, position());
   tokens_.insert(tokens_.end(), ids, ids + n);
   return logits;
 }
@@ -79,7 +94,7 @@ const float* CacheTracker::feed_chunked(const int32_t* ids, int n) {
   int last = 0;
   for (int s = 0; s < n; s += chunk_) {
     last = std::min(chunk_, n - s);
-    logits = backend_->run(ids + s, last, start + s);
+    logits = call(ids + s, last, start + s);
   }
   tokens_.insert(tokens_.end(), ids, ids + n);
   if (aligned) exact_ = start + (n / chunk_) * chunk_;
@@ -214,6 +229,7 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
     ngram_ = std::make_unique<NgramDrafter>(m_.draft.kind == "ngram" ? m_.draft.ngram_sizes : std::vector<int>{3, 2, 1});
   }
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
+  tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision));
   if (drafter_ && m_.draft.self_draft_of == "target") drafter_->set_kv_donor(tcache_.get());
   eos_ = m_.eos_token_ids;
   spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;

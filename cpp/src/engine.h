@@ -36,13 +36,22 @@ class CacheTracker {
   void adopt(const int32_t* ids, int n) { tokens_.insert(tokens_.end(), ids, ids + n); }
   Backend* backend() const { return backend_; }
   int chunk() const { return chunk_; }
+  // Run single-token calls as two tokens (runtime/invariant.py, docs/design.md "Batch-invariant
+  // target steps"), so a step rounds like a verification row.
+  void set_invariant_steps(bool on) { invariant_ = on; }
+  bool invariant_steps() const { return invariant_; }
 
  private:
+  const float* call(const int32_t* ids, int n, int position);
   Backend* backend_;
   int chunk_;
+  bool invariant_ = false;
   std::vector<int32_t> tokens_;
   int exact_ = 0;
 };
+
+// The default of runtime/invariant.py's wants_invariant_steps: on for int4/int8/fp16/bf16 targets.
+bool wants_invariant_steps(const std::string& precision);
 
 // Prompt lookup: propose what followed the latest earlier occurrence of the history's suffix.
 class NgramDrafter {

@@ -493,3 +493,55 @@ TEST_CASE("self-draft: the draft takes the target's K/V instead of a prefill") {
     CHECK(copied.copied() == before + 2);  // x and y; z is fed
   }
 }
+
+namespace {
+// Records each run() and returns logits whose row i holds the i-th token id in column 0.
+class RecordingBackend : public Backend {
+ public:
+  explicit RecordingBackend(const Manifest& m) : Backend(m, m.target) {}
+  const float* run(const int32_t* ids, int t, int position) override {
+    calls.push_back({t, position});
+    out.assign(size_t(t) * size_t(vocab_size()), 0.f);
+    for (int i = 0; i < t; i++) out[size_t(i) * size_t(vocab_size())] = float(ids[i]);
+    return out.data();
+  }
+  std::string name() const override { return "recording"; }
+  std::vector<std::pair<int, int>> calls;  // (t, position)
+  std::vector<float> out;
+};
+}  // namespace
+
+TEST_CASE("batch-invariant steps: a single-token target call runs as two tokens, except at the last slot") {
+  Manifest m = parse_manifest(minimal_manifest().dump());  // max_seq 32
+  RecordingBackend b(m);
+  CacheTracker plain(&b, 4);
+  int32_t seven = 7;
+  plain.feed(&seven, 1);
+  REQUIRE(b.calls.back() == std::make_pair(1, 0));
+
+  CacheTracker tracker(&b, 4);
+  tracker.set_invariant_steps(true);
+  std::vector<int32_t> prompt{3, 4, 5, 6, 9};  // chunks of 4 and 1: the 1-token chunk is padded too
+  const float* last = tracker.feed_chunked(prompt.data(), int(prompt.size()));
+  REQUIRE(b.calls.back() == std::make_pair(2, 4));
+  REQUIRE(last[0] == 9.f);
+  const float* row = tracker.feed(&seven, 1);
+  REQUIRE(b.calls.back() == std::make_pair(2, 5));
+  REQUIRE(row[0] == 7.f);
+  REQUIRE(tracker.position() == 6);  // the padding token is not recorded as cached
+  REQUIRE(tracker.tokens().back() == 7);
+  std::vector<int32_t> three{1, 2, 3};
+  tracker.feed(three.data(), 3);  // verification calls are left alone
+  REQUIRE(b.calls.back() == std::make_pair(3, 6));
+
+  std::vector<int32_t> fill(size_t(31 - tracker.position()), 5);
+  tracker.feed(fill.data(), int(fill.size()));
+  REQUIRE(tracker.position() == 31);
+  tracker.feed(&seven, 1);  // slot 31 is the last: no room for a padding token
+  REQUIRE(b.calls.back() == std::make_pair(1, 31));
+}
+
+TEST_CASE("batch-invariant steps: on by default for the precisions runtime/invariant.py names") {
+  for (const char* p : {"int4", "int8", "fp16", "bf16"}) REQUIRE(wants_invariant_steps(p));
+  for (const char* p : {"fp32", ""}) REQUIRE_FALSE(wants_invariant_steps(p));
+}
