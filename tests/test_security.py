@@ -797,3 +797,19 @@ def test_every_failure_is_one_line_with_its_exit_code(exc, code, line, capsys, m
     if code in (1, 2):
         with pytest.raises(type(exc)):
             cli_main.run_cli(parser, ["--debug"])
+
+
+def test_an_interrupt_through_exec_still_exits_130_under_python_m(tmp_path):
+    # The standard library runs `exec` on strings (dataclasses, namedtuple); an interrupt that
+    # unwinds through one sets CPython's "unhandled KeyboardInterrupt" flag, and under `python -m`
+    # the interpreter would then kill itself with SIGINT (returncode -2) despite the 130.
+    (tmp_path / "interrupted_cli.py").write_text(
+        "from specedge.cli import main as m\n"
+        "parser = m._Parser(prog='t')\n"
+        "parser.set_defaults(func=lambda args: exec('raise KeyboardInterrupt'))\n"
+        "m.exit_process(m.run_cli(parser, []))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    proc = subprocess.run([sys.executable, "-m", "interrupted_cli"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines() == ["error: interrupted"]

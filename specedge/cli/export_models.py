@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from .main import _Parser, run_cli
+from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
 
 
@@ -122,4 +122,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

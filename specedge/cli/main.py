@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from typing import NoReturn
 
 COMMANDS = ("generate", "chat", "inspect", "bench", "plan", "build_engines")
 
@@ -110,5 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(build_parser(), argv)
 
 
+def exit_process(code: int) -> NoReturn:
+    """End the interpreter with `code`. An interrupt that unwinds through `exec` of a string (the
+    standard library does that when it builds classes, e.g. dataclasses) sets CPython's "unhandled
+    KeyboardInterrupt" flag even when we catch it; under `python -m` the interpreter then kills
+    itself with SIGINT at exit whatever sys.exit said. 130 therefore ends the process directly,
+    after flushing, so a shell or CI sees the code the command chose."""
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # pragma: no cover - a closed stream has nothing to flush
+                pass
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
