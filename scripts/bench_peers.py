@@ -36,7 +36,9 @@ and replaces the part of BENCHMARKS.md between `<!-- peers:begin -->` and `<!-- 
 Preparation (cached under --cache, default specedge-bench/peers-cache): an HF folder made from the GGUF
 with transformers (`from_pretrained(folder, gguf_file=...)` + `save_pretrained` + tokenizer), and
 onnxruntime-genai's fp32 and int4 builds of that folder (`python -m
-onnxruntime_genai.models.builder -i HF -o OUT -p fp32|int4 -e cpu`).
+onnxruntime_genai.models.builder -i HF -o OUT -p fp32|int4 -e cpu`). onnxruntime-genai pins its own
+onnxruntime: --peer-python runs its builder and its rows with another interpreter (a venv of its
+own), so specedge's environment keeps its onnxruntime.
 """
 
 from __future__ import annotations
@@ -427,16 +429,29 @@ def prepare_hf(gguf: Path, dst: Path) -> Path:
     return dst
 
 
-def prepare_ortgenai(hf: Path, dst: Path, precision: str, cache: Path) -> Path:
+def prepare_ortgenai(hf: Path, dst: Path, precision: str, cache: Path, python: str = sys.executable) -> Path:
     if (dst / "genai_config.json").is_file():
         return dst
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    run_cmd([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp), "-p", precision,
+    run_cmd([python, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp), "-p", precision,
              "-e", "cpu", "-c", str(cache / "builder-cache")], f"onnxruntime-genai builder {precision}")
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
+
+
+def peer_import_error(python: str, module: str) -> str | None:
+    """None when `python` imports `module`, else why not (one line, for the table)."""
+    try:
+        p = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        return f"--peer-python {python}: {e.strerror or e}"
+    if p.returncode == 0:
+        return None
+    if "ModuleNotFoundError" in p.stderr:
+        return f"not installed for {python} (pip install onnxruntime-genai, or give --peer-python)"
+    return f"{python} -c 'import {module}' failed: " + (p.stderr.strip().splitlines() or ["?"])[-1]
 
 
 def default_gguf() -> Path | None:
@@ -639,6 +654,9 @@ def main(argv=None) -> int:
     ap.add_argument("--benchmarks-md", default="",
                     help="file whose peers section is replaced, e.g. BENCHMARKS.md (default none)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="Python interpreter that has onnxruntime-genai, for its builder and its rows (default: this "
+                         "one); lets it live in a venv of its own when its onnxruntime would differ from specedge's")
     ap.add_argument("--prepare-only", action="store_true", help="build the HF folder and onnxruntime-genai models, then stop")
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -649,6 +667,9 @@ def main(argv=None) -> int:
     from specedge.manifest import load_manifest
     from specedge.runtime.api import Tokenizer
 
+    if shutil.which(args.peer_python) is None:
+        print(f"error: --peer-python {args.peer_python}: not an executable", file=sys.stderr)
+        return 2
     bundle = Path(args.bundle)
     manifest = load_manifest(bundle, verify="size")
     gguf = Path(args.gguf) if args.gguf else None
@@ -690,15 +711,16 @@ def main(argv=None) -> int:
         except Exception as e:
             prep_errors["hf"] = prep_errors["ortgenai"] = str(e)
     if "ortgenai" in engines and "ortgenai" not in prep_errors:
-        try:
-            import onnxruntime_genai  # noqa: F401
-
-            for prec in ("fp32", "int4"):
-                paths[f"ortgenai_{prec}"] = str(prepare_ortgenai(Path(paths["hf"]), cache / f"ortgenai-{prec}", prec, cache))
-        except ImportError:
-            prep_errors["ortgenai"] = "not installed (pip install onnxruntime-genai)"
-        except Exception as e:
-            prep_errors["ortgenai"] = str(e)
+        err = peer_import_error(args.peer_python, "onnxruntime_genai")
+        if err:
+            prep_errors["ortgenai"] = err
+        else:
+            try:
+                for prec in ("fp32", "int4"):
+                    paths[f"ortgenai_{prec}"] = str(prepare_ortgenai(Path(paths["hf"]), cache / f"ortgenai-{prec}", prec,
+                                                                     cache, args.peer_python))
+            except Exception as e:
+                prep_errors["ortgenai"] = str(e)
 
     if args.prepare_only:
         for key, err in prep_errors.items():
@@ -741,7 +763,8 @@ def main(argv=None) -> int:
         log(f"{name} ... (load average {row['load_avg_before']})")
         t0 = time.time()
         try:
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env,
+            python = args.peer_python if engine == "ortgenai" else sys.executable
+            subprocess.run([python, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env,
                            timeout=args.timeout, check=False)
             res = json.loads(op.read_text()) if op.exists() else {"status": "failed", "error": "the worker died without a result"}
         except subprocess.TimeoutExpired:

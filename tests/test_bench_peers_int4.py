@@ -29,3 +29,23 @@ def test_int4_bundle_must_be_an_int4_bundle(tiny_bundle_factory, tmp_path, capsy
     assert bp.main(args + ["--int4-bundle", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --int4-bundle: ")
+
+
+def test_peer_python_must_be_an_executable(tiny_bundle_factory, tmp_path, capsys):
+    bp = _bench_peers()
+    fp32 = tiny_bundle_factory()
+    capsys.readouterr()
+    args = ["--bundle", str(fp32), "--engines", "ortgenai", "--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"),
+            "--peer-python", str(tmp_path / "no-python")]
+    assert bp.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --peer-python {tmp_path / 'no-python'}: not an executable"]
+
+
+def test_peer_import_error_says_why(tmp_path):
+    bp = _bench_peers()
+    import sys
+
+    assert bp.peer_import_error(sys.executable, "json") is None
+    msg = bp.peer_import_error(sys.executable, "no_such_module_here")
+    assert msg.startswith(f"not installed for {sys.executable}") and "--peer-python" in msg
