@@ -15,6 +15,7 @@ __all__ = [
     "ARGMAX_OUTPUT",
     "KEY",
     "MAX_SPEC_TOKENS",
+    "TREE_INPUT",
     "TensorSpec",
     "VALUE",
     "check_graph_names",
@@ -30,6 +31,9 @@ MAX_SPEC_TOKENS = 16
 
 KEY, VALUE = 0, 1
 ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK over logits)
+# A tree-capable graph's third input: bool [B, T, T], row t marks t and its ancestors among the
+# call's new tokens (docs/design.md, "Tree calls"). A chain call binds the lower triangle.
+TREE_INPUT = "tree_mask"
 _KV_NAME = re.compile(r"^(past_key|past_value|present_key|present_value|new_key|new_value)\.(\d+)$")
 
 
@@ -50,11 +54,15 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1,
+             tree: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The graph contract for one model (a manifest ModelSpec, or anything with its num_layers,
-    num_kv_heads, head_dim, vocab_size and kv_dtype): input and output tensors, in order."""
+    num_kv_heads, head_dim, vocab_size and kv_dtype): input and output tensors, in order.
+    tree: the graph takes tree calls (the `tree_mask` input after `position`)."""
     kvs = [batch, spec.num_kv_heads, max_seq, spec.head_dim]
     inputs = [TensorSpec("input_ids", "int64", [batch, "T"]), TensorSpec("position", "int64", [batch])]
+    if tree:
+        inputs.append(TensorSpec(TREE_INPUT, "bool", [batch, "T", "T"]))
     outputs = [TensorSpec("logits", "float32", [batch, "T", spec.vocab_size])]
     for i in range(spec.num_layers):
         inputs.append(TensorSpec(f"past_key.{i}", spec.kv_dtype, list(kvs)))
@@ -70,8 +78,9 @@ def graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[Ten
     return inputs, outputs
 
 
-def expected_names(spec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[str], list[str]]:
-    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
+def expected_names(spec, kv_mode: str, max_seq: int, batch: int = 1,
+                   tree: bool = False) -> tuple[list[str], list[str]]:
+    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch, tree)
     return [t.name for t in inputs], [t.name for t in outputs]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..contract import graph_io
+from ..contract import TREE_INPUT, graph_io
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")
@@ -58,6 +58,7 @@ def export_graph(
     precision: str = "fp32",
     batch: int = 1,
     flavour: str = "portable",
+    tree: bool = False,
 ) -> None:
     """Export `model` (a specedge.models module) to `out_path` (+ `out_path.data`).
 
@@ -67,6 +68,10 @@ def export_graph(
     flavour "portable" uses standard ONNX ops only (what TensorRT parses); "ort" (scatter contract
     only) fuses each layer's cache write + attention into ONNX Runtime's GroupQueryAttention, which
     updates the shared cache buffer in place and attends to the live context only.
+
+    tree: the graph also takes the `tree_mask` input (contract.TREE_INPUT): the ancestor mask
+    among the new tokens, from which it derives their rotary positions (position + depth) and
+    masks (docs/design.md, "Tree calls").
     """
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown graph flavour '{flavour}'")
@@ -75,6 +80,7 @@ def export_graph(
     dtype = TORCH_DTYPES.get(precision, torch.float32)
     model = model.eval().to(dtype)
     model.kv_mode = "gqa" if flavour == "ort" else kv_mode
+    model.tree = bool(tree)
     model.fuse_projections()
     if flavour == "ort":
         model.prepare_rope_tables(max_seq, dtype)
@@ -85,12 +91,21 @@ def export_graph(
     in_names = ["input_ids", "position"] + [f"past_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
     prefix = "present" if kv_mode == "scatter" else "new"
     out_names = ["logits"] + [f"{prefix}_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
-    dyn = {"input_ids": {1: torch.export.Dim.DYNAMIC}, "position": None, "past": tuple(None for _ in cache)}
+    rest = tuple(cache)
+    dyn_t = torch.export.Dim.DYNAMIC
+    rest_dyn = tuple(None for _ in cache)
+    if tree:
+        # one symbol for the three T's, so the graph has a single dynamic dimension
+        dyn_t = torch.export.Dim.AUTO
+        rest = (torch.tril(torch.ones(batch, 3, 3, dtype=torch.bool)), *cache)
+        rest_dyn = ({1: dyn_t, 2: dyn_t}, *rest_dyn)
+        in_names.insert(2, TREE_INPUT)
+    dyn = {"input_ids": {1: dyn_t}, "position": None, "past": rest_dyn}
     with _quiet(), torch.no_grad():
-        ep = torch.export.export(model, (ids, pos, *cache), dynamic_shapes=dyn)
+        ep = torch.export.export(model, (ids, pos, *rest), dynamic_shapes=dyn)
         prog = torch.onnx.export(
             ep,
-            (ids, pos, *cache),
+            (ids, pos, *rest),
             None,
             input_names=in_names,
             output_names=out_names,
@@ -170,7 +185,7 @@ def _drop_unused_initializers(proto: onnx.ModelProto) -> None:
         proto.graph.initializer.extend(keep)
 
 
-def check_graph(path: Path, spec, kv_mode: str, max_seq: int, batch: int = 1) -> None:
+def check_graph(path: Path, spec, kv_mode: str, max_seq: int, batch: int = 1, tree: bool = False) -> None:
     """The exported graph must match the contract exactly: names, dtypes, static dims but T,
     no control flow, and onnx.checker's full check."""
     # full_check runs ONNX shape inference, which has no schema for com.microsoft ops: the ort
@@ -182,8 +197,8 @@ def check_graph(path: Path, spec, kv_mode: str, max_seq: int, batch: int = 1) ->
     bad = sorted({n.op_type for n in proto.graph.node} & FORBIDDEN_OPS)
     if bad:
         raise RuntimeError(f"exported graph contains control flow ops {bad}")
-    want_in, want_out = graph_io(spec, kv_mode, max_seq, batch)
-    elem = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
+    want_in, want_out = graph_io(spec, kv_mode, max_seq, batch, tree)
+    elem = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
     for want, got in ((want_in, proto.graph.input), (want_out, proto.graph.output)):
         got_l = [
             (g.name, elem.get(g.type.tensor_type.elem_type, "?"),

@@ -48,29 +48,68 @@ def new_positions(position: torch.Tensor, t: int) -> torch.Tensor:
     return position[:, None] + torch.arange(t, dtype=position.dtype, device=position.device)[None, :]
 
 
-def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
+def tree_positions(position: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
+    """Absolute (rotary) positions [B, T] of a tree call's tokens: position + depth, the depth
+    being the number of ancestors in the ancestor mask `tree` [B, T, T] (each row holds the
+    token itself). For a chain (lower-triangular mask) this is new_positions."""
+    return position[:, None] + tree.to(position.dtype).sum(-1) - 1
+
+
+def _tree_keys(position: torch.Tensor, tree: torch.Tensor, slots: int):
+    """For each key slot j: whether it holds one of the call's tokens, the ancestor mask read
+    at that slot ([B, 1, T, slots]), and its absolute position (a tree token's is position +
+    depth, not its slot) for sliding windows."""
+    b, t, _ = tree.shape
+    j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
+    rel = j - position[:, None, None, None]
+    inside = (rel >= 0) & (rel < t)
+    idx = rel.clamp(0, t - 1).expand(b, 1, t, slots)
+    seen = torch.gather(tree[:, None].expand(b, 1, t, t), -1, idx)
+    depth_pos = tree_positions(position, tree)[:, None, None, :].expand(b, 1, t, t)
+    kpos = torch.where(inside, torch.gather(depth_pos, -1, idx), j)
+    return inside, seen, kpos
+
+
+def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | None,
+                   tree: torch.Tensor | None = None) -> torch.Tensor:
     """Bool [B, 1, T, slots]: query t sees cache slot j iff j <= position + t (and, for sliding
-    layers, j > position + t - window)."""
+    layers, j > position + t - window). With an ancestor mask `tree` [B, T, T] a slot holding
+    one of the call's tokens is seen only by its descendants, and windows count positions
+    (position + depth), so the rows of a tree equal the rows of each root path run as a chain."""
     q = new_positions(position, t)[:, None, :, None]
     j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
     m = j <= q
+    if tree is None:
+        if window is not None:
+            m = m & (j > q - window)
+        return m
+    inside, seen, kpos = _tree_keys(position, tree, slots)
+    m = m & (~inside | seen)
     if window is not None:
-        m = m & (j > q - window)
+        qd = tree_positions(position, tree)[:, None, :, None]
+        m = m & (kpos > qd - window)
     return m
 
 
-def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None) -> torch.Tensor:
+def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None,
+               tree: torch.Tensor | None = None) -> torch.Tensor:
     """Bool [B, 1, T, slots + T] for delta mode, where keys are the old cache followed by the new
     entries: old slot j is visible iff j < position (stale slots beyond it are masked), new entry
-    u iff u <= t; sliding layers also drop what fell out of the window."""
-    q = new_positions(position, t)[:, None, :, None]
+    u iff u <= t (with an ancestor mask `tree`: iff u is t or an ancestor of it); sliding layers
+    also drop what fell out of the window."""
+    q = new_positions(position, t) if tree is None else tree_positions(position, tree)
+    q = q[:, None, :, None]
     j = torch.arange(slots, dtype=position.dtype, device=position.device)[None, None, None, :]
     old = j < position[:, None, None, None]
     tt = torch.arange(t, dtype=position.dtype, device=position.device)
-    new = (tt[None, :] <= tt[:, None])[None, None].expand(position.shape[0], 1, t, t)
+    if tree is None:
+        new = (tt[None, :] <= tt[:, None])[None, None].expand(position.shape[0], 1, t, t)
+        absu = new_positions(position, t)[:, None, None, :]
+    else:
+        new = tree[:, None]
+        absu = tree_positions(position, tree)[:, None, None, :]
     if window is not None:
         old = old & (j > q - window)
-        absu = new_positions(position, t)[:, None, None, :]
         new = new & (absu > q - window)
     return torch.cat([old.expand(-1, -1, t, -1), new], dim=-1)
 

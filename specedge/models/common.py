@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention import apply_rope, attend, attention_mask, cache_write, delta_mask, new_positions
+from .attention import apply_rope, attend, attention_mask, cache_write, delta_mask, new_positions, tree_positions
 from .gqa import gqa, gqa_lengths
 
 
@@ -203,7 +203,7 @@ class StaticKVAttention(nn.Module):
     def _forward_gqa(self, x, cos, sin, position, past_k, past_v):
         # Scatter contract, one fused op: ONNX Runtime's GroupQueryAttention in the graph.
         b, t, _ = x.shape
-        # In gqa mode the model passes (seqlens_k, total_len) where other modes get `position`.
+        # In gqa mode the model passes (seqlens_k, total_len, tree) where other modes get `position`.
         args = (*position, float(self.scale), int(self.window or 0), float(self.softcap or 0.0), self.heads)
         if self.rope_in_op and self.q_norm is None and hasattr(self, "qkv_proj"):
             # Packed q|k|v straight from the fused projection: no split, no transposes.
@@ -225,6 +225,8 @@ class StaticKVAttention(nn.Module):
         if kv_mode == "gqa":
             return self._forward_gqa(x, cos, sin, position, past_k, past_v)
         b, t, _ = x.shape
+        # a tree call (CausalLM.tree) passes (position, ancestor mask)
+        position, tree = position if isinstance(position, tuple) else (position, None)
         q, k, v = self.project(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -235,10 +237,10 @@ class StaticKVAttention(nn.Module):
         if kv_mode == "scatter":
             kc = cache_write(past_k, k, position)
             vc = cache_write(past_v, v, position)
-            mask = attention_mask(position, t, slots, self.window)
+            mask = attention_mask(position, t, slots, self.window, tree)
             out = attend(q, kc, vc, mask, self.scale, self.softcap)
             return self.o_proj(out.to(x.dtype)), kc, vc
-        mask = delta_mask(position, t, slots, self.window)
+        mask = delta_mask(position, t, slots, self.window, tree)
         out = attend(q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), mask, self.scale, self.softcap)
         return self.o_proj(out.to(x.dtype)), k, v
 
@@ -321,6 +323,9 @@ class CausalLM(nn.Module):
 
     kv_mode: str = "scatter"
     family: str = ""
+    # Tree-capable graph (docs/design.md, "Tree calls"): a third input `tree_mask` [B, T, T], the
+    # ancestor mask among the new tokens, follows `position`.
+    tree: bool = False
 
     def embed(self, input_ids):
         return self.embed_tokens(input_ids)
@@ -334,13 +339,22 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position: torch.Tensor, *past: torch.Tensor):
         t = input_ids.shape[1]
+        tree = None
+        if self.tree:
+            tree, past = past[0], past[1:]
+            # one dynamic dimension in the exported graph: the mask is [B, T, T]
+            torch._check(tree.shape[1] == t)
+            torch._check(tree.shape[2] == t)
         h = self.embed(input_ids)
-        pos = new_positions(position, t)
+        pos = new_positions(position, t) if tree is None else tree_positions(position, tree)
         # cos/sin once per rotary kind (gemma3 has a local and a global one), not once per layer.
         tables = {}
         if self.kv_mode == "gqa":
             tables = getattr(self, "rope_tables", {})
-            position = gqa_lengths(position, t)  # (seqlens_k, total_len) for every layer's attention
+            # (seqlens_k, total_len, tree) for every layer's attention
+            position = (*gqa_lengths(position, t), tree)
+        elif tree is not None:
+            position = (position, tree)
         rope = {name: tables[name] if name in tables else r(pos) for name, r in self.rotaries.items()}
         outs = []
         for i, layer in enumerate(self.layers):
