@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
                    "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)")
+    p.add_argument("--features", action="store_true",
+                   help="the target graph also returns hidden states (three layers) for a draft head (implied by --draft head)")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -83,7 +85,7 @@ def run(args) -> int:
         target=args.target, draft=default_draft(args.precision) if args.draft == "auto" else args.draft, out=args.out, precision=args.precision,
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
-        graphs=args.graphs,
+        graphs=args.graphs, features=args.features,
     )
     t0 = time.time()
     plan = prepare(opts)

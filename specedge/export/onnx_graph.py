@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..contract import graph_io
+from ..contract import FEATURES_OUTPUT, graph_io
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")
@@ -85,6 +85,8 @@ def export_graph(
     in_names = ["input_ids", "position"] + [f"past_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
     prefix = "present" if kv_mode == "scatter" else "new"
     out_names = ["logits"] + [f"{prefix}_{kv}.{i}" for i in range(n) for kv in ("key", "value")]
+    if getattr(model, "feature_layers", None):
+        out_names.append(FEATURES_OUTPUT)
     dyn = {"input_ids": {1: torch.export.Dim.DYNAMIC}, "position": None, "past": tuple(None for _ in cache)}
     with _quiet(), torch.no_grad():
         ep = torch.export.export(model, (ids, pos, *cache), dynamic_shapes=dyn)
@@ -159,6 +161,25 @@ def _name_dynamic_dim(proto: onnx.ModelProto, name: str) -> None:
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in symbols:
                 d.dim_param = name
+
+
+def drop_features_output(proto: onnx.ModelProto) -> bool:
+    """Remove the features output and the nodes only it used (a self-draft made from a target
+    graph with features must not pay for them). True when there was one."""
+    outs = [o for o in proto.graph.output if o.name != FEATURES_OUTPUT]
+    if len(outs) == len(proto.graph.output):
+        return False
+    del proto.graph.output[:]
+    proto.graph.output.extend(outs)
+    while True:
+        used = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
+        keep = [n for n in proto.graph.node if any(o in used for o in n.output)]
+        if len(keep) == len(proto.graph.node):
+            break
+        del proto.graph.node[:]
+        proto.graph.node.extend(keep)
+    _drop_unused_initializers(proto)
+    return True
 
 
 def _drop_unused_initializers(proto: onnx.ModelProto) -> None:
