@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("generate", "chat", "inspect", "bench", "plan", "build_engines")
+COMMANDS = ("generate", "chat", "inspect", "bench", "plan", "build_engines", "train_draft")
 
 
 class _Parser(argparse.ArgumentParser):

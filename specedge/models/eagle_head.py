@@ -28,9 +28,23 @@ import torch
 from torch import nn
 
 from .attention import apply_rope, attend, attention_mask, cache_write, delta_mask, new_positions
-from .common import GatedMLP, RMSNorm, make_rotary
+from .common import GatedMLP, RMSNorm, Rotary
 
-__all__ = ["EagleHead", "HeadConfig", "unrolled_mask"]
+__all__ = ["EagleHead", "HeadConfig", "head_for_target", "unrolled_mask"]
+
+
+def head_for_target(target, feature_dim: int, draft_vocab: int) -> "EagleHead":
+    """A new head for `target`: its widths, a copy of its rotary embedding (the last layer's kind)
+    and of its token embedding, which stays frozen (the head embeds tokens as the target does;
+    the RMSNorm after it makes a family's embedding scale irrelevant)."""
+    hc = HeadConfig.for_target(target, feature_dim, draft_vocab)
+    rot = target.rotaries[target.layer_rope[-1]]
+    head = EagleHead(hc, Rotary(rot.inv_freq.clone(), rot.scaling, None if rot.long_inv_freq is None
+                                else rot.long_inv_freq.clone(), rot.original_max))
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.embed_tokens.weight)
+    head.embed_tokens.weight.requires_grad_(False)
+    return head
 
 
 @dataclass
@@ -50,22 +64,25 @@ class HeadConfig:
         return asdict(self)
 
     @classmethod
-    def for_target(cls, cfg, feature_dim: int, draft_vocab: int) -> "HeadConfig":
-        """The head of a target with transformers config `cfg`: the target's widths, one layer."""
-        from .llama import head_dim_of
-
-        return cls(hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-                   num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim_of(cfg),
-                   intermediate_size=cfg.intermediate_size, rms_norm_eps=float(cfg.rms_norm_eps),
-                   feature_dim=int(feature_dim), target_vocab=cfg.vocab_size, draft_vocab=int(draft_vocab),
-                   hidden_act=getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", "silu"))
+    def for_target(cls, target, feature_dim: int, draft_vocab: int) -> "HeadConfig":
+        """The head of `target` (a specedge.models module of any family): its widths, one layer.
+        Read from the module rather than the config, so families with nested or renamed config
+        fields need nothing of their own."""
+        attn = target.layers[0].self_attn
+        mlp = target.layers[0].mlp
+        inter = mlp.down_proj.in_features
+        return cls(hidden_size=target.embed_tokens.weight.shape[1], num_heads=attn.heads,
+                   num_kv_heads=attn.kv_heads, head_dim=attn.head_dim, intermediate_size=inter,
+                   rms_norm_eps=float(target.norm.eps), feature_dim=int(feature_dim),
+                   target_vocab=target.embed_tokens.weight.shape[0], draft_vocab=int(draft_vocab),
+                   hidden_act=getattr(mlp, "act", None) or getattr(target.config, "hidden_act", None) or "silu")
 
 
 class EagleHead(nn.Module):
     kv_mode: str = "scatter"
     family = "eagle_head"
 
-    def __init__(self, hc: HeadConfig, rope_config):
+    def __init__(self, hc: HeadConfig, rotary):
         super().__init__()
         self.hc = hc
         h, d = hc.hidden_size, hc.head_dim
@@ -82,7 +99,7 @@ class EagleHead(nn.Module):
         self.mlp = GatedMLP(h, hc.intermediate_size, hc.hidden_act)
         self.norm = RMSNorm(h, hc.rms_norm_eps)
         self.lm_head = nn.Linear(h, hc.draft_vocab, bias=False)
-        self.rotary = make_rotary(rope_config, d)
+        self.rotary = rotary  # the target's rotary embedding (models/common.py Rotary)
         self.scale = d ** -0.5
         # draft id -> target id; a buffer so that it travels with the state dict
         self.register_buffer("d2t", torch.arange(hc.draft_vocab, dtype=torch.int64))
