@@ -374,3 +374,18 @@ def test_sampling_with_the_head_is_reproducible(trained):
     a = pipe.generate("hello", max_new_tokens=20, temperature=0.8, seed=5)
     b = pipe.generate("hello", max_new_tokens=20, temperature=0.8, seed=5)
     assert a.token_ids == b.token_ids and a.stats["drafted"] > 0
+
+
+def test_export_models_draft_head_exports_and_trains(tiny_checkpoint_factory, tmp_path):
+    ck = tiny_checkpoint_factory("llama")
+    out = tmp_path / "b"
+    p = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", out,
+                        "--max-seq", "128", "--draft", "head", "--head-budget", "500", "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    m = load_manifest(out)
+    assert m.target.features and m.head is not None and m.draft.is_model  # the self-draft stays beside it
+    assert m.head.extra["training"]["tokens"] >= 500
+    bad = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", tmp_path / "c",
+                          "--head-budget", "500"], capture_output=True, text=True, timeout=120)
+    assert_user_error(bad, "--head-budget needs --draft head")

@@ -44,8 +44,10 @@ def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, 
     try:
         for i, (cat, msg) in enumerate(prompts):
             messages = [{"role": "user", "content": msg}]
-            ids = pipe.encode(messages=messages)
-            if len(ids) + max_new_tokens > pipe.max_seq:
+            tok = pipe.tokenizer
+            ids = tok.encode_chat(messages) if tok.chat_template else tok.encode(msg)
+            if len(ids) + max_new_tokens > pipe.max_seq:  # a short context: only the prompts that fit
+                say(i + 1, len(prompts))
                 continue
             r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens)
             out.append((cat, list(ids) + list(r.token_ids)))
