@@ -74,16 +74,16 @@ def doc_excerpt(name: str, chars: int = 1200) -> str:
 
 
 def distill_prompts() -> list[tuple[str, str]]:
-    """(category, user message) pairs: chat and code prompts, then grounded questions and
-    summaries over documentation excerpts."""
+    """(category, user message) pairs: chat and code prompts, then per documented module a
+    grounded question, a summary and a usage example over an excerpt of its documentation."""
     out = [("chat", p) for p in CHAT] + [("code", p) for p in CODE]
-    for i, name in enumerate(DOC_MODULES[:16]):
+    for name in DOC_MODULES:
         excerpt = doc_excerpt(name)
         if not excerpt:
             continue
-        if i % 2:
-            out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{excerpt}"))
-        else:
-            out.append(("grounded", f"Read this documentation:\n\n{excerpt}\n\nUsing only the text above, "
-                                    f"what is the {name} module for, and what does it provide?"))
+        out.append(("grounded", f"Read this documentation:\n\n{excerpt}\n\nUsing only the text above, "
+                                f"what is the {name} module for, and what does it provide?"))
+        out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{excerpt}"))
+        out.append(("code", f"Here is the start of the documentation of Python's {name} module:\n\n{excerpt}\n\n"
+                            f"Write a short Python example that uses it, and explain it."))
     return out

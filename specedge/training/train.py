@@ -174,14 +174,17 @@ def _loss(head, ids, feats, dl, lab, steps: int, d2t):
 def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Manifest:
     """Train a head for `bundle`'s target and write it into the bundle; returns the new manifest.
     `progress(stage, done, total, info)` is told how far each stage is (the CLI draws bars)."""
+    from ..export.extras import require_export_extra
+
+    o = opts or TrainOptions()
+    _check_options(o)
+    require_export_extra()  # torch, onnx: one error line naming the extra when they are missing
     import torch
 
     from ..export.head_graph import write_head
     from ..models.eagle_head import head_for_target
     from .data import build_data, load_data, save_data
 
-    o = opts or TrainOptions()
-    _check_options(o)
     kind, amount = parse_budget(o.budget)
     say = progress or (lambda stage, done, total, info=None: None)
     bundle = Path(bundle)
