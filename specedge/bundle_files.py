@@ -178,6 +178,6 @@ def check_model_graphs(manifest: Manifest, spec: ModelSpec) -> None:
 
 
 def check_graph_files(manifest: Manifest) -> None:
-    for spec in (manifest.target, manifest.draft):
-        if spec.is_model:
+    for spec in (manifest.target, manifest.draft, manifest.head):
+        if spec is not None and spec.kind in ("model", "head"):
             check_model_graphs(manifest, spec)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ARGMAX_OUTPUT",
+    "FEATURES_OUTPUT",
     "KEY",
     "MAX_SPEC_TOKENS",
     "TREE_INPUT",
@@ -21,6 +22,7 @@ __all__ = [
     "check_graph_names",
     "expected_names",
     "graph_io",
+    "head_graph_io",
     "parse_kv_name",
     "reserved_call_size",
 ]
@@ -34,6 +36,9 @@ ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK o
 # A tree-capable graph's third input: bool [B, T, T], row t marks t and its ancestors among the
 # call's new tokens (docs/design.md, "Tree calls"). A chain call binds the lower triangle.
 TREE_INPUT = "tree_mask"
+# Target features for a draft head: [B, T, len(layers) * hidden] fp32, the last output, present only
+# when the model's manifest entry has `features` (schema 2).
+FEATURES_OUTPUT = "hidden_states"
 _KV_NAME = re.compile(r"^(past_key|past_value|present_key|present_value|new_key|new_value)\.(\d+)$")
 
 
@@ -75,6 +80,22 @@ def graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1,
             d = [batch, spec.num_kv_heads, "T", spec.head_dim]
             outputs.append(TensorSpec(f"new_key.{i}", spec.kv_dtype, d))
             outputs.append(TensorSpec(f"new_value.{i}", spec.kv_dtype, list(d)))
+    feats = getattr(spec, "features", None)
+    if feats:
+        outputs.append(TensorSpec(FEATURES_OUTPUT, "float32", [batch, "T", int(feats["dim"])]))
+    return inputs, outputs
+
+
+def head_graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The graph contract of a draft head (a manifest ModelSpec of kind "head"): the target's, one
+    layer, plus the `features` input (the target's FEATURES_OUTPUT rows, zeros for chained steps),
+    the `hidden` input (the head's own `hidden_out` of the step before, zeros for target rows) and
+    the `hidden_out` output; logits cover the draft vocabulary (spec.vocab_size)."""
+    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
+    fdim, hdim = int(spec.extra["feature_dim"]), int(spec.hidden_size)
+    inputs[2:2] = [TensorSpec("features", "float32", [batch, "T", fdim]),
+                   TensorSpec("hidden", "float32", [batch, "T", hdim])]
+    outputs[1:1] = [TensorSpec("hidden_out", "float32", [batch, "T", hdim])]
     return inputs, outputs
 
 

@@ -16,7 +16,10 @@ from typing import Any
 
 from .contract import MAX_SPEC_TOKENS, TensorSpec, reserved_call_size
 
-SCHEMA_VERSION = 1
+# 2 added a target's optional `features` output and the optional `models.head` entry (a trained
+# draft head); a version-1 manifest has neither and reads as before.
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 KV_MODES = ("scatter", "delta")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
@@ -76,6 +79,9 @@ class ModelSpec:
     # int4/int8: how the weights were quantized, e.g. {"method": "gguf-exact" | "gguf-exact+requantized"
     # | "requantized", "exact_matmuls": n, "requantized_matmuls": m, ...}. Informational.
     quantization: dict = field(default_factory=dict)
+    # A target graph that also returns hidden states for a draft head: {"layers": [i, ...], "dim": n}
+    # (contract.FEATURES_OUTPUT); empty when it does not.
+    features: dict = field(default_factory=dict)
 
     @property
     def is_model(self) -> bool:
@@ -114,6 +120,7 @@ class ModelSpec:
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
             **({"quantization": dict(self.quantization)} if self.quantization else {}),
+            **({"features": dict(self.features)} if self.features else {}),
             "extra": dict(self.extra),
         }
 
@@ -138,6 +145,8 @@ class Manifest:
     files: dict[str, dict]  # relative path -> {"sha256": hex, "bytes": int}
     extra: dict = field(default_factory=dict)
     root: Path | None = None  # where it was loaded from; not serialized
+    # A draft head trained for this target (`specedge train-draft`), kind "head"; None: no head.
+    head: ModelSpec | None = None
 
     def to_json(self) -> dict:
         return {
@@ -155,7 +164,8 @@ class Manifest:
                 "files": list(self.tokenizer_files),
                 "chat_template": self.chat_template,
             },
-            "models": {"target": self.target.to_json(), "draft": self.draft.to_json()},
+            "models": {"target": self.target.to_json(), "draft": self.draft.to_json(),
+                       **({"head": self.head.to_json()} if self.head is not None else {})},
             "files": {k: dict(v) for k, v in sorted(self.files.items())},
             "extra": dict(self.extra),
         }
@@ -250,14 +260,29 @@ def _quantization(d: dict, where: str) -> dict:
     return dict(q)
 
 
+def _features(d: dict, where: str, num_layers: int) -> dict:
+    """The optional `features` object of a model entry: tapped layers and the output width."""
+    f = d.get("features")
+    if f is None:
+        return {}
+    if not isinstance(f, dict):
+        raise BundleError(f"the manifest's 'features' in {where} must be an object")
+    layers = _req(f, "layers", list, where + ".features")
+    if not layers or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in layers):
+        raise BundleError(f"the manifest's features.layers in {where} must list layers of the model")
+    dim = _bounded(_req(f, "dim", int, where + ".features"), 1, MAX_HEADS * MAX_HEAD_DIM * len(layers),
+                   f"{where} features.dim")
+    return {"layers": [int(i) for i in layers], "dim": dim}
+
+
 def _model(d: dict, role: str) -> ModelSpec:
     where = f"models.{role}"
     kind = _req(d, "kind", str, where)
     if kind == "ngram":
-        if role == "target":
-            raise BundleError("the manifest's target model cannot be of kind 'ngram'")
+        if role != "draft":
+            raise BundleError(f"the manifest's {role} model cannot be of kind 'ngram'")
         return ModelSpec(role=role, kind="ngram", extra=d.get("extra", {}) or {})
-    if kind != "model":
+    if kind != ("head" if role == "head" else "model"):
         raise BundleError(f"the manifest's {role} model has unknown kind '{kind}'")
     precision = _req(d, "precision", str, where)
     if precision not in PRECISIONS:
@@ -284,6 +309,7 @@ def _model(d: dict, role: str) -> ModelSpec:
     )
     if m.kv_dtype not in DTYPE_BYTES:
         raise BundleError(f"the manifest's {role} kv_dtype '{m.kv_dtype}' is not supported")
+    m.features = _features(d, where, m.num_layers)
     graphs = _req(d, "graphs", list, where)
     if not graphs:
         raise BundleError(f"the manifest's {role} model lists no graph")
@@ -303,10 +329,10 @@ def parse_manifest(obj: Any) -> Manifest:
     if not isinstance(obj, dict):
         raise BundleError("the manifest is not a JSON object")
     version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
         raise BundleError(
-            f"the bundle's manifest has schema version {version!r}; this specedge reads version {SCHEMA_VERSION} "
-            "(re-export the bundle with this version)"
+            f"the bundle's manifest has schema version {version!r}; this specedge reads versions "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (re-export the bundle with this version)"
         )
     max_seq = _bounded(_req(obj, "max_seq", int, "the manifest"), 16, MAX_MAX_SEQ, "max_seq")
     batch = _bounded(_req(obj, "batch", int, "the manifest"), 1, 64, "batch")
@@ -326,6 +352,11 @@ def parse_manifest(obj: Any) -> Manifest:
     models = _req(obj, "models", dict, "the manifest")
     target = _model(_req(models, "target", dict, "models"), "target")
     draft = _model(_req(models, "draft", dict, "models"), "draft")
+    head = _model(_req(models, "head", dict, "models"), "head") if "head" in models else None
+    if version < 2 and (head is not None or target.features):
+        raise BundleError("the manifest has schema version 1 but uses version 2 fields (features, a draft head)")
+    if head is not None and not target.features:
+        raise BundleError("the manifest has a draft head but its target graph returns no features")
     files = _req(obj, "files", dict, "the manifest")
     for rel, info in files.items():
         if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
@@ -349,6 +380,7 @@ def parse_manifest(obj: Any) -> Manifest:
         draft=draft,
         files=files,
         extra=obj.get("extra", {}) or {},
+        head=head,
     )
 
 
@@ -373,10 +405,12 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
     referenced: list[str] = list(m.tokenizer_files)
     if m.chat_template:
         referenced.append(m.chat_template)
-    for spec in (m.target, m.draft):
-        for g in spec.graphs:
+    for spec in (m.target, m.draft, m.head):
+        for g in spec.graphs if spec is not None else ():
             referenced.append(g.path)
             referenced.extend(g.external_data)
+    if m.head is not None:
+        referenced.extend(head_files(m.head))
     for rel in list(m.files) + referenced:
         resolve_inside(root, rel)
     for rel in referenced:
@@ -395,6 +429,7 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
     if m.draft.is_model:
         if m.draft.vocab_size < m.tokenizer_vocab_size or m.target.vocab_size < m.tokenizer_vocab_size:
             raise BundleError("the draft and target vocabularies do not cover the shared tokenizer")
+    check_head_matches(m)
     return m
 
 
@@ -449,3 +484,38 @@ def check_fits_memory(m: Manifest, draft: bool = True) -> None:
             f"{m.max_seq}, more than this machine's {have / (1 << 30):.1f} GiB of memory"
         )
 
+
+
+# ----------------------------------------------------------------------------- draft heads
+
+
+def head_files(head: ModelSpec) -> list[str]:
+    """The files a draft head needs besides its graphs: the draft->target id map."""
+    rel = head.extra.get("draft_vocab_file")
+    if not isinstance(rel, str):
+        raise BundleError("the manifest's draft head names no draft_vocab_file")
+    return [rel]
+
+
+def target_fingerprint(m: Manifest) -> str:
+    """One sha256 over the target's graph files' checksums: what a draft head was trained on.
+    A head whose recorded fingerprint differs was trained for another target."""
+    h = hashlib.sha256()
+    for g in m.target.graphs:
+        for rel in (g.path, *g.external_data):
+            info = m.files.get(rel)
+            if info is None:
+                raise BundleError(f"the manifest lists no checksum for the target's '{rel}'")
+            h.update(f"{rel}:{info['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def check_head_matches(m: Manifest) -> None:
+    """Refuse a draft head trained for another target (its fingerprint differs)."""
+    if m.head is None:
+        return
+    want = target_fingerprint(m)
+    got = m.head.extra.get("target_fingerprint")
+    if got != want:
+        raise BundleError("the bundle's draft head was trained for another target (its target checksum "
+                          "differs): train it again with `specedge train-draft`")

@@ -20,6 +20,7 @@ COMMANDS = {
     "specedge bench": ["-m", "specedge", "bench"],
     "specedge plan": ["-m", "specedge", "plan"],
     "specedge build-engines": ["-m", "specedge", "build-engines"],
+    "specedge train-draft": ["-m", "specedge", "train-draft"],
 }
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

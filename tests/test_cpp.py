@@ -523,3 +523,21 @@ def test_documented_install_and_link_commands(tiny_bundles, tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / ".local" / "lib" / "pkgconfig" / "specedge.pc").is_file()
     assert p.stdout.count("tok/s") == 2, p.stdout  # both programs generated and printed their stats
+
+
+def test_schema_2_bundle_with_a_head_runs_its_own_draft_and_refuses_head(tiny_bundle_factory, tmp_path):
+    """A bundle with target features and a trained draft head: the C++ runtime drafts with the
+    bundle's self-draft (same tokens as the Python runtime) and refuses the head in one line."""
+    import shutil
+
+    from specedge.runtime.api import load
+    from specedge.training.train import TrainOptions, train_draft
+
+    b = tmp_path / "head"
+    shutil.copytree(tiny_bundle_factory(features=True), b)
+    train_draft(b, TrainOptions(budget="500", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=2,
+                                doc_tokens=300, threads=1, checkpoint=str(tmp_path / "ck")))
+    want = load(b, threads=1).generate(PROMPTS[0], max_new_tokens=24, speculative=False).token_ids
+    got = cpp_json(b, PROMPTS[0], "--max-new-tokens", "24")
+    assert got["token_ids"] == want
+    assert_usage_error(run_cpp(b, PROMPTS[0], "--draft", "head", check=False), "Python runtime only")

@@ -528,7 +528,7 @@ def test_manifest_records_precision_checksums_and_tokenizer(tiny_bundle_factory)
     # Round trip: file -> Manifest -> JSON is the file; parse(to_json) is stable.
     assert m.to_json() == raw
     assert parse_manifest(m.to_json()).to_json() == raw
-    assert m.schema_version == raw["schema_version"] == 1
+    assert m.schema_version == raw["schema_version"] == 2  # 2: optional target features, draft heads
     assert (m.max_seq, m.spec_tokens, m.prefill_chunk, m.kv_mode) == (128, K, CHUNK, "scatter")
 
 

@@ -194,6 +194,9 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
 // ---------------------------------------------------------------------------- engine
 
 Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
+  if (opts.draft == "head")
+    fail_arg("draft 'head' (a trained draft head) is run by the Python runtime only for now; the C++ runtime "
+             "drafts with 'model' or 'ngram'");
   if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram")
     fail_arg("draft must be 'model', 'ngram' or empty, got '" + opts.draft + "'");
   if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)

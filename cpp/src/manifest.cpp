@@ -205,11 +205,11 @@ Manifest parse_manifest(const std::string& text, const std::string& root) {
   Manifest m;
   m.root = root;
   const json ver = obj.contains("schema_version") ? obj["schema_version"] : json();
-  if (!ver.is_number_integer() || ver.get<int64_t>() != kSchemaVersion)
+  if (!ver.is_number_integer() || ver.get<int64_t>() < kMinSchemaVersion || ver.get<int64_t>() > kSchemaVersion)
     fail_bundle("the bundle's manifest has schema version " + (ver.is_null() ? std::string("None") : ver.dump()) +
-                "; this specedge reads version " + std::to_string(kSchemaVersion) +
-                " (re-export the bundle with this version)");
-  m.schema_version = kSchemaVersion;
+                "; this specedge reads versions " + std::to_string(kMinSchemaVersion) + ", " +
+                std::to_string(kSchemaVersion) + " (re-export the bundle with this version)");
+  m.schema_version = int(ver.get<int64_t>());
   if (obj.contains("created_by") && obj["created_by"].is_string()) m.created_by = obj["created_by"];
   m.max_seq = int(bounded(req_int(obj, "max_seq", "the manifest"), 16, kMaxMaxSeq, "max_seq"));
   m.batch = int(bounded(req_int(obj, "batch", "the manifest"), 1, 64, "batch"));
@@ -236,6 +236,7 @@ Manifest parse_manifest(const std::string& text, const std::string& root) {
   const json& models = req(obj, "models", json::value_t::object, "the manifest");
   m.target = model(req(models, "target", json::value_t::object, "models"), "target");
   m.draft = model(req(models, "draft", json::value_t::object, "models"), "draft");
+  m.has_head = models.contains("head");
   const json& files = req(obj, "files", json::value_t::object, "the manifest");
   for (auto it = files.begin(); it != files.end(); ++it) {
     const json& info = it.value();

@@ -1,4 +1,4 @@
-// The bundle manifest (schema_version 1), read and validated like specedge/manifest.py does:
+// The bundle manifest (schema_version 1 or 2), read and validated like specedge/manifest.py does:
 // schema version, types, sanity bounds on every number, paths inside the bundle, file sizes and
 // sha256 checksums. Every failure is a specedge::Error(SPECEDGE_ERR_BUNDLE) with one sentence.
 #pragma once
@@ -10,7 +10,10 @@
 
 namespace specedge {
 
-constexpr int kSchemaVersion = 1;
+// Written by this version's export; 1 is read too (2 added the target's optional features output
+// and the optional models.head entry, a trained draft head the C++ runtime does not run yet).
+constexpr int kSchemaVersion = 2;
+constexpr int kMinSchemaVersion = 1;
 constexpr int kMaxSpecTokens = 16;
 
 struct TensorSpec {
@@ -54,6 +57,7 @@ struct Manifest {
   std::vector<std::string> tokenizer_files;
   std::optional<std::string> chat_template;
   ModelSpec target, draft;
+  bool has_head = false;  // models.head: a draft head (Python runtime only, for now)
   std::map<std::string, FileEntry> files;
   std::string root;  // bundle folder as given
 

@@ -96,10 +96,25 @@ TEST_CASE("manifest: a valid manifest parses") {
   CHECK(m.target.graph_for("ort-cpu").path == "target/model.onnx");
 }
 
+TEST_CASE("manifest: schema 2 (features, a draft head) reads, and schema 1 still does") {
+  json m = minimal_manifest();
+  m["schema_version"] = 1;
+  CHECK(parse_manifest(m.dump()).schema_version == 1);
+  CHECK(!parse_manifest(m.dump()).has_head);
+  m["schema_version"] = 2;
+  m["models"]["head"] = {{"kind", "head"}};
+  Manifest p = parse_manifest(m.dump());
+  CHECK(p.schema_version == 2);
+  CHECK(p.has_head);
+}
+
 TEST_CASE("manifest: validation mirrors the Python loader") {
   json m = minimal_manifest();
-  m["schema_version"] = 2;
-  CHECK(bundle_error(m).find("schema version 2") != std::string::npos);
+  m["schema_version"] = 3;
+  CHECK(bundle_error(m).find("schema version 3") != std::string::npos);
+  m = minimal_manifest();
+  m["schema_version"] = 0;
+  CHECK(bundle_error(m).find("schema version 0") != std::string::npos);
   m = minimal_manifest();
   m.erase("max_seq");
   CHECK(bundle_error(m) == "the manifest lacks 'max_seq' in the manifest");

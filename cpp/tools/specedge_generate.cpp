@@ -136,8 +136,9 @@ int main(int argc, char** argv) {
         gp.guard = false;
       } else if (a == "--draft") {
         std::string d = value();
-        if (d != "model" && d != "ngram")
-          throw UsageError("argument --draft: invalid choice: '" + d + "' (choose from 'model', 'ngram')");
+        // "head" is passed on: the library says that it does not run draft heads yet.
+        if (d != "model" && d != "ngram" && d != "head")
+          throw UsageError("argument --draft: invalid choice: '" + d + "' (choose from 'model', 'ngram', 'head')");
         oo.draft(d);
       } else if (a == "--stop") {
         std::string s = value();

@@ -56,8 +56,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-shared-pool", action="store_true",
                    help="a thread pool per ONNX Runtime session, spinning off when a draft runs (the library's "
                         "default) instead of one process-wide spinning pool (the CLI's)")
-    p.add_argument("--draft", choices=("model", "ngram"), default=None,
-                   help="drafter: the bundle's draft model or prompt lookup (default: the bundle's own kind)")
+    p.add_argument("--draft", choices=("model", "ngram", "head"), default=None,
+                   help="drafter: the bundle's draft model, prompt lookup or its trained draft head "
+                   "(default: the bundle's own kind)")
     p.add_argument("--backend", default="auto", help="runtime backend (auto, ort-cpu, ort-cuda, ...)")
     p.add_argument("--modes", type=_str_list, default=None, metavar="LIST",
                    help="greedy,sampled (default both)")

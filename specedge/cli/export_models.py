@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from ..errors import UserError
 from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
 
@@ -46,8 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", help="HF model folder, .gguf file, or locally cached hub id (default: built-in SmolLM2)")
     p.add_argument("--draft", default="auto",
-                   help="draft checkpoint, 'self' (target at --draft-precision), 'ngram' (no draft model) or "
-                   "'auto' (default: ngram for an int4/int8 target, else self; ./auto names a folder 'auto')")
+                   help="draft checkpoint, 'self' (target at --draft-precision), 'ngram' (no draft model), "
+                   "'head' (export with --features, then train a draft head: `specedge train-draft`; the "
+                   "bundle keeps the auto draft beside it) or 'auto' (default: ngram for an int4/int8 target, "
+                   "else self; ./auto names a folder 'auto')")
+    p.add_argument("--head-budget", default=None,
+                   help="with --draft head: the training budget, tokens or minutes (default: train-draft's)")
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
     p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, help="self-draft precision (default int4)")
@@ -59,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
                    "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)")
+    p.add_argument("--features", action="store_true",
+                   help="the target graph also returns hidden states (three layers) for a draft head (implied by --draft head)")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -79,11 +86,19 @@ def default_draft(precision: str) -> str:
 def run(args) -> int:
     from ..export.pipeline import ExportOptions, export_bundle, prepare
 
+    head = args.draft == "head"
+    if args.head_budget is not None and not head:
+        raise UserError("--head-budget needs --draft head")
+    if head:
+        from ..training.train import parse_budget
+
+        parse_budget(args.head_budget or "1")  # a bad budget is refused before the export, not after it
     opts = ExportOptions(
-        target=args.target, draft=default_draft(args.precision) if args.draft == "auto" else args.draft, out=args.out, precision=args.precision,
+        target=args.target, draft=default_draft(args.precision) if args.draft in ("auto", "head") else args.draft,
+        out=args.out, precision=args.precision,
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
-        graphs=args.graphs,
+        graphs=args.graphs, features=args.features or head,
     )
     t0 = time.time()
     plan = prepare(opts)
@@ -91,6 +106,16 @@ def run(args) -> int:
         out, m = plan.out, plan.manifest
     else:
         out, m = export_bundle(opts, TqdmProgress(args.quiet or args.json), plan)
+    if head:
+        from ..training.train import TrainOptions, train_draft
+        from .train_draft import _Bars
+
+        bars = _Bars(args.quiet or args.json)
+        try:
+            m = train_draft(out, TrainOptions(**({"budget": args.head_budget} if args.head_budget else {})),
+                            progress=bars)
+        finally:
+            bars.close()
     took = time.time() - t0
     size = sum(v["bytes"] for v in m.files.values())
     reused = plan.action == "reuse"

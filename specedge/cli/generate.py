@@ -23,7 +23,8 @@ def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same output)")
     p.add_argument("--spec-tokens", type=int, default=None, metavar="K", help=f"draft tokens per round, 1..{MAX_K} (default: the bundle's)")
     p.add_argument("--no-spec", action="store_true", help="decode with the target alone")
-    p.add_argument("--draft", choices=("model", "ngram"), default=None, help="drafter (default: the bundle's)")
+    p.add_argument("--draft", choices=("model", "ngram", "head"), default=None,
+                   help="drafter: the draft model, prompt lookup or the trained draft head (default: the bundle's)")
     p.add_argument("--adaptive-k", action="store_true", help="grow k while drafts are accepted, shrink it on early rejections")
     p.add_argument("--no-guard", action="store_true", help="never shrink k or fall back to target-only when speculation does not pay")
     p.add_argument("--stop", action="append", default=None, metavar="STR", help="stop when STR appears (repeatable)")

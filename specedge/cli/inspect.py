@@ -110,13 +110,17 @@ def _model_files(spec) -> list[str]:
     return rels
 
 
+def _models(m) -> list:
+    return [m.target, m.draft] + ([m.head] if m.head is not None else [])
+
+
 def compute_sizes(m) -> dict:
     """Sizes read from the files themselves (load_manifest(verify='size') has matched them to the
     manifest): per file, per model and in total, plus the KV cache each model needs at max_seq."""
     files = {rel: m.path(rel).stat().st_size for rel in sorted(m.files)}
     models = {}
-    for spec in (m.target, m.draft):
-        if spec.is_model:
+    for spec in _models(m):
+        if spec.is_model or spec.kind == "head":
             models[spec.role] = {
                 "file_bytes": sum(files.get(r, 0) for r in _model_files(spec)),
                 "kv_cache_bytes": spec.kv_bytes(m.max_seq, m.batch),
@@ -131,6 +135,7 @@ CHECKED = {
 
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
+    from ..contract import FEATURES_OUTPUT
     from ..runtime.invariant import wants_invariant_steps
 
     sizes = compute_sizes(m)
@@ -145,9 +150,9 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
     bos = "none" if m.bos_token_id is None else str(m.bos_token_id)
     lines.append(f"tokenizer    vocab {m.tokenizer_vocab_size}    eos ids [{eos}]    bos {bos}"
                  f"{' (added)' if m.add_bos else ''}    chat template {m.chat_template or 'none'}")
-    for spec in (m.target, m.draft):
+    for spec in _models(m):
         lines.append("")
-        if not spec.is_model:
+        if spec.kind == "ngram":
             ng = spec.extra.get("ngram_sizes")
             lines.append(f"{spec.role:<7}      n-gram (prompt lookup, no model"
                          + (f"; n = {', '.join(str(n) for n in ng)}" if ng else "") + ")")
@@ -162,6 +167,13 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
             lines.append("  steps      " + ("batch-invariant: single-token steps run as 2 tokens, so greedy speculation "
                                           "equals target-only exactly" if wants_invariant_steps(spec.precision) else
                                           "plain single-token steps (fp32: verification rows agree to ~1e-5)"))
+        if spec.features:
+            lines.append(f"  features   {FEATURES_OUTPUT} [B, T, {spec.features['dim']}]: the outputs of layers "
+                         f"{', '.join(str(i) for i in spec.features['layers'])}, for a draft head")
+        if spec.kind == "head":
+            t = spec.extra.get("training", {})
+            lines.append(f"  head       draft vocabulary {spec.vocab_size} ids (map {spec.extra.get('draft_vocab_file')}), "
+                         f"trained on {t.get('tokens', '?')} tokens, top-1 {t.get('top1', '?')}")
         lines.append(f"  params     {fmt_count(spec.num_params)} ({spec.num_params:,})    "
                      f"weight bytes/step {fmt_bytes(spec.weight_bytes)}    "
                      f"files {fmt_bytes(sizes['models'][spec.role]['file_bytes'])}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..contract import TREE_INPUT, graph_io
+from ..contract import FEATURES_OUTPUT, TREE_INPUT, graph_io
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")
@@ -101,6 +101,8 @@ def export_graph(
         rest_dyn = ({1: dyn_t, 2: dyn_t}, *rest_dyn)
         in_names.insert(2, TREE_INPUT)
     dyn = {"input_ids": {1: dyn_t}, "position": None, "past": rest_dyn}
+    if getattr(model, "feature_layers", None):
+        out_names.append(FEATURES_OUTPUT)
     with _quiet(), torch.no_grad():
         ep = torch.export.export(model, (ids, pos, *rest), dynamic_shapes=dyn)
         prog = torch.onnx.export(
@@ -174,6 +176,25 @@ def _name_dynamic_dim(proto: onnx.ModelProto, name: str) -> None:
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in symbols:
                 d.dim_param = name
+
+
+def drop_features_output(proto: onnx.ModelProto) -> bool:
+    """Remove the features output and the nodes only it used (a self-draft made from a target
+    graph with features must not pay for them). True when there was one."""
+    outs = [o for o in proto.graph.output if o.name != FEATURES_OUTPUT]
+    if len(outs) == len(proto.graph.output):
+        return False
+    del proto.graph.output[:]
+    proto.graph.output.extend(outs)
+    while True:
+        used = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
+        keep = [n for n in proto.graph.node if any(o in used for o in n.output)]
+        if len(keep) == len(proto.graph.node):
+            break
+        del proto.graph.node[:]
+        proto.graph.node.extend(keep)
+    _drop_unused_initializers(proto)
+    return True
 
 
 def _drop_unused_initializers(proto: onnx.ModelProto) -> None:

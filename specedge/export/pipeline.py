@@ -76,6 +76,8 @@ class ExportOptions:
     force: bool = False
     block_size: int = 32
     graphs: str = "auto"  # auto | ort | portable | both (see graph_flavours)
+    # the target graph also returns hidden states for a draft head (contract.FEATURES_OUTPUT)
+    features: bool = False
 
 
 def validate_options(o: ExportOptions) -> None:
@@ -131,7 +133,7 @@ def recorded_options(opts: ExportOptions) -> dict:
     return {"precision": opts.precision, "draft_precision": opts.draft_precision if kind != "ngram" else None,
             "max_seq": opts.max_seq, "spec_tokens": opts.spec_tokens, "kv_update": opts.kv_mode,
             "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
-            "graphs": opts.graphs}
+            "graphs": opts.graphs, **({"features": True} if opts.features else {})}
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -294,7 +296,8 @@ def _backends_for(flavour: str, flavours: list[str], precision: str = "fp32") ->
 
 
 def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mode: str,
-                max_seq: int, proto, quantization: dict | None = None) -> ModelSpec:
+                max_seq: int, proto, quantization: dict | None = None,
+                feature_layers: tuple[int, ...] | None = None) -> ModelSpec:
     from ..models.llama import head_dim_of
     from .quantize import describe, weight_bytes
 
@@ -317,6 +320,8 @@ def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mod
         graphs=graphs,
         quantization=dict(quantization or {}),
     )
+    if feature_layers:
+        spec.features = {"layers": list(feature_layers), "dim": len(feature_layers) * cfg.hidden_size}
     spec.extra = {
         "weights": describe(precision, spec.quantization) if precision in ("int4", "int8") else precision,
         "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", 0) or 0),
@@ -332,7 +337,8 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
     import onnx
 
     from ..models import build_model, load_weights
-    from .onnx_graph import check_graph, export_graph, save_with_external_data
+    from ..models.common import default_feature_layers
+    from .onnx_graph import check_graph, drop_features_output, export_graph, save_with_external_data
     from .quantize import quantize_weights, share_tied_embedding
 
     flavours = graph_flavours(opts.graphs, opts.kv_mode, precision)
@@ -343,6 +349,7 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
     qinfo: dict = {}
     # A GGUF source: weights from its 4/8-bit blocks are stored exactly (gguf_exact.py).
     gguf = ckpt.path if (getattr(ckpt, "extra", None) or {}).get("gguf") else None
+    taps = default_feature_layers(ckpt.config.num_hidden_layers) if role == "target" and opts.features else None
     for flavour in flavours:
         name = "model.onnx" if flavour == flavours[0] else f"model.{flavour}.onnx"
         rel = f"{role}/{name}"
@@ -352,10 +359,13 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
             # Either the proto itself or the path of the saved fp32 graph (saving turns a proto's
             # tensors into external references, so a saved one is re-read from disk).
             proto = onnx.load(str(reuse)) if isinstance(reuse, Path) else reuse
+            # a self-draft made from a target graph with features must not pay for them
+            drop_features_output(proto)
         else:
             with progress.stage(f"tracing {role} ({base_prec}, {flavour} graph)", total=1) as st:
                 model = build_model(ckpt.config, opts.kv_mode)
                 load_weights(model, ckpt.state_dict)
+                model.feature_layers = taps
                 scratch = tmp / f".{role}-trace" / "model.onnx"
                 export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour)
                 del model
@@ -378,7 +388,7 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
             save_with_external_data(proto, path)
             st.update(1)
         graphs.append(GraphSpec(flavour, rel, _backends_for(flavour, flavours, precision), [rel + ".data"]))
-    spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo)
+    spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:
             check_graph(tmp / g.path, spec, opts.kv_mode, opts.max_seq)

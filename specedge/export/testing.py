@@ -67,6 +67,7 @@ def tiny_bundle(
     spec_tokens: int = 4,
     seed: int = 0,
     prefill_chunk: int = 16,
+    features: bool = False,
 ) -> Path:
     """Export a tiny bundle to `out_dir` (replaced if present). draft: "self", "ngram", or
     "model" (a second tiny checkpoint of the same family and tokenizer, another seed)."""
@@ -80,6 +81,7 @@ def tiny_bundle(
     opts = ExportOptions(
         target=str(ck), draft=d, out=str(out_dir), precision=precision, draft_precision=draft_precision,
         max_seq=max_seq, spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk, force=True,
+        features=features,
     )
     path, _ = export_bundle(opts)
     return path

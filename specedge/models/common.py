@@ -326,6 +326,9 @@ class CausalLM(nn.Module):
     # Tree-capable graph (docs/design.md, "Tree calls"): a third input `tree_mask` [B, T, T], the
     # ancestor mask among the new tokens, follows `position`.
     tree: bool = False
+    # Layers whose output hidden states the graph also returns, concatenated, after the caches
+    # (contract.FEATURES_OUTPUT, for a feature-level draft head); None: logits and caches only.
+    feature_layers: tuple[int, ...] | None = None
 
     def embed(self, input_ids):
         return self.embed_tokens(input_ids)
@@ -357,10 +360,14 @@ class CausalLM(nn.Module):
             position = (position, tree)
         rope = {name: tables[name] if name in tables else r(pos) for name, r in self.rotaries.items()}
         outs = []
+        taps = {}
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.layer_rope[i]]
             h, k, v = layer(h, cos, sin, position, past[2 * i], past[2 * i + 1], self.kv_mode)
             outs += [k, v]
+            taps[i] = h
+        if self.feature_layers:
+            return (self.final_logits(h), *outs, tapped_features(taps, self.feature_layers))
         return (self.final_logits(h), *outs)
 
     # -- helpers used by export and tests
@@ -390,6 +397,17 @@ class CausalLM(nn.Module):
         a = self.layers[0].self_attn
         shape = (batch, a.kv_heads, max_seq, a.head_dim)
         return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.num_layers)]
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's taps: a low, a middle and a high layer (2, L/2, L-3), clamped for shallow models."""
+    last = num_layers - 1
+    return tuple(sorted(min(max(i, 0), last) for i in (2, num_layers // 2, num_layers - 3)))
+
+
+def tapped_features(taps: dict, layers) -> torch.Tensor:
+    """The tapped layers' outputs concatenated on the last axis, in fp32 like the logits."""
+    return torch.cat([taps[i].float() for i in layers], dim=-1)
 
 
 class DecoderLayer(nn.Module):

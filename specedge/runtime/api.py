@@ -30,6 +30,7 @@ from ..manifest import BundleError, Manifest, check_fits_memory, load_manifest
 from .backends import BackendError, backend_class, create_backend, resolve_backend_name
 from ..contract import MAX_SPEC_TOKENS
 from .chat_template import ChatTemplate
+from .drafters.head import HeadDrafter, read_draft_vocab
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result, check_prompt
@@ -272,7 +273,7 @@ class Pipeline:
         self.backend_name = backend_name
         self.draft_backend_name = draft_backend_name
         vocab = min(manifest.tokenizer_vocab_size, target.vocab_size)
-        if draft_backend is not None:
+        if draft_backend is not None and drafter.kind != "head":  # a head's logits cover its draft vocabulary
             vocab = min(vocab, draft_backend.vocab_size)
         self.vocab = vocab
         self.costs = CostModel()
@@ -287,6 +288,8 @@ class Pipeline:
         # no draft prefill of the prompt; backends that cannot copy (GPU ones) feed as before
         if draft_kv == "auto" and drafter is not None and manifest.draft.extra.get("self_draft_of") == "target":
             drafter.use_kv_donor(self.generator.target)
+        if drafter is not None:
+            drafter.follow_target(self.generator.target)
 
     @property
     def max_seq(self) -> int:
@@ -299,8 +302,8 @@ class Pipeline:
         m = self.manifest
         if self.drafter is None or self.drafter.kind == "ngram":
             r = 0.01
-        elif m.draft.weight_bytes > 0 and m.target.weight_bytes > 0:
-            r = max(m.draft.weight_bytes / m.target.weight_bytes, 0.02)
+        elif (d := m.head if self.drafter.kind == "head" else m.draft).weight_bytes > 0 and m.target.weight_bytes > 0:
+            r = max(d.weight_bytes / m.target.weight_bytes, 0.02)
         else:
             r = 0.3
         return CostModel({1: 1.0, MAX_SPEC_TOKENS + 1: 1.0 + 0.05 * MAX_SPEC_TOKENS}, r)
@@ -486,8 +489,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       "ort-cpu", "ort-cuda", "ort-trt", "tensorrt" or "torch". draft_backend: the draft's
       (default: the same). threads: intra-op threads per ONNX Runtime session. providers: ONNX
       Runtime execution providers (names or (name, options) pairs) for ort-* backends.
-    draft: "model" (the bundle's draft model), "ngram" (prompt lookup, no model) or None (the
-      bundle's own kind).
+    draft: "model" (the bundle's draft model), "ngram" (prompt lookup, no model), "head" (the
+      bundle's trained draft head, `specedge train-draft`; ort-cpu) or None (the bundle's own kind).
     verify: bundle file check, "full" (sha256), "size" or "none".
     warmup: run each call shape once and measure step costs (`Pipeline.calibrate`).
     spinning: ONNX Runtime intra-op spinning; None = off whenever a draft session exists (two
@@ -513,8 +516,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         raise ValueError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
     if draft_kv not in ("auto", "own"):
         raise ValueError(f"draft_kv must be 'auto' or 'own', got {draft_kv!r}")
-    if draft not in (None, "model", "ngram"):
-        raise ValueError(f"draft must be 'model', 'ngram' or None, got {draft!r}")
+    if draft not in (None, "model", "ngram", "head"):
+        raise ValueError(f"draft must be 'model', 'ngram', 'head' or None, got {draft!r}")
     if invariant_steps is not None and not isinstance(invariant_steps, bool):
         raise ValueError(f"invariant_steps must be True, False or None, got {invariant_steps!r}")
     say({"full": "checking files (sha256)", "size": "checking file sizes", "none": "reading the manifest"}[verify])
@@ -523,11 +526,15 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         draft = "model" if manifest.draft.is_model else "ngram"
     if draft == "model" and not manifest.draft.is_model:
         raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
+    if draft == "head" and manifest.head is None:
+        raise ValueError("this bundle has no draft head: train one with `specedge train-draft BUNDLE`")
     # where the graphs make ONNX Runtime read weights from, whatever `verify` says
     check_graph_files(manifest)
     tokenizer = Tokenizer(manifest)
     tname = resolve_backend_name(backend)
-    dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
+    dname = resolve_backend_name(draft_backend or backend) if draft in ("model", "head") else None
+    if draft == "head" and (tname, dname) != ("ort-cpu", "ort-cpu"):
+        raise BackendError(f"a draft head runs on the ort-cpu backend, with an ort-cpu target (not {tname}/{dname})")
     if any(n and n.startswith("ort-") for n in (tname, dname)):
         _check_onnxruntime()
     if tname == "ort-cpu":  # the KV caches and logits live in host memory
@@ -536,9 +543,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         raise BackendError("providers apply to the ONNX Runtime backends (ort-cpu, ort-cuda, ort-trt) only")
     two_sessions = dname is not None
 
-    def make(name, spec):
+    def make(name, spec, klass=None):
         opts = dict(backend_options or {})
-        klass = backend_class(name)
+        klass = klass or backend_class(name)
         if _accepts(klass, "allow_spinning"):
             opts["allow_spinning"] = spinning
         if _accepts(klass, "alternating"):
@@ -547,6 +554,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
             opts["shared_pool"] = True
         # threads size ONNX Runtime's CPU pools; GPU-only backends have none and ignore it
         t = threads if _accepts(klass, "threads") else None
+        if spec.kind == "head":
+            return klass(manifest, spec, threads=t, providers=providers, **opts)
         return create_backend(name, manifest, spec, threads=t, providers=providers, **opts)
 
     say(f"target session ({tname})")
@@ -560,6 +569,12 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
             say(f"draft session ({dname})")
             dbackend = make(dname, manifest.draft)
             drafter = ModelDrafter(dbackend, manifest.prefill_chunk, vocab=min(vocab, dbackend.vocab_size))
+        elif draft == "head":
+            say("draft head session (ort-cpu)")
+            from .backends.ort_head import OrtHeadBackend
+
+            dbackend = make(dname, manifest.head, OrtHeadBackend)
+            drafter = HeadDrafter(dbackend, read_draft_vocab(manifest), vocab, manifest.prefill_chunk)
         else:
             sizes = manifest.draft.extra.get("ngram_sizes", (3, 2, 1)) if manifest.draft.kind == "ngram" else (3, 2, 1)
             drafter = NgramProposer(vocab, ngram_sizes=tuple(sizes))

@@ -34,9 +34,13 @@ class Backend(ABC):
     # CUDA graphs in use; a failed capture turns them off (`graphs_off`), with the reason in graph_note
     cuda_graphs: bool = False
     graph_note: str = ""
+    # [B, max_seq, F] fp32: the target features (contract.FEATURES_OUTPUT) of the token in each
+    # cache slot, kept like the cache, for a draft head; None where the graph has none or the
+    # backend does not read them back (GPU backends)
+    features: np.ndarray | None = None
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):
-        if isinstance(spec, ModelSpec) and not spec.is_model:  # test doubles pass other spec objects
+        if isinstance(spec, ModelSpec) and spec.kind == "ngram":  # test doubles pass other spec objects
             raise BackendError(f"the {spec.role} is an n-gram drafter: it has no graph to run on backend '{self.name}'")
         self.manifest = manifest
         self.spec = spec

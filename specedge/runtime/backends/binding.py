@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...contract import ARGMAX_OUTPUT, KEY, VALUE, TensorSpec, graph_io, parse_kv_name
+from ...contract import ARGMAX_OUTPUT, FEATURES_OUTPUT, KEY, VALUE, TensorSpec, graph_io, parse_kv_name
 from ...manifest import DTYPE_BYTES, ModelSpec
 
 
@@ -224,6 +224,8 @@ def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int
                 out.append(Binding(ts.name, io, "position", 0, shape_of(ts), ts.dtype))
             elif ts.name == "logits":
                 out.append(Binding(ts.name, io, "logits", 0, shape_of(ts), ts.dtype))
+            elif ts.name == FEATURES_OUTPUT:  # hidden states for a draft head (manifest `features`)
+                out.append(Binding(ts.name, io, "features", 0, shape_of(ts), ts.dtype))
             elif kv is not None and kv[0] in ("past", "present"):
                 out.append(Binding(ts.name, io, "cache", cache.offset(kv[1], kv[2]), shape_of(ts), ts.dtype))
             elif kv is not None and kv[0] == "new":

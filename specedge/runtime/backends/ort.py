@@ -27,7 +27,7 @@ import numpy as np
 
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
-from ...contract import check_graph_names, expected_names, reserved_call_size
+from ...contract import FEATURES_OUTPUT, check_graph_names, expected_names, reserved_call_size
 from .binding import ort_element_type
 
 __all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers", "choose_threading"]
@@ -237,7 +237,7 @@ class OrtBackend(Backend):
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BackendError(f"ONNX Runtime cannot load the {spec.role} graph '{graph.path}': {first}") from None
 
-        want_in, want_out = expected_names(spec, self.kv_mode, self.max_seq, self.batch)
+        want_in, want_out = self._expected_names()
         got_in = [i.name for i in self.session.get_inputs()]
         got_out = [o.name for o in self.session.get_outputs()]
         try:
@@ -257,6 +257,10 @@ class OrtBackend(Backend):
         self._kv_np = np.uint16 if spec.kv_dtype == "bfloat16" else np.dtype(self._kv_elem)
         self._allocate(reserved_call_size(manifest.prefill_chunk))
 
+    def _expected_names(self) -> tuple[list[str], list[str]]:
+        """The graph's tensor names by the contract (a draft head's graph has its own)."""
+        return expected_names(self.spec, self.kv_mode, self.max_seq, self.batch)
+
     # ------------------------------------------------------------------ buffers
 
     def _allocate(self, t_max: int) -> None:
@@ -269,6 +273,11 @@ class OrtBackend(Backend):
         self._logits = np.zeros(B * self.t_max * V, dtype=np.float32)
         self._delta = np.zeros(2 * L * B * H * self.t_max * D, dtype=self._kv_np) if self.kv_mode == "delta" else None
         self._bindings: dict[int, object] = {}
+        F = int(self.spec.features.get("dim", 0)) if getattr(self.spec, "features", None) else 0
+        self._feat = np.zeros(B * self.t_max * F, dtype=np.float32) if F else None
+        if F and getattr(self, "features", None) is None:
+            # every slot's target features, row = cache slot, like the KV cache (draft heads read it)
+            self.features = np.zeros((B, S, F), dtype=np.float32)
 
     def kv_tensor(self, kind: int, layer: int) -> np.ndarray:
         """The cache tensor [B, kv_heads, S, head_dim] of layer `layer` (kind 0 = key, 1 = value),
@@ -298,6 +307,9 @@ class OrtBackend(Backend):
                 else:
                     dptr = self._delta.ctypes.data + j * delta_elems * isz
                     b.bind_output(f"new_{kname}.{i}", dev, 0, self._kv_elem, [B, H, t, D], dptr)
+        if self._feat is not None:
+            F = self.features.shape[-1]
+            b.bind_output(FEATURES_OUTPUT, dev, 0, np.float32, [B, t, F], self._feat.ctypes.data)
         for name in self._extra_outputs:
             b.bind_output(name, dev)
         self._bindings[t] = b
@@ -326,6 +338,9 @@ class OrtBackend(Backend):
             L2, H, D = 2 * self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
             new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)
             self.kv[:, :, :, position : position + t, :] = new  # every layer, K and V: one copy
+        if self._feat is not None:
+            F = self.features.shape[-1]
+            self.features[:, position : position + t] = self._feat[: B * t * F].reshape(B, t, F)
         return self._logits[: t * self.vocab_size].reshape(t, self.vocab_size)  # batch row 0
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:

@@ -309,6 +309,8 @@ class OrtCudaBackend(Backend):
                 b.bind_output(bd.name, dev, did, self.elem_type, list(bd.shape), self.arena_ptr + bd.offset)
             elif bd.buffer == "delta":
                 b.bind_output(bd.name, dev, did, self.elem_type, list(bd.shape), s.delta.data_ptr() + bd.offset)
+            elif bd.buffer == "features":  # computed, not read back: head drafting runs on ort-cpu
+                b.bind_output(bd.name, dev, did)
         for name in self._extra_outputs:  # named extras (hidden states): let onnxruntime allocate them
             b.bind_output(name, dev, did)
         s.binding = b

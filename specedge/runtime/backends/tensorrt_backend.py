@@ -294,6 +294,8 @@ class TensorRTBackend(Backend):
             }
             if self.has_argmax:
                 b["argmax"] = self._dmalloc(isz * B * t)
+            if self.spec.features:  # written by the graph, not read back: head drafting runs on ort-cpu
+                b["features"] = self._dmalloc(4 * B * t * int(self.spec.features["dim"]))
             if self.kv_mode == "delta":  # padded strides: the layout of any T <= t_max fits in it
                 b["delta"] = self._dmalloc(KVLayout.for_delta(self.spec, t, B).total_bytes)
             self._bufs.append(b)

@@ -48,6 +48,10 @@ class Drafter(ABC):
         them (a self-draft of the same geometry). False: this drafter cannot, and ignores it."""
         return False
 
+    def follow_target(self, target: CacheTracker) -> None:
+        """Given the target's cache once the loop exists: a drafter that drafts from the target's
+        own state (a draft head reads its features, drafters/head.py) keeps it; others ignore it."""
+
     @abstractmethod
     def propose(self, history: list[int], k: int, params: SamplingParams, rng=None) -> Proposal:
         """Up to k tokens after `history` (the committed sequence); fewer, or none, is allowed."""

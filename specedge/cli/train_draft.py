@@ -1,0 +1,105 @@
+"""`specedge train-draft BUNDLE`: train a draft head (EAGLE-3 style) for the bundle's target and
+write it into the bundle (specedge/training). Exit code 0 done, 2 bad input, 130 interrupted (the
+bundle is then as it was; a later run resumes from the checkpoint)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from ..training.train import TrainOptions
+
+    d = TrainOptions()
+    p = subparsers.add_parser(
+        "train-draft",
+        help="train a draft head for a bundle's target",
+        description="Train a small draft head (one decoder layer over the target's hidden states, EAGLE-3 "
+        "style) on self-distilled data: the target answers prompts written for it and reads Python's "
+        "documentation; the head learns its choices. The head is written into the bundle at the end "
+        "(atomically); run it with `specedge generate BUNDLE --draft head`. The bundle's target must "
+        "return features (`export-models --features`).",
+    )
+    p.add_argument("bundle", help="bundle folder")
+    p.add_argument("--budget", default=d.budget,
+                   help=f"training tokens (200000, 200k, 1.5M) or minutes for the whole run (30m) (default {d.budget})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    p.add_argument("--device", default=d.device, help="cpu or cuda (default cpu)")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"chain steps unrolled per training step (default {d.steps})")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+                   help=f"draft vocabulary: the most frequent target tokens (default {d.draft_vocab})")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"training window in tokens (default {d.seq_len})")
+    p.add_argument("--batch", type=int, default=d.batch, help=f"windows per step (default {d.batch})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--answer-tokens", type=int, default=d.answer_tokens,
+                   help=f"tokens the target writes per prompt (default {d.answer_tokens})")
+    p.add_argument("--doc-tokens", type=int, default=d.doc_tokens,
+                   help=f"tokens of documentation text (default {d.doc_tokens})")
+    p.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--checkpoint", default=None, help="checkpoint folder (default .BUNDLE.train-draft next to the bundle)")
+    p.add_argument("--no-resume", action="store_true", help="train afresh even if a checkpoint exists (its saved data is reused)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+class _Bars:
+    """One TickingBar per stage; the training bar names tokens, loss, top-1 accuracy and the ETA."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.stage = None
+        self.bar = None
+        self.t0 = None
+
+    def __call__(self, stage, done, total, info=None):
+        from ..progress import TickingBar
+
+        if stage != self.stage:
+            self.close()
+            self.stage, self.t0 = stage, time.monotonic()
+            names = {"answers": "target answers", "features": "target features", "training": "training"}
+            self.bar = TickingBar(names.get(stage, stage), total, quiet=self.quiet).__enter__()
+            self.last = 0
+        self.bar.update(done - self.last)
+        self.last = done
+        if info:
+            el = time.monotonic() - self.t0
+            eta = el / max(done, 1) * max(total - done, 0)
+            self.bar.step(f"loss {info['loss']:.3f}  top-1 {100 * info['top1']:.1f}%  "
+                          f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def run(args) -> int:
+    from ..training.train import TrainOptions, train_draft
+
+    o = TrainOptions(budget=args.budget, seed=args.seed, device=args.device, steps=args.steps,
+                     draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
+                     answer_tokens=args.answer_tokens, doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
+                     threads=args.threads, checkpoint=args.checkpoint, resume=not args.no_resume)
+    bars = _Bars(args.quiet or args.json)
+    try:
+        m = train_draft(args.bundle, o, progress=bars)
+    finally:
+        bars.close()
+    t = m.head.extra.get("training", {})
+    if args.json:
+        print(json.dumps({"bundle": str(args.bundle), "head": m.head.graphs[0].path, "draft_vocab": m.head.vocab_size,
+                          "weight_bytes": m.head.weight_bytes, "target_weight_bytes": m.target.weight_bytes,
+                          "training": t}))
+    else:
+        print(f"draft head written to {args.bundle} ({m.head.graphs[0].path}): {t.get('tokens')} tokens, "
+              f"loss {t.get('loss')}, top-1 {100 * t.get('top1', 0):.1f}% vs the target, "
+              f"{m.head.weight_bytes / max(m.target.weight_bytes, 1):.1%} of the target's weight bytes per step",
+              file=sys.stdout)
+    return 0

@@ -1,0 +1,140 @@
+"""Self-distilled training data for a draft head: token sequences with the target's own features
+and greedy choices at every position.
+
+Sequences come from two sources on the machine: the target's answers to the prompts of
+`prompts.py` (generated with the bundle's own runtime, greedy, so the head learns the target's
+continuations), and plain documentation text (pydoc). Each sequence is then run through the
+target graph in prefill chunks on ONNX Runtime, which returns, per position, the features the
+runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argmax is the label:
+the token the target itself would choose there. Features are stored in fp16 (half the memory;
+the head sees fp32 at run time, a difference far below what training resolves).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .prompts import DOC_MODULES, distill_prompts, module_doc
+
+__all__ = ["Distilled", "build_data", "load_data", "save_data"]
+
+
+@dataclass
+class Distilled:
+    tokens: list[np.ndarray]  # int64 [L] per sequence
+    features: list[np.ndarray]  # fp16 [L, F]
+    labels: list[np.ndarray]  # int64 [L]: the target's argmax at each position
+    sources: list[str]  # "answer:<category>" or "doc:<module>"
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(t.size for t in self.tokens))
+
+
+def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, say) -> list[tuple[str, list[int]]]:
+    """(category, prompt + answer ids) for each prompt, answered greedily by the bundle's runtime."""
+    from ..runtime.api import load
+
+    out = []
+    pipe = load(bundle, threads=threads, warmup=False)
+    try:
+        for i, (cat, msg) in enumerate(prompts):
+            messages = [{"role": "user", "content": msg}]
+            tok = pipe.tokenizer
+            ids = tok.encode_chat(messages) if tok.chat_template else tok.encode(msg)
+            if len(ids) + max_new_tokens > pipe.max_seq:  # a short context: only the prompts that fit
+                say(i + 1, len(prompts))
+                continue
+            r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens)
+            out.append((cat, list(ids) + list(r.token_ids)))
+            say(i + 1, len(prompts))
+    finally:
+        pipe.close()
+    return out
+
+
+def doc_sequences(tokenizer, total_tokens: int, seq_len: int) -> list[tuple[str, list[int]]]:
+    """Documentation text cut into sequences of `seq_len` tokens, `total_tokens` in all, taken
+    round-robin over the modules so that a small budget still sees many of them."""
+    per_module = []
+    for name in DOC_MODULES:
+        ids = tokenizer.encode(module_doc(name))
+        pieces = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len // 2, seq_len)]
+        per_module.append((name, pieces))
+    out, used, r = [], 0, 0
+    while used < total_tokens and any(r < len(p) for _, p in per_module):
+        for name, pieces in per_module:
+            if r < len(pieces) and used < total_tokens:
+                out.append((f"doc:{name}", pieces[r]))
+                used += len(pieces[r])
+        r += 1
+    return out
+
+
+def target_rows(manifest, seqs: list[list[int]], threads: int | None, say) -> tuple[list, list]:
+    """Features (fp16 [L, F]) and greedy labels ([L]) of every sequence, from the target graph."""
+    from ..runtime.backends import create_backend
+
+    backend = create_backend("ort-cpu", manifest, manifest.target, threads=threads)
+    chunk = max(manifest.prefill_chunk, 64)
+    feats, labels = [], []
+    try:
+        for n, seq in enumerate(seqs):
+            ids = np.asarray(seq[: manifest.max_seq], dtype=np.int64)
+            lab = np.empty(ids.size, dtype=np.int64)
+            for s in range(0, ids.size, chunk):
+                logits = backend.run(ids[s : s + chunk], s)
+                lab[s : s + logits.shape[0]] = logits[:, : manifest.tokenizer_vocab_size].argmax(-1)
+            feats.append(backend.features[0, : ids.size].astype(np.float16))
+            labels.append(lab)
+            say(n + 1, len(seqs))
+    finally:
+        backend.close()
+    return feats, labels
+
+
+def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
+               threads: int | None, max_prompts: int | None = None, say=lambda stage, done, total: None) -> Distilled:
+    from ..runtime.api import Tokenizer
+
+    prompts = distill_prompts()[: max_prompts or None]
+    seqs: list[tuple[str, list[int]]] = []
+    if answer_tokens > 0 and prompts:
+        seqs += [(f"answer:{c}", ids) for c, ids in
+                 generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t))]
+    if doc_tokens > 0:
+        seqs += doc_sequences(Tokenizer(manifest), doc_tokens, seq_len)
+    seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]
+    feats, labels = target_rows(manifest, [ids for _, ids in seqs], threads, lambda d, t: say("features", d, t))
+    return Distilled([np.asarray(ids[: manifest.max_seq], dtype=np.int64) for _, ids in seqs], feats, labels,
+                     [src for src, _ in seqs])
+
+
+def save_data(d: Distilled, folder: Path, meta: dict) -> None:
+    """One .npz (sequences concatenated, with offsets) and its meta JSON, each replaced atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    offsets = np.cumsum([0] + [t.size for t in d.tokens]).astype(np.int64)
+    tmp = folder / "data.tmp.npz"
+    np.savez(tmp, tokens=np.concatenate(d.tokens), features=np.concatenate(d.features),
+             labels=np.concatenate(d.labels), offsets=offsets)
+    tmp.replace(folder / "data.npz")
+    (folder / "data.json.tmp").write_text(json.dumps({**meta, "sources": d.sources}) + "\n", encoding="utf-8")
+    (folder / "data.json.tmp").replace(folder / "data.json")
+
+
+def load_data(folder: Path, meta: dict) -> Distilled | None:
+    """The data saved for the same target and data options, else None (it is built again)."""
+    try:
+        saved = json.loads((folder / "data.json").read_text(encoding="utf-8"))
+        if {k: saved.get(k) for k in meta} != meta:
+            return None
+        z = np.load(folder / "data.npz", allow_pickle=False)
+        off = z["offsets"]
+        cut = lambda a: [a[off[i] : off[i + 1]] for i in range(off.size - 1)]  # noqa: E731
+        return Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), list(saved["sources"]))
+    except (OSError, ValueError, KeyError):
+        return None

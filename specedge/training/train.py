@@ -1,0 +1,300 @@
+"""`specedge train-draft`: train an EAGLE-3-style draft head for a bundle's target and write it in.
+
+1. data (data.py): self-distilled sequences with the target's features and greedy labels, saved in
+   the checkpoint folder so that a resumed run does not build them again;
+2. the draft vocabulary: the `draft_vocab` labels most frequent in the data (the tokens the target
+   actually emits), plus its end-of-sequence ids; labels outside it cannot be proposed and count as
+   misses in the accuracy, but not in the loss;
+3. training with the training-time test (EagleHead.forward_unrolled): every step unrolls `steps`
+   chain steps, each fed the head's own hidden states, and the loss weighs step s by 0.8^s;
+   AdamW with linear warm-up and (for a token budget) linear decay; deterministic under `seed`;
+4. a checkpoint (head, optimizer, step, tokens) every `checkpoint_every_s` seconds, from which a
+   later run resumes; it records the target's fingerprint, and a checkpoint of another target
+   is refused;
+5. the head written into the bundle atomically (export/head_graph.py `write_head`).
+
+Nothing in the bundle changes before step 5, so an interrupted or failed run leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..manifest import Manifest, load_manifest, target_fingerprint
+
+__all__ = ["TrainOptions", "parse_budget", "train_draft"]
+
+STEP_WEIGHT = 0.8  # loss weight of chain step s: 0.8^s (later steps matter less: fewer rounds reach them)
+
+
+@dataclass
+class TrainOptions:
+    # training tokens ("200000", "200k") or minutes of wall time for the whole run ("30m")
+    budget: str = "150k"
+    seed: int = 0
+    device: str = "cpu"
+    steps: int = 3  # chain steps unrolled by the training-time test
+    draft_vocab: int = 8192
+    seq_len: int = 256
+    batch: int = 4
+    lr: float = 2e-3
+    warmup: int = 20
+    answer_tokens: int = 160  # new tokens the target writes per prompt
+    doc_tokens: int = 24_000  # tokens of documentation text
+    max_prompts: int | None = None  # None: every prompt of prompts.py
+    threads: int | None = None
+    checkpoint: str | None = None  # folder; default: .<bundle>.train-draft next to the bundle
+    resume: bool = True
+    checkpoint_every_s: float = 60.0
+
+
+def parse_budget(text) -> tuple[str, float]:
+    """("tokens", n) or ("minutes", m) from '200000', '200k', '1.5M' (tokens) or '30m', '30min'."""
+    raw = str(text).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(k|K|M|m|min|minutes)?", raw)
+    if not m:
+        raise UserError(f"--budget must be a number of tokens (200000, 200k, 1.5M) or minutes (30m), got '{raw}'")
+    value, unit = float(m.group(1)), m.group(2) or ""
+    if unit in ("m", "min", "minutes"):
+        kind, amount = "minutes", value
+    else:
+        kind, amount = "tokens", value * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[unit]
+    if amount <= 0:
+        raise UserError(f"--budget must be more than 0, got '{raw}'")
+    return kind, amount
+
+
+def _check_options(o: TrainOptions) -> None:
+    if o.device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, got '{o.device}'")
+    for name, lo in (("steps", 1), ("draft_vocab", 2), ("seq_len", 8), ("batch", 1), ("warmup", 0),
+                     ("answer_tokens", 0), ("doc_tokens", 0)):
+        v = getattr(o, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
+    if not o.lr > 0:
+        raise UserError(f"--lr must be more than 0, got {o.lr}")
+    if o.answer_tokens == 0 and o.doc_tokens == 0:
+        raise UserError("no training data: --answer-tokens and --doc-tokens are both 0")
+
+
+def default_checkpoint(bundle: Path) -> Path:
+    return bundle.resolve().parent / f".{bundle.resolve().name}.train-draft"
+
+
+def _windows(data, seq_len: int) -> list[tuple[int, int]]:
+    """(sequence, start) of every training window: sequences cut into seq_len + 1 tokens."""
+    out = []
+    for i, t in enumerate(data.tokens):
+        for s in range(0, max(t.size - 2, 1), seq_len):
+            out.append((i, s))
+    return out
+
+
+def _batch(data, wins, t2d, seq_len: int):
+    """ids [B, W], features [B, W, F] (float32), draft labels [B, W] (-100: none), target labels."""
+    import torch
+
+    B, W = len(wins), seq_len
+    F = data.features[0].shape[1]
+    ids = np.zeros((B, W), dtype=np.int64)
+    feats = np.zeros((B, W, F), dtype=np.float32)
+    lab = np.full((B, W), -1, dtype=np.int64)
+    for b, (i, s) in enumerate(wins):
+        tok, fe, la = data.tokens[i], data.features[i], data.labels[i]
+        n = min(W, tok.size - 1 - s)  # slot j: features of s + j, token s + j + 1, label at s + j + 1
+        ids[b, :n] = tok[s + 1 : s + 1 + n]
+        feats[b, :n] = fe[s : s + n]
+        lab[b, :n] = la[s + 1 : s + 1 + n]
+    dl = np.where(lab >= 0, t2d[np.maximum(lab, 0)], -100)
+    return torch.from_numpy(ids), torch.from_numpy(feats), torch.from_numpy(dl), torch.from_numpy(lab)
+
+
+def draft_vocabulary(data, size: int, vocab: int, eos_ids) -> np.ndarray:
+    """The `size` labels most frequent in the data (ties to the lower id), eos ids first."""
+    counts = np.bincount(np.concatenate(data.labels), minlength=vocab)[:vocab].astype(np.int64)
+    size = min(size, vocab)
+    keep = [int(e) for e in eos_ids if e < vocab][:size]
+    order = np.lexsort((np.arange(vocab), -counts))
+    chosen = set(keep)
+    for t in order:
+        if len(keep) >= size:
+            break
+        if int(t) not in chosen:
+            keep.append(int(t))
+            chosen.add(int(t))
+    return np.asarray(sorted(keep), dtype=np.int64)
+
+
+def _target_module(manifest: Manifest):
+    """The target as a specedge.models module, from the checkpoint the bundle was exported from:
+    the head copies its token embedding and rotary embedding."""
+    from ..checkpoints import resolve
+    from ..export import sources
+    from ..models import build_model, load_weights
+
+    src = manifest.target.source
+    try:
+        resolve(src)
+    except UserError as e:
+        raise UserError(f"the target's checkpoint '{src}' is needed to train a head (its embedding): {e}") from None
+    ck = sources.load(src)
+    model = build_model(ck.config)
+    load_weights(model, ck.state_dict)
+    return model
+
+
+def _loss(head, ids, feats, dl, lab, steps: int, d2t):
+    import torch
+    from torch.nn import functional as F
+
+    outs = head.forward_unrolled(ids, feats, steps)
+    total, weight = 0.0, 0.0
+    for s, logits in enumerate(outs):
+        tgt = dl[:, s:]
+        if (tgt != -100).any():
+            total = total + (STEP_WEIGHT ** s) * F.cross_entropy(logits[:, s:].reshape(-1, logits.shape[-1]),
+                                                                 tgt.reshape(-1), ignore_index=-100)
+            weight += STEP_WEIGHT ** s
+    with torch.no_grad():
+        valid = lab >= 0
+        pred = d2t[outs[0].argmax(-1)]
+        hits, n = int(((pred == lab) & valid).sum()), int(valid.sum())
+    return total / max(weight, 1e-9), hits, n
+
+
+def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Manifest:
+    """Train a head for `bundle`'s target and write it into the bundle; returns the new manifest.
+    `progress(stage, done, total, info)` is told how far each stage is (the CLI draws bars)."""
+    from ..export.extras import require_export_extra
+
+    o = opts or TrainOptions()
+    _check_options(o)
+    require_export_extra()  # torch, onnx: one error line naming the extra when they are missing
+    import torch
+
+    from ..export.head_graph import write_head
+    from ..models.eagle_head import head_for_target
+    from .data import build_data, load_data, save_data
+
+    kind, amount = parse_budget(o.budget)
+    say = progress or (lambda stage, done, total, info=None: None)
+    bundle = Path(bundle)
+    m = load_manifest(bundle, verify="size")
+    if not m.target.features:
+        raise UserError(f"the target graph of '{bundle}' returns no features (a draft head needs them): "
+                        "re-export it with `export-models --features` (or `--draft head`)")
+    if o.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but torch sees no CUDA device here")
+    t_start = time.monotonic()
+    deadline = t_start + 60 * amount if kind == "minutes" else None
+    fp = target_fingerprint(m)
+    ck_dir = Path(o.checkpoint) if o.checkpoint else default_checkpoint(bundle)
+    ck_file = ck_dir / "checkpoint.pt"
+    state = None
+    if o.resume and ck_file.is_file():
+        state = torch.load(ck_file, weights_only=True)
+        if state.get("target_fingerprint") != fp:
+            raise UserError(f"the checkpoint '{ck_file}' was trained for another target (its target checksum "
+                            "differs): remove it or pass --no-resume")
+
+    data_meta = {"target_fingerprint": fp, "answer_tokens": o.answer_tokens, "doc_tokens": o.doc_tokens,
+                 "seq_len": o.seq_len, "max_prompts": o.max_prompts}
+    data = load_data(ck_dir, data_meta)  # the same target and data options make the same data
+    if data is None:
+        data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
+                          threads=o.threads, max_prompts=o.max_prompts,
+                          say=lambda stage, d, t: say(stage, d, t, None))
+        save_data(data, ck_dir, data_meta)
+    if not data.tokens:
+        raise UserError("no training data could be made (every prompt is longer than the bundle's max_seq)")
+
+    torch.manual_seed(o.seed)
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    vocab = min(m.tokenizer_vocab_size, m.target.vocab_size)
+    d2t = draft_vocabulary(data, o.draft_vocab, vocab, m.eos_token_ids)
+    target = _target_module(m)
+    head = head_for_target(target, int(m.target.features["dim"]), d2t.size)
+    del target
+    head.d2t.copy_(torch.from_numpy(d2t))
+    t2d = np.full(vocab, -100, dtype=np.int64)
+    t2d[d2t] = np.arange(d2t.size)
+    dev = torch.device(o.device)
+    head.to(dev)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    wins = _windows(data, o.seq_len)
+    per_step = o.batch * o.seq_len
+    # for the learning-rate schedule: windows are full but for a sequence's last one
+    total_steps = max(1, math.ceil(amount / (0.9 * per_step))) if kind == "tokens" else None
+    step, tokens, hits_n, acc = 0, 0, [0, 0], 0.0
+    if state is not None:
+        if state.get("d2t") is not None and not torch.equal(state["d2t"], head.d2t):
+            raise UserError(f"the checkpoint '{ck_file}' has another draft vocabulary: pass --no-resume")
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        step, tokens = int(state["step"]), int(state["tokens"])
+    d2t_dev = head.d2t
+
+    def lr_at(i: int) -> float:
+        w = min(1.0, (i + 1) / max(o.warmup, 1))
+        if total_steps is None:
+            return o.lr * w
+        return o.lr * w * max(0.05, 1.0 - i / total_steps)
+
+    def save_checkpoint() -> None:
+        ck_dir.mkdir(parents=True, exist_ok=True)
+        tmp = ck_file.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
+                    "target_fingerprint": fp, "d2t": head.d2t.cpu(), "options": asdict(o)}, tmp)
+        os.replace(tmp, ck_file)
+
+    last_save = time.monotonic()
+    loss_ema = acc_ema = None
+    head.train()
+    total_tok = int(amount) if kind == "tokens" else None
+    while True:
+        if kind == "tokens" and tokens >= amount:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        epoch, pos = divmod(step * o.batch, len(wins))
+        order = np.random.RandomState(o.seed + epoch).permutation(len(wins))
+        pick = [wins[order[(pos + b) % len(wins)]] for b in range(o.batch)]
+        ids, feats, dl, lab = (x.to(dev) for x in _batch(data, pick, t2d, o.seq_len))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        tokens += n
+        hits_n = [hits_n[0] + hits, hits_n[1] + n]
+        lv = float(loss.detach())
+        loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
+        acc = hits / max(n, 1)
+        acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
+        elapsed = time.monotonic() - t_start
+        say("training", tokens if total_tok else int(elapsed), total_tok or int(60 * amount),
+            {"loss": loss_ema, "top1": acc_ema, "step": step})
+        if time.monotonic() - last_save >= o.checkpoint_every_s:
+            save_checkpoint()
+            last_save = time.monotonic()
+    save_checkpoint()
+    head.eval().cpu()
+    training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
+                "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
+                "seconds": round(time.monotonic() - t_start, 1), "seed": o.seed, "budget": str(o.budget),
+                "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps}
+    return write_head(bundle, head, training)

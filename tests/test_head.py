@@ -1,0 +1,391 @@
+"""Draft heads (issue 14): target features in the graph contract, the EagleHead family file and its
+ONNX graph, `specedge train-draft`, and the head drafter in the runtime. Tiny random targets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specedge.contract import FEATURES_OUTPUT
+from specedge.manifest import BundleError, load_manifest
+from specedge.models import FAMILIES, build_model
+from specedge.models.common import default_feature_layers
+from specedge.models.eagle_head import head_for_target
+from specedge.models.testing import randomize_, tiny_config
+
+FAMILY_LIST = sorted({n for n in FAMILIES if n != "gemma3_text"})
+TRAIN = dict(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4, doc_tokens=600,
+             threads=1, checkpoint_every_s=0.0)
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specedge", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_user_error(p, *fragments):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def _target(family: str):
+    torch.manual_seed(0)
+    m = randomize_(build_model(tiny_config(family)), 0).eval()
+    m.feature_layers = default_feature_layers(m.num_layers)
+    return m
+
+
+def _snapshot(bundle: Path) -> dict:
+    return {str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(bundle.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def feat_bundle(tiny_bundle_factory, tmp_path_factory) -> Path:
+    """A tiny llama bundle whose target returns features, copied so tests may add heads to it."""
+    src = tiny_bundle_factory("llama", features=True)
+    dst = tmp_path_factory.mktemp("head") / "bundle"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def trained(feat_bundle, tmp_path_factory) -> Path:
+    from specedge.training.train import TrainOptions, train_draft
+
+    train_draft(feat_bundle, TrainOptions(**TRAIN, checkpoint=str(tmp_path_factory.mktemp("ck"))))
+    return feat_bundle
+
+
+# ----------------------------------------------------------------------------- 1. features in the contract
+
+
+def _run_graph(path: Path, model, ids: np.ndarray, max_seq: int):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids[None], "position": np.zeros(1, np.int64)}
+    for c, name in zip(model.empty_cache(max_seq), [f"past_{kv}.{i}" for i in range(model.num_layers)
+                                                     for kv in ("key", "value")]):
+        feed[name] = c.numpy()
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feed)))
+
+
+@pytest.mark.parametrize("family", FAMILY_LIST)
+def test_features_output_matches_pytorch(family, tmp_path):
+    from specedge.export.onnx_graph import export_graph
+
+    model = _target(family)
+    ids = np.arange(3, 12, dtype=np.int64)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids[None]), torch.zeros(1, dtype=torch.int64), *model.empty_cache(32))
+    export_graph(model, tmp_path / "m.onnx", 32, "scatter", flavour="portable")
+    out = _run_graph(tmp_path / "m.onnx", model, ids, 32)
+    assert list(out)[-1] == FEATURES_OUTPUT  # appended after the caches, nothing renamed
+    h = model.embed_tokens.weight.shape[1]
+    assert out[FEATURES_OUTPUT].shape == (1, ids.size, 3 * h)
+    np.testing.assert_allclose(out[FEATURES_OUTPUT], ref[-1].numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(out["logits"], ref[0].numpy(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_bundle_features_in_every_flavour_match_the_torch_taps(tiny_bundle_factory, kv_mode):
+    from specedge.runtime.backends.ort import OrtBackend
+
+    b = tiny_bundle_factory("llama", kv_mode=kv_mode, features=True,
+                                   graphs="both" if kv_mode == "scatter" else "auto")
+    m = load_manifest(b)
+    assert m.schema_version == 2 and m.target.features["dim"] == 3 * m.target.hidden_size
+    assert m.target.outputs[-1].name == FEATURES_OUTPUT
+    assert FEATURES_OUTPUT not in [t.name for t in m.draft.outputs]  # the self-draft does not pay for them
+    model = _target("llama")
+    from specedge.export.sources import load as load_ckpt
+    from specedge.models import load_weights
+
+    ck = load_ckpt(m.target.source)
+    load_weights(model, ck.state_dict)
+    ids = np.arange(4, 24, dtype=np.int64)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids[None]), torch.zeros(1, dtype=torch.int64), *model.empty_cache(m.max_seq))[-1]
+    for g in m.target.graphs:  # ort and portable flavours (scatter); portable (delta)
+        out = _run_graph(m.path(g.path), model, ids, m.max_seq)
+        np.testing.assert_allclose(out[FEATURES_OUTPUT][0], ref[0].numpy(), atol=1e-4, rtol=1e-4)
+    be = OrtBackend(m, m.target)
+    be.run(ids[:16], 0)
+    be.run(ids[16:], 16)  # rows land at their cache slots, like the K/V
+    np.testing.assert_allclose(be.features[0, : ids.size], ref[0].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_bundles_without_features_are_unchanged(tiny_bundle_factory, tmp_path):
+    m = load_manifest(tiny_bundle_factory("llama"))
+    assert not m.target.features and FEATURES_OUTPUT not in [t.name for t in m.target.outputs]
+    assert "features" not in json.loads((m.root / "manifest.json").read_text())["models"]["target"]
+    # a schema-1 manifest (every bundle exported before features existed) still loads
+    old = tmp_path / "old"
+    shutil.copytree(m.root, old)
+    j = json.loads((old / "manifest.json").read_text())
+    j["schema_version"] = 1
+    (old / "manifest.json").write_text(json.dumps(j))
+    assert load_manifest(old).schema_version == 1
+
+
+def test_schema_1_manifest_with_version_2_fields_is_refused(tiny_bundle_factory, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(tiny_bundle_factory("llama", features=True), b)
+    j = json.loads((b / "manifest.json").read_text())
+    j["schema_version"] = 1
+    (b / "manifest.json").write_text(json.dumps(j))
+    with pytest.raises(BundleError, match="version 2 fields"):
+        load_manifest(b)
+
+
+def test_inspect_describes_the_features_output(tiny_bundle_factory):
+    p = cli("inspect", tiny_bundle_factory("llama", features=True))
+    assert p.returncode == 0, p.stderr
+    assert f"{FEATURES_OUTPUT} [B, T, 192]: the outputs of layers 0, 1, 1" in p.stdout
+
+
+# ----------------------------------------------------------------------------- 2. the head and its graph
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_head_graph_matches_pytorch(feat_bundle, tmp_path, kv_mode):
+    from specedge.export.head_graph import export_head_graph
+
+    target = _target("llama")
+    head = randomize_(head_for_target(target, 192, 40), 1).eval()
+    head.kv_mode = kv_mode
+    export_head_graph(head, tmp_path / "h.onnx", 64, kv_mode)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "h.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.RandomState(0)
+    feats = rng.randn(1, 6, 192).astype(np.float32)
+    ids = rng.randint(0, 256, (1, 6)).astype(np.int64)
+    cache = [c.numpy() for c in head.empty_cache(64)]
+    hid0 = np.zeros((1, 6, 64), np.float32)
+    o1 = sess.run(None, {"input_ids": ids, "position": np.zeros(1, np.int64), "features": feats, "hidden": hid0,
+                         "past_key.0": cache[0], "past_value.0": cache[1]})
+    with torch.no_grad():
+        r1 = head(torch.from_numpy(ids), torch.zeros(1, dtype=torch.int64), torch.from_numpy(feats),
+                  torch.from_numpy(hid0), *map(torch.from_numpy, cache))
+    for a, b in zip(o1, r1):
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-4, rtol=1e-4)
+    # a chained step over the head's own hidden state, against the training-time test's step 1
+    if kv_mode == "scatter":
+        kc, vc = o1[2], o1[3]
+    else:
+        kc, vc = cache[0].copy(), cache[1].copy()
+        kc[:, :, :6], vc[:, :, :6] = o1[2], o1[3]
+    nxt = np.array([[7]], np.int64)
+    o2 = sess.run(None, {"input_ids": nxt, "position": np.array([6]), "features": np.zeros((1, 1, 192), np.float32),
+                         "hidden": o1[1][:, -1:], "past_key.0": kc, "past_value.0": vc})
+    with torch.no_grad():
+        u = head.forward_unrolled(torch.from_numpy(np.concatenate([ids, nxt], 1)),
+                                  torch.from_numpy(np.concatenate([feats, np.zeros((1, 1, 192), np.float32)], 1)), 2)
+    np.testing.assert_allclose(u[0][0, :6].numpy(), o1[0][0], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(u[1][0, 6].numpy(), o2[0][0, 0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILY_LIST)
+def test_head_loss_falls_for_every_family(family):
+    """A few training steps on the target's own features and greedy labels lower the loss."""
+    from specedge.training.train import _loss
+
+    target = _target(family)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 200, (2, 25))
+    with torch.no_grad():
+        out = target(ids, torch.zeros(2, dtype=torch.int64), *target.empty_cache(32, batch=2))
+    feats, labels = out[-1], out[0].argmax(-1)
+    head = head_for_target(target, feats.shape[-1], target.embed_tokens.weight.shape[0])
+    x_in, f_in, lab = ids[:, 1:], feats[:, :-1], labels[:, 1:]
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss, _, _ = _loss(head, x_in, f_in, lab, lab, 3, head.d2t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+# ----------------------------------------------------------------------------- 3. train-draft
+
+
+def test_training_writes_a_head_with_its_vocabulary_map(trained):
+    m = load_manifest(trained)
+    assert m.head is not None and m.head.vocab_size == 48
+    t = m.head.extra["training"]
+    assert t["tokens"] >= 3000 and t["steps"] > 0
+    d2t = json.loads(m.path(m.head.extra["draft_vocab_file"]).read_text())["d2t"]
+    assert len(d2t) == 48 and len(set(d2t)) == 48 and set(m.eos_token_ids) <= set(d2t)
+    assert m.head.weight_bytes < m.target.weight_bytes
+
+
+def test_training_is_deterministic_and_resumes(feat_bundle, tmp_path):
+    from specedge.training.train import TrainOptions, train_draft
+
+    def head_state(ck):
+        return torch.load(Path(ck) / "checkpoint.pt", weights_only=True)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        train_draft(feat_bundle, TrainOptions(**{**TRAIN, "budget": "1k"}, checkpoint=str(folder)))
+    sa, sb = head_state(a), head_state(b)
+    assert sa["step"] == sb["step"]
+    for k in sa["head"]:
+        assert torch.equal(sa["head"][k], sb["head"][k]), k
+    # a larger budget resumes from the checkpoint instead of starting again
+    train_draft(feat_bundle, TrainOptions(**{**TRAIN, "budget": "2k"}, checkpoint=str(a)))
+    assert head_state(a)["step"] > sa["step"] and head_state(a)["tokens"] >= 2000
+
+
+def test_interrupted_training_leaves_the_bundle_untouched(trained, tmp_path, monkeypatch):
+    from specedge.training import train as train_mod
+
+    before = _snapshot(trained)
+    real, calls = train_mod._loss, []
+
+    def interrupting(*a, **k):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "_loss", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train_draft(trained, train_mod.TrainOptions(**TRAIN, checkpoint=str(tmp_path / "ck")))
+    assert _snapshot(trained) == before
+    monkeypatch.setattr(train_mod, "_loss", real)
+
+    # a failure while the head is written: the manifest and every file stay as they were
+    from specedge.export import head_graph
+
+    def failing(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(head_graph, "check_head_graph", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        train_mod.train_draft(trained, train_mod.TrainOptions(**{**TRAIN, "budget": "500"},
+                                                              checkpoint=str(tmp_path / "ck2")))
+    assert _snapshot(trained) == before
+
+
+def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
+    assert_user_error(cli("train-draft", tiny_bundle_factory("llama"), "--budget", "1k"),
+                      "returns no features", "--features")
+    assert_user_error(cli("train-draft", trained, "--budget", "0"), "--budget must be more than 0")
+    assert_user_error(cli("train-draft", trained, "--budget", "lots"), "--budget must be a number")
+    assert_user_error(cli("train-draft", trained, "--device", "tpu"), "--device must be cpu or cuda")
+    # a checkpoint of another target
+    other = tmp_path / "ck"
+    other.mkdir()
+    torch.save({"target_fingerprint": "0" * 64, "head": {}, "opt": {}, "step": 1, "tokens": 1},
+               other / "checkpoint.pt")
+    assert_user_error(cli("train-draft", trained, "--checkpoint", other), "trained for another target")
+
+
+def test_a_head_for_another_target_is_refused(trained, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(trained, b)
+    j = json.loads((b / "manifest.json").read_text())
+    j["models"]["head"]["extra"]["target_fingerprint"] = "f" * 64
+    (b / "manifest.json").write_text(json.dumps(j))
+    assert_user_error(cli("generate", b, "hello", "--draft", "head"), "trained for another target")
+
+
+def test_head_draft_on_a_bundle_without_head_exits_2(tiny_bundle_factory):
+    assert_user_error(cli("generate", tiny_bundle_factory("llama"), "hi", "--draft", "head"),
+                      "no draft head", "train-draft")
+
+
+# ----------------------------------------------------------------------------- 4. the head drafter
+
+
+PROMPTS = ["hello there", "def add(a, b):", "The quick brown fox", "for i in range(10):"]
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_greedy_with_the_head_equals_target_only(tiny_bundle_factory, trained, tmp_path, kv_mode):
+    from specedge.runtime.api import load
+
+    b = trained
+    if kv_mode == "delta":
+        from specedge.training.train import TrainOptions, train_draft
+
+        b = tmp_path / "delta"
+        shutil.copytree(tiny_bundle_factory("llama", kv_mode="delta", features=True), b)
+        train_draft(b, TrainOptions(**{**TRAIN, "budget": "1k"}, checkpoint=str(tmp_path / "ck")))
+    head = load(b, draft="head", threads=1)
+    ref = load(b, draft="ngram", threads=1)
+    drafted = accepted = 0
+    for p in PROMPTS:
+        a = head.generate(p, max_new_tokens=40, guard=False)
+        r = ref.generate(p, max_new_tokens=40, speculative=False)
+        assert a.token_ids == r.token_ids, p
+        drafted += a.stats["drafted"]
+        accepted += a.stats["accepted"]
+    assert drafted > 0 and head.drafter.calls > 0
+    assert accepted > 0  # a trained head gets some drafts accepted even on a random tiny target
+
+
+def test_the_head_only_proposes_tokens_of_its_draft_vocabulary(trained):
+    from specedge.runtime.api import load
+
+    pipe = load(trained, draft="head", threads=1)
+    allowed = set(pipe.drafter.d2t.tolist())
+    seen, real = [], pipe.drafter.propose
+
+    def spy(*a, **k):
+        prop = real(*a, **k)
+        seen.extend(prop.tokens)
+        if prop.probs is not None:  # sampled: q is zero outside the map and sums to one
+            outside = np.ones(prop.probs.shape[1], bool)
+            outside[list(allowed)] = False
+            assert np.all(prop.probs[:, outside] == 0) and np.allclose(prop.probs.sum(1), 1.0)
+        return prop
+
+    pipe.drafter.propose = spy
+    for p in PROMPTS:
+        pipe.generate(p, max_new_tokens=24, guard=False)
+        pipe.generate(p, max_new_tokens=24, guard=False, temperature=0.9, seed=3)
+    assert seen and set(seen) <= allowed
+    assert len(allowed) < pipe.vocab  # a real reduction: ids outside it exist and never appear
+
+
+def test_sampling_with_the_head_is_reproducible(trained):
+    from specedge.runtime.api import load
+
+    pipe = load(trained, draft="head", threads=1)
+    a = pipe.generate("hello", max_new_tokens=20, temperature=0.8, seed=5)
+    b = pipe.generate("hello", max_new_tokens=20, temperature=0.8, seed=5)
+    assert a.token_ids == b.token_ids and a.stats["drafted"] > 0
+
+
+def test_export_models_draft_head_exports_and_trains(tiny_checkpoint_factory, tmp_path):
+    ck = tiny_checkpoint_factory("llama")
+    out = tmp_path / "b"
+    p = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", out,
+                        "--max-seq", "128", "--draft", "head", "--head-budget", "500", "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    m = load_manifest(out)
+    assert m.target.features and m.head is not None and m.draft.is_model  # the self-draft stays beside it
+    assert m.head.extra["training"]["tokens"] >= 500
+    bad = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", tmp_path / "c",
+                          "--head-budget", "500"], capture_output=True, text=True, timeout=120)
+    assert_user_error(bad, "--head-budget needs --draft head")
