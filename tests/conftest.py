@@ -103,3 +103,16 @@ def default_bundle() -> Path:
         pytest.skip(f"default bundle not found at {path} (run `export-models` first, "
                     "or set SPECEDGE_DEFAULT_BUNDLE)")
     return path
+
+
+@pytest.fixture
+def load_script():
+    """A function (name) -> a fresh module of scripts/<name>.py, which is not a package."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _bench_peers():
-    spec = importlib.util.spec_from_file_location("bench_peers", REPO / "scripts" / "bench_peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_int4_bundle_must_be_an_int4_bundle(tiny_bundle_factory, tmp_path, capsys):
-    bp = _bench_peers()
+def test_int4_bundle_must_be_an_int4_bundle(load_script, tiny_bundle_factory, tmp_path, capsys):
+    bp = load_script("bench_peers")
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     fp32 = tiny_bundle_factory()
@@ -31,8 +19,8 @@ def test_int4_bundle_must_be_an_int4_bundle(tiny_bundle_factory, tmp_path, capsy
     assert len(err) == 1 and err[0].startswith("error: --int4-bundle: ")
 
 
-def test_peer_python_must_be_an_executable(tiny_bundle_factory, tmp_path, capsys):
-    bp = _bench_peers()
+def test_peer_python_must_be_an_executable(load_script, tiny_bundle_factory, tmp_path, capsys):
+    bp = load_script("bench_peers")
     fp32 = tiny_bundle_factory()
     capsys.readouterr()
     args = ["--bundle", str(fp32), "--engines", "ortgenai", "--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"),
@@ -42,8 +30,8 @@ def test_peer_python_must_be_an_executable(tiny_bundle_factory, tmp_path, capsys
     assert err == [f"error: --peer-python {tmp_path / 'no-python'}: not an executable"]
 
 
-def test_peer_import_error_says_why(tmp_path):
-    bp = _bench_peers()
+def test_peer_import_error_says_why(load_script, tmp_path):
+    bp = load_script("bench_peers")
     import sys
 
     assert bp.peer_import_error(sys.executable, "json") is None

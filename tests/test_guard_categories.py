@@ -3,31 +3,20 @@ refuses a repeat count below one."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("guard_categories", REPO / "scripts" / "guard_categories.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_repeats_below_one_is_refused_with_one_line(tiny_bundle_factory, capsys):
+def test_repeats_below_one_is_refused_with_one_line(load_script, tiny_bundle_factory, capsys):
     bundle = tiny_bundle_factory()
     capsys.readouterr()  # the tiny export's progress
-    assert _script().main([str(bundle), "--repeats", "0"]) == 2
+    assert load_script("guard_categories").main([str(bundle), "--repeats", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --repeats must be at least 1"]
 
 
-def test_every_configuration_is_compared_per_category(tiny_bundle_factory, capsys):
+def test_every_configuration_is_compared_per_category(load_script, tiny_bundle_factory, capsys):
     bundle = tiny_bundle_factory()  # fp32 target with an int4 self-draft: three configurations
     capsys.readouterr()
-    script = _script()
+    script = load_script("guard_categories")
     # The tiny tokenizer spells the suite's long prompts past a tiny context: short prompts, two categories.
     script.load_prompts = lambda: [
         {"id": f"{c}-{i}", "category": c, "messages": [{"role": "user", "content": f"{c} prompt {i}: say more"}]}
