@@ -25,7 +25,8 @@ from specedge.runtime.policy import CostModel, SpecController  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "policy_vectors.json"
 CONSTANTS = ("EMA_WEIGHT", "SPIKE_CLAMP", "PRIOR_ACCEPTED", "PRIOR_REJECTED", "DECAY", "WINDOW", "MIN_ROUNDS",
-             "KEEP", "SHRINK_MIN", "BACKOFF_START", "BACKOFF_MAX")
+             "KEEP", "SHRINK_MIN", "BACKOFF_START", "BACKOFF_MAX", "LOCAL_WEIGHT",
+             "PROBE_ROUNDS")
 
 # name, seed, controller settings, initial costs, the simulated request
 CASES = [
@@ -41,7 +42,7 @@ CASES = [
      dict(phases=[(80, 0.95), (80, 0.3), (60, 0.8)], target=(0.010, 0.0003), draft=0.001)),
     ("adaptive_k_without_guard", 6, dict(k=4, adaptive=True, guard=False), ({1: 0.010, 5: 0.012}, 0.004),
      dict(phases=[(60, 0.98), (60, 0.05)], target=(0.010, 0.0005), draft=0.004)),
-    ("cost_spikes_are_clamped", 7, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
+    ("cost_spikes", 7, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
      dict(phases=[(150, 0.7)], target=(0.010, 0.0005), draft=0.002, spike=(0.08, 12.0))),
     ("static_costs_no_learning", 8, dict(k=5, learn=False), ({1: 1.0, 17: 1.8}, 0.1),
      dict(phases=[(100, 0.6), (100, 0.15)], target=(0.010, 0.0005), draft=0.002)),
@@ -51,6 +52,13 @@ CASES = [
      dict(phases=[(120, 0.2)], target=(0.010, 0.0005), draft=0.004)),
     ("empty_cost_model", 11, dict(k=4), ({}, 0.0),
      dict(phases=[(80, 0.7)], target=(0.010, 0.0005), draft=0.002)),
+    # the guard_categories failure: low acceptance while frequent load spikes make the real calls far
+    # slower than the costs calibrated on a quiet machine
+    ("low_acceptance_under_load_spikes", 12, dict(k=4), ({1: 0.010, 5: 0.0105}, 2e-5),
+     dict(phases=[(200, 0.16)], target=(0.010, 0.0008), draft=2e-5, miss=0.2, spike=(0.3, 5.0))),
+    # a model draft that always proposes: 1-token steps come only from probes
+    ("probes_time_c1_while_speculating", 13, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
+     dict(phases=[(120, 0.8), (60, 0.8, 3.0)], target=(0.010, 0.0005), draft=0.002)),
 ]
 
 
@@ -66,14 +74,17 @@ def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
     t1, per_token = req["target"]
     events, next_k = [], []
 
+    load = 1.0
+
     def noisy(x: float) -> float:
-        x *= rng.uniform(0.9, 1.1)
+        x *= load * rng.uniform(0.9, 1.1)
         spike = req.get("spike")
         if spike and rng.random() < spike[0]:
             x *= spike[1]
         return q(x)
 
-    for n_events, alpha in req["phases"]:
+    for n_events, alpha, *rest in req["phases"]:
+        load = rest[0] if rest else 1.0  # the machine's load in this phase: every step slower by this
         for _ in range(n_events):
             k = ctl.next_k()
             drafted = k
@@ -103,10 +114,13 @@ def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
             "fallbacks": d["fallbacks"],
             "fallback_tokens": d["fallback_tokens"],
             "k_shrinks": d["k_shrinks"],
+            "probes": ctl.probes,
             "k_histogram": d["k_histogram"],
             "alpha": ctl.alpha,
             "target_costs": {str(t): c for t, c in sorted(ctl.costs.target.items())},
             "draft_cost": ctl.costs.draft,
+            "local_costs": {str(t): c for t, c in sorted(ctl.local.items())},
+            "local_draft": ctl.local_draft,
         },
     }
 

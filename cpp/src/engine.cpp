@@ -265,7 +265,9 @@ void Engine::calibrate(int repeats) {
     return ts[ts.size() / 2];
   };
   costs_.target[1] = timeit(target_.get(), 1);
-  costs_.target[spec_tokens_ + 1] = timeit(target_.get(), spec_tokens_ + 1);
+  // every verification size, each timed after its warm-up call (a size first timed cold misleads the guard)
+  if (drafter_ || ngram_)
+    for (int t = 2; t <= spec_tokens_ + 1; ++t) costs_.target[t] = timeit(target_.get(), t);
   if (draft_backend_) {
     costs_.draft = timeit(draft_backend_.get(), 1);
     std::vector<int32_t> two{0, 0};

@@ -61,14 +61,49 @@ double SpecController::expected(int k) const {
   return expected_tokens(alpha(), k);
 }
 
+namespace {
+double local_ema(double old, double s, bool has_old) {
+  return has_old ? (1 - policy::kLocalWeight) * old + policy::kLocalWeight * s : s;
+}
+void observe_local(std::map<int, double>& local, int t, double s) {
+  auto it = local.find(t);
+  local[t] = local_ema(it == local.end() ? 0.0 : it->second, s, it != local.end());
+}
+}  // namespace
+
+double SpecController::load_scale() const {
+  // the sum of this request's own times over the shared model's costs for the same sizes
+  double own = 0.0, shared = 0.0;
+  for (const auto& [t, s] : local) {
+    own += s;
+    shared += costs_->target_cost(t);
+  }
+  return !local.empty() && shared > 0 ? own / shared : 1.0;
+}
+
+double SpecController::step_cost(int t) const {
+  auto it = local.find(t);
+  if (it != local.end()) return it->second;
+  return costs_->target_cost(t) * load_scale();
+}
+
+double SpecController::draft_cost() const {
+  return local_draft >= 0 ? local_draft : costs_->draft * load_scale();
+}
+
 double SpecController::speedup(int k) const {
-  double t1 = costs_->target_cost(1);
-  double cost = k * costs_->draft + costs_->target_cost(k + 1);
+  double t1 = step_cost(1);
+  double cost = k * draft_cost() + step_cost(k + 1);
   return cost > 0 ? expected(k) * t1 / cost : INFINITY;
 }
 
 void SpecController::record_plain(int n, double seconds) {
-  if (learn_) costs_->observe_target(1, seconds);
+  if (learn_) {
+    costs_->observe_target(1, seconds);
+    observe_local(local, 1, seconds);
+  }
+  if (probe_due() && fallback_left_ <= 0) ++probes;
+  since_plain_ = 0;
   if (fallback_left_ > 0) {
     fallback_left_ -= n;
     fallback_tokens += n;
@@ -78,6 +113,12 @@ void SpecController::record_plain(int n, double seconds) {
       rounds_since_ = 0;
       recent_.clear();
       k_ = k_start;
+      // round times from before the fallback are stale; c(1) was just measured
+      auto one = local.find(1);
+      std::map<int, double> kept;
+      if (one != local.end()) kept[1] = one->second;
+      local = kept;
+      local_draft = -1.0;
     }
   }
 }
@@ -85,9 +126,14 @@ void SpecController::record_plain(int n, double seconds) {
 void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
   ++k_histogram[k];
   if (learn_) {
-    if (drafted) costs_->observe_draft(draft_s / drafted);
+    if (drafted) {
+      costs_->observe_draft(draft_s / drafted);
+      local_draft = local_ema(local_draft, draft_s / drafted, local_draft >= 0);
+    }
     costs_->observe_target(drafted + 1, verify_s);
+    observe_local(local, drafted + 1, verify_s);
   }
+  ++since_plain_;
   acc_ = acc_ * policy::kDecay + n_accepted;
   rej_ = rej_ * policy::kDecay + (n_accepted < drafted ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;

@@ -19,10 +19,13 @@ constexpr double kPriorRejected = 1.0;
 constexpr double kDecay = 0.9;            // per-round decay of acceptance counts and of the window
 constexpr int kWindow = 48;               // rounds kept for the counterfactual E(k)
 constexpr int kMinRounds = 4;             // rounds at a k before the guard judges it
-constexpr double kKeep = 0.95;            // keep k while its expected speed-up is at least this
+constexpr double kKeep = 1.0;             // keep k while its expected speed-up is at least this
 constexpr double kShrinkMin = 1.0;        // a smaller k is taken only if it pays at all
 constexpr int kBackoffStart = 16;         // target-only tokens after a fallback, doubling ...
 constexpr int kBackoffMax = 256;          // ... up to this
+constexpr double kLocalWeight = 0.25;     // weight of a new measurement in the request's own step times
+                                          // (unclamped: their mean, spikes included, is what it pays)
+constexpr int kProbeRounds = 16;          // rounds without a 1-token step after which one is taken
 }  // namespace policy
 
 // Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.).
@@ -42,19 +45,26 @@ struct CostModel {
 };
 
 // Chooses k per round; shrinks k or falls back to target-only decoding when speculation does not pay.
+// Judges by this request's own step times (`local`), which follow the machine's load where the shared,
+// spike-clamped CostModel cannot; every kProbeRounds rounds without a 1-token step, one is taken (a probe).
 class SpecController {
  public:
   SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false,
                  int k_max = kMaxSpecTokens);
-  int next_k() const { return fallback_left_ > 0 ? 0 : k_; }
+  int next_k() const { return fallback_left_ > 0 || probe_due() ? 0 : k_; }
   void record_plain(int n_tokens, double seconds);
   void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted);
   double expected(int k) const;
+  double load_scale() const;
+  double step_cost(int t) const;
+  double draft_cost() const;
   double speedup(int k) const;
   double alpha() const { return acc_ / (acc_ + rej_); }
-  int k_start, k_, fallbacks = 0, shrinks = 0;
+  int k_start, k_, fallbacks = 0, shrinks = 0, probes = 0;
   int64_t fallback_tokens = 0;
   std::map<int, int64_t> k_histogram;
+  std::map<int, double> local;  // this request's own target step times, T -> seconds
+  double local_draft = -1.0;    // its draft seconds per token; < 0 before one is measured
 
  private:
   CostModel* costs_;
@@ -64,6 +74,8 @@ class SpecController {
   std::deque<int> recent_;  // accepted counts of the latest rounds, newest last
   int k_seen_;
   int rounds_since_ = 0, fallback_left_ = 0, backoff_ = policy::kBackoffStart;
+  int since_plain_ = 0;  // rounds since this request's last 1-token target step
+  bool probe_due() const { return guard_ && learn_ && since_plain_ >= policy::kProbeRounds; }
 };
 
 }  // namespace specedge

@@ -35,6 +35,8 @@ TEST_CASE("policy constants are the specified ones") {
   CHECK(c["SHRINK_MIN"].get<double>() == policy::kShrinkMin);
   CHECK(c["BACKOFF_START"].get<int>() == policy::kBackoffStart);
   CHECK(c["BACKOFF_MAX"].get<int>() == policy::kBackoffMax);
+  CHECK(c["LOCAL_WEIGHT"].get<double>() == policy::kLocalWeight);
+  CHECK(c["PROBE_ROUNDS"].get<int>() == policy::kProbeRounds);
 }
 
 TEST_CASE("policy vectors: the same k decisions as the Python policy") {
@@ -68,6 +70,7 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     CHECK(ctl.fallbacks == f["fallbacks"].get<int>());
     CHECK(ctl.fallback_tokens == f["fallback_tokens"].get<int64_t>());
     CHECK(ctl.shrinks == f["k_shrinks"].get<int>());
+    CHECK(ctl.probes == f["probes"].get<int>());
     std::map<int, int64_t> hist;
     for (const auto& [k, n] : f["k_histogram"].items()) hist[std::stoi(k)] = n.get<int64_t>();
     CHECK(ctl.k_histogram == hist);
@@ -77,5 +80,12 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     REQUIRE(costs.target.size() == f["target_costs"].size());
     for (const auto& [t, s] : f["target_costs"].items())
       CHECK(costs.target.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));
+    REQUIRE(ctl.local.size() == f["local_costs"].size());
+    for (const auto& [t, s] : f["local_costs"].items())
+      CHECK(ctl.local.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));
+    if (f["local_draft"].is_null())
+      CHECK(ctl.local_draft < 0);
+    else
+      CHECK(ctl.local_draft == Approx(f["local_draft"].get<double>()).epsilon(1e-12));
   }
 }

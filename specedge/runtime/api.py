@@ -312,7 +312,7 @@ class Pipeline:
 
     def calibrate(self, repeats: int = 3) -> dict:
         """Warm up every call shape the loop uses and measure its cost (median of `repeats`):
-        target T=1 and T=k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
+        target T = 1 .. k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
         caches empty."""
         self._requests.acquire("calibrate()")
         try:
@@ -335,7 +335,10 @@ class Pipeline:
         out = {}
         self.costs.target[1] = out["target_1"] = timeit(self.target, 1)
         if self.drafter is not None:
-            self.costs.target[k + 1] = out[f"target_{k + 1}"] = timeit(self.target, k + 1)
+            # every verification size, each timed after its warm-up call: a short n-gram match feeds
+            # T < k + 1, and a size first timed cold (allocation planning) misleads the guard for long
+            for t in range(2, k + 2):
+                self.costs.target[t] = out[f"target_{t}"] = timeit(self.target, t)
         if self.draft_backend is not None:
             out["draft_1"] = timeit(self.draft_backend, 1)
             self.draft_backend.run(np.zeros(2, dtype=np.int64), 0)  # the catch-up shape

@@ -4,8 +4,9 @@ Specified once, in docs/design.md ("The speculation policy"), with the constants
 runtime implements the same rules (cpp/src/policy.{h,cpp}) and both are pinned by the recorded
 sequences in tests/data/policy_vectors.json, which tests/test_policy.py and cpp/tests run.
 
-`CostModel` holds step costs (measured at load, refined while generating); `SpecController`
-picks k for each round from this request's acceptance and those costs.
+`CostModel` holds step costs (measured at load, refined while generating, shared by requests);
+`SpecController` picks k for each round from this request's acceptance and its own recent step
+times, which follow the machine's load where the shared, spike-clamped model cannot.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0  # prior of the acceptance estimate: a
 DECAY = 0.9  # per-round decay of the acceptance counts and of the counterfactual window
 WINDOW = 48  # rounds kept for the counterfactual E(k)
 MIN_ROUNDS = 4  # rounds at a k before the guard judges it
-KEEP = 0.95  # keep k while its expected speed-up is at least this (timing noise)
+KEEP = 1.0  # keep k while its expected speed-up is at least this
 SHRINK_MIN = 1.0  # a smaller k is taken only if it pays at all
 BACKOFF_START, BACKOFF_MAX = 16, 256  # target-only tokens after a fallback, doubling
+LOCAL_WEIGHT = 0.25  # weight of a new measurement in the request's own step times (unclamped:
+# their mean, spikes included, is what the request pays)
+PROBE_ROUNDS = 16  # rounds without a 1-token step after which one is taken to time c(1) afresh
 
 
 @dataclass
@@ -85,11 +89,14 @@ class SpecController:
     """Chooses k per round; shrinks k or falls back to target-only when speculation does not pay.
 
     A round with k drafts is worth E(k) target steps and costs k draft steps + one target call of
-    k + 1 tokens; its speed-up is the ratio of the two. E(k') for k' up to the k in use comes from
+    k + 1 tokens; its speed-up is the ratio of the two, with step times this request measured
+    itself (`step_cost`): a load spike slows its rounds and its 1-token steps alike, so their ratio
+    holds where absolute costs learned earlier do not. Every PROBE_ROUNDS rounds without a 1-token
+    step, one is taken (a probe) so c(1) is never older than the rounds it is compared with. E(k') for k' up to the k in use comes from
     this request's recent rounds (decayed): a round that accepted n drafts would have accepted
     min(n, k') with k' drafts, since the first k' drafts are the same. Beyond that, E uses the
     geometric model with the per-token acceptance rate. After `min_rounds` rounds, when the current k's
-    speed-up falls below `keep` (KEEP: measured step times are noisy), the best smaller k is taken
+    speed-up falls below `keep` (KEEP), the best smaller k is taken
     if it pays (>= SHRINK_MIN), else decoding goes target-only for `backoff` tokens (BACKOFF_START,
     doubling up to BACKOFF_MAX on each consecutive fallback), after which speculation is tried
     again with the starting k.
@@ -106,7 +113,7 @@ class SpecController:
         self.costs = costs
         self.adaptive, self.guard, self.learn = adaptive, guard, learn
         self.min_rounds, self.decay = min_rounds, decay
-        self.keep = keep  # hysteresis: timing noise alone should not stop a draft that roughly breaks even
+        self.keep = keep
         self.acc, self.rej = PRIOR_ACCEPTED, PRIOR_REJECTED
         self.recent: deque = deque(maxlen=WINDOW)  # accepted counts of the latest rounds, newest last
         self.k_seen = self.k
@@ -117,6 +124,12 @@ class SpecController:
         self.fallback_tokens = 0
         self.shrinks = 0
         self.k_hist: dict[int, int] = {}
+        # this request's own step times (T -> seconds, and draft seconds per token): measured
+        # under the load the judgement is about, unlike the shared model's older estimates
+        self.local: dict[int, float] = {}
+        self.local_draft: float | None = None
+        self.since_plain = 0  # rounds since this request's last 1-token target step
+        self.probes = 0
 
     @property
     def alpha(self) -> float:
@@ -134,21 +147,51 @@ class SpecController:
             return 1.0 + w / wsum
         return expected_tokens(self.alpha, k)
 
+    def load_scale(self) -> float:
+        """How much slower this request's steps run than the shared model says: the sum of its
+        own step times over the sum of the model's costs for the same sizes (1 before any)."""
+        sizes = sorted(self.local)
+        shared = sum(self.costs.target_cost(t) for t in sizes)
+        return sum(self.local[t] for t in sizes) / shared if sizes and shared > 0 else 1.0
+
+    def step_cost(self, t: int) -> float:
+        """Seconds for a target call of t tokens now: this request's own time for t, else the
+        shared model's cost scaled to this request's load."""
+        if t in self.local:
+            return self.local[t]
+        return self.costs.target_cost(t) * self.load_scale()
+
+    def draft_cost(self) -> float:
+        if self.local_draft is not None:
+            return self.local_draft
+        return self.costs.draft * self.load_scale()
+
     def speedup(self, k: int) -> float:
-        c = self.costs
-        t1 = c.target_cost(1)
-        cost = k * c.draft + c.target_cost(k + 1)
+        t1 = self.step_cost(1)
+        cost = k * self.draft_cost() + self.step_cost(k + 1)
         return self.expected(k) * t1 / cost if cost > 0 else float("inf")
 
     def next_k(self) -> int:
-        """k for the next round; 0 = a target-only step."""
-        if self.fallback_left > 0:
+        """k for the next round; 0 = a target-only step (a fallback, or a probe of c(1))."""
+        if self.fallback_left > 0 or self._probe_due():
             return 0
         return self.k
+
+    def _probe_due(self) -> bool:
+        # only a guard that learns from timings needs c(1) measured under the current load
+        return self.guard and self.learn and self.since_plain >= PROBE_ROUNDS
+
+    @staticmethod
+    def _local_ema(old: float | None, new: float) -> float:
+        return new if old is None else (1 - LOCAL_WEIGHT) * old + LOCAL_WEIGHT * new
 
     def record_plain(self, n_tokens: int, seconds: float) -> None:
         if self.learn:
             self.costs.observe_target(1, seconds)
+            self.local[1] = self._local_ema(self.local.get(1), seconds)
+        if self._probe_due() and self.fallback_left <= 0:
+            self.probes += 1
+        self.since_plain = 0
         if self.fallback_left > 0:
             self.fallback_left -= n_tokens
             self.fallback_tokens += n_tokens
@@ -156,13 +199,19 @@ class SpecController:
                 self.acc, self.rej, self.rounds_since = PRIOR_ACCEPTED, PRIOR_REJECTED, 0
                 self.recent.clear()
                 self.k = self.k_start
+                # round times from before the fallback are stale; c(1) was just measured
+                self.local = {1: self.local[1]} if 1 in self.local else {}
+                self.local_draft = None
 
     def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int) -> None:
         self.k_hist[k] = self.k_hist.get(k, 0) + 1
         if self.learn:
             if drafted:
                 self.costs.observe_draft(draft_s / drafted)
+                self.local_draft = self._local_ema(self.local_draft, draft_s / drafted)
             self.costs.observe_target(drafted + 1, verify_s)
+            self.local[drafted + 1] = self._local_ema(self.local.get(drafted + 1), verify_s)
+        self.since_plain += 1
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
         self.rej = self.rej * self.decay + (1 if n_accepted < drafted else 0)
