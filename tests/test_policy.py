@@ -100,6 +100,7 @@ def test_request_step_times_follow_load_that_the_shared_model_misses():
     so the guard stops speculating where the shared costs alone would have kept k = 4."""
     ctl = SpecController(4, CostModel({1: 0.029, 5: 0.034}, 2e-5))
     ctl.record_plain(1, 0.030)
+    ctl.record_plain(1, 0.030)
     fell_back_after = None
     for i, verify_s in enumerate([0.034, 0.034, 0.034, 0.466] * 3):  # mean 0.142
         ctl.record_round(4, 1, 8e-5, verify_s, 4)
@@ -130,6 +131,20 @@ def test_probe_only_when_the_guard_learns_from_timings():
         assert ctl.next_k() == want, (guard, learn)
     ctl.record_plain(1, 0.010)
     assert ctl.next_k() == 4 and ctl.probes == 0
+
+
+def test_c1_is_timed_by_a_step_after_a_step_and_a_probe_takes_two():
+    """The first 1-token call after a round pays for the shape change (on the int4 target with its
+    self-draft such steps averaged 11.1 ms against 9.7 ms per target-only token), so it does not time
+    c(1); a probe therefore lasts until a second 1-token step has been timed."""
+    ctl = SpecController(4, CostModel({1: 0.010, 5: 0.011}, 0.001))
+    for _ in range(policy.PROBE_ROUNDS):
+        ctl.record_round(4, 4, 0.004, 0.011, 4)
+    assert ctl.next_k() == 0
+    ctl.record_plain(1, 0.015)
+    assert ctl.next_k() == 0 and 1 not in ctl.local
+    ctl.record_plain(1, 0.010)
+    assert ctl.next_k() == 4 and ctl.local[1] == 0.010 and ctl.probes == 2
 
 
 @pytest.mark.parametrize("change", [{"SPIKE_CLAMP": math.inf}, {"BACKOFF_START": 8}, {"BACKOFF_MAX": 64},

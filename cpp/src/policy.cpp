@@ -98,12 +98,17 @@ double SpecController::speedup(int k) const {
 }
 
 void SpecController::record_plain(int n, double seconds) {
+  if (probe_due() && fallback_left_ <= 0) ++probes;
   if (learn_) {
     costs_->observe_target(1, seconds);
-    observe_local(local, 1, seconds);
+    // only a step after a step times what target-only decoding pays: the first 1-token call after a
+    // round pays for the shape change (and a draft model's evicted caches)
+    if (after_plain_) {
+      observe_local(local, 1, seconds);
+      since_plain_ = 0;
+    }
   }
-  if (probe_due() && fallback_left_ <= 0) ++probes;
-  since_plain_ = 0;
+  after_plain_ = true;
   if (fallback_left_ > 0) {
     fallback_left_ -= n;
     fallback_tokens += n;
@@ -134,6 +139,7 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
     observe_local(local, drafted + 1, verify_s);
   }
   ++since_plain_;
+  after_plain_ = false;
   acc_ = acc_ * policy::kDecay + n_accepted;
   rej_ = rej_ * policy::kDecay + (n_accepted < drafted ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;

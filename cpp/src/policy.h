@@ -46,7 +46,8 @@ struct CostModel {
 
 // Chooses k per round; shrinks k or falls back to target-only decoding when speculation does not pay.
 // Judges by this request's own step times (`local`), which follow the machine's load where the shared,
-// spike-clamped CostModel cannot; every kProbeRounds rounds without a 1-token step, one is taken (a probe).
+// spike-clamped CostModel cannot; c(1) is timed by a 1-token step after one, and after kProbeRounds rounds
+// without such a timing 1-token steps are taken (a probe).
 class SpecController {
  public:
   SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false,
@@ -74,7 +75,8 @@ class SpecController {
   std::deque<int> recent_;  // accepted counts of the latest rounds, newest last
   int k_seen_;
   int rounds_since_ = 0, fallback_left_ = 0, backoff_ = policy::kBackoffStart;
-  int since_plain_ = 0;  // rounds since this request's last 1-token target step
+  int since_plain_ = 0;       // rounds since this request last timed c(1) (two 1-token steps in a row)
+  bool after_plain_ = false;  // the last event was a 1-token step
   bool probe_due() const { return guard_ && learn_ && since_plain_ >= policy::kProbeRounds; }
 };
 

@@ -91,8 +91,9 @@ class SpecController:
     A round with k drafts is worth E(k) target steps and costs k draft steps + one target call of
     k + 1 tokens; its speed-up is the ratio of the two, with step times this request measured
     itself (`step_cost`): a load spike slows its rounds and its 1-token steps alike, so their ratio
-    holds where absolute costs learned earlier do not. Every PROBE_ROUNDS rounds without a 1-token
-    step, one is taken (a probe) so c(1) is never older than the rounds it is compared with. E(k') for k' up to the k in use comes from
+    holds where absolute costs learned earlier do not. c(1) is timed by a 1-token step that follows
+    one (the first after a round pays for the shape change); after PROBE_ROUNDS rounds without such
+    a timing, 1-token steps are taken (a probe, two steps) so c(1) is never older than the rounds. E(k') for k' up to the k in use comes from
     this request's recent rounds (decayed): a round that accepted n drafts would have accepted
     min(n, k') with k' drafts, since the first k' drafts are the same. Beyond that, E uses the
     geometric model with the per-token acceptance rate. After `min_rounds` rounds, when the current k's
@@ -128,7 +129,8 @@ class SpecController:
         # under the load the judgement is about, unlike the shared model's older estimates
         self.local: dict[int, float] = {}
         self.local_draft: float | None = None
-        self.since_plain = 0  # rounds since this request's last 1-token target step
+        self.since_plain = 0  # rounds since this request last timed c(1) (two 1-token steps in a row)
+        self.after_plain = False  # the last event was a 1-token step
         self.probes = 0
 
     @property
@@ -186,12 +188,16 @@ class SpecController:
         return new if old is None else (1 - LOCAL_WEIGHT) * old + LOCAL_WEIGHT * new
 
     def record_plain(self, n_tokens: int, seconds: float) -> None:
-        if self.learn:
-            self.costs.observe_target(1, seconds)
-            self.local[1] = self._local_ema(self.local.get(1), seconds)
         if self._probe_due() and self.fallback_left <= 0:
             self.probes += 1
-        self.since_plain = 0
+        if self.learn:
+            self.costs.observe_target(1, seconds)
+            # only a step after a step times what target-only decoding pays: the first 1-token call
+            # after a round pays for the shape change (and a draft model's evicted caches)
+            if self.after_plain:
+                self.local[1] = self._local_ema(self.local.get(1), seconds)
+                self.since_plain = 0
+        self.after_plain = True
         if self.fallback_left > 0:
             self.fallback_left -= n_tokens
             self.fallback_tokens += n_tokens
@@ -212,6 +218,7 @@ class SpecController:
             self.costs.observe_target(drafted + 1, verify_s)
             self.local[drafted + 1] = self._local_ema(self.local.get(drafted + 1), verify_s)
         self.since_plain += 1
+        self.after_plain = False
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
         self.rej = self.rej * self.decay + (1 if n_accepted < drafted else 0)
