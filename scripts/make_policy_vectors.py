@@ -59,6 +59,9 @@ CASES = [
     # a model draft that always proposes: 1-token steps come only from probes
     ("probes_time_c1_while_speculating", 13, dict(k=4), ({1: 0.010, 5: 0.012}, 0.002),
      dict(phases=[(120, 0.8), (60, 0.8, 3.0)], target=(0.010, 0.0005), draft=0.002)),
+    # a self-draft as slow per token as its (int4) target: no acceptance can make it pay
+    ("draft_as_slow_as_the_target", 14, dict(k=4), ({1: 0.010, 2: 0.0104, 5: 0.016}, 0.009),
+     dict(phases=[(200, 0.95)], target=(0.0102, 0.0015), draft=0.0092)),
 ]
 
 

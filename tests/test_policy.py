@@ -174,6 +174,20 @@ def test_vectors_detect_no_reset_of_k_after_a_fallback(monkeypatch):
     assert any(replay(c)[1] != c["next_k"] for c in CASES.values())
 
 
+def test_a_draft_that_cannot_pay_is_dropped_after_one_round():
+    """The int4 target with its own int4 self-draft: a draft step costs about a target step, so even
+    all k accepted would lose (5 x 9.6 ms of target steps against 4 x 9.1 + 16 ms)."""
+    ctl = SpecController(4, CostModel({1: 0.0096, 2: 0.0115, 5: 0.016}, 0.0091))
+    ctl.record_round(4, 4, 4 * 0.0091, 0.016, 4)
+    assert ctl.rounds_since < policy.MIN_ROUNDS and ctl.next_k() == 0 and ctl.fallbacks == 1
+    assert max(ctl.ceiling(k) for k in range(1, 5)) < 1.0 and ctl.expected(4) == 5.0
+
+
+def test_vectors_detect_no_ceiling_check(monkeypatch):
+    monkeypatch.setattr(SpecController, "ceiling", lambda self, k: float("inf"))
+    assert any(replay(c)[1] != c["next_k"] for c in CASES.values())
+
+
 def test_vectors_detect_geometric_only_expectation(monkeypatch):
     """The old C++ policy used only the geometric E(k), not this request's counterfactual rounds."""
     monkeypatch.setattr(SpecController, "expected", lambda self, k: policy.expected_tokens(self.alpha, k))

@@ -97,6 +97,11 @@ double SpecController::speedup(int k) const {
   return cost > 0 ? expected(k) * t1 / cost : INFINITY;
 }
 
+double SpecController::ceiling(int k) const {
+  double cost = k * draft_cost() + step_cost(k + 1);
+  return cost > 0 ? (k + 1) * step_cost(1) / cost : INFINITY;
+}
+
 void SpecController::record_plain(int n, double seconds) {
   if (probe_due() && fallback_left_ <= 0) ++probes;
   if (learn_) {
@@ -153,24 +158,31 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
     else if (2 * n_accepted < k && k_ > 1)
       --k_;
   }
-  if (!guard_ || rounds_since_ < policy::kMinRounds) return;
-  if (speedup(k_) >= policy::kKeep) {
-    backoff_ = policy::kBackoffStart;
-    return;
-  }
-  int best = 0;
-  double best_s = -INFINITY;
-  for (int kk = 1; kk < k_; ++kk) {
-    double s = speedup(kk);
-    if (s > best_s) {  // the first of equal maxima, as Python's max()
-      best_s = s;
-      best = kk;
+  if (!guard_) return;
+  // a draft too slow to pay even if every token were accepted is dropped without waiting for
+  // kMinRounds of acceptance evidence (an int4 target's own int4 self-draft)
+  double top = -INFINITY;
+  for (int kk = 1; kk <= k_; ++kk) top = std::max(top, ceiling(kk));
+  if (top >= policy::kShrinkMin) {
+    if (rounds_since_ < policy::kMinRounds) return;
+    if (speedup(k_) >= policy::kKeep) {
+      backoff_ = policy::kBackoffStart;
+      return;
     }
-  }
-  if (best > 0 && best_s >= policy::kShrinkMin) {
-    k_ = best;
-    ++shrinks;
-    return;
+    int best = 0;
+    double best_s = -INFINITY;
+    for (int kk = 1; kk < k_; ++kk) {
+      double s = speedup(kk);
+      if (s > best_s) {  // the first of equal maxima, as Python's max()
+        best_s = s;
+        best = kk;
+      }
+    }
+    if (best > 0 && best_s >= policy::kShrinkMin) {
+      k_ = best;
+      ++shrinks;
+      return;
+    }
   }
   ++fallbacks;
   fallback_left_ = backoff_;

@@ -60,6 +60,7 @@ class SpecController {
   double step_cost(int t) const;
   double draft_cost() const;
   double speedup(int k) const;
+  double ceiling(int k) const;  // speedup(k) if every draft were accepted
   double alpha() const { return acc_ / (acc_ + rej_); }
   int k_start, k_, fallbacks = 0, shrinks = 0, probes = 0;
   int64_t fallback_tokens = 0;

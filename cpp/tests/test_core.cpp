@@ -405,14 +405,22 @@ TEST_CASE("cost model and speculation guard") {
   c.target = {{1, 1.0}, {5, 2.0}};
   CHECK(c.target_cost(3) == Approx(1.5));
   CHECK(c.target_cost(9) == Approx(3.0));
-  // a useless draft (nothing accepted) that costs as much as the target: the guard falls back
+  // a draft that costs as much as the target cannot pay even if all were accepted: dropped after a round
+  CostModel dear;
+  dear.target = {{1, 1.0}, {5, 1.2}};
+  dear.draft = 1.0;
+  SpecController slow(4, &dear, true, false);
+  slow.record_round(4, 0, 4.0, 1.2, 4);
+  CHECK(slow.next_k() == 0);
+  CHECK(slow.fallbacks == 1);
+  // a useless draft (nothing accepted) that would pay if it were right: the guard falls back
   CostModel costs;
   costs.target = {{1, 1.0}, {5, 1.2}};
-  costs.draft = 1.0;
+  costs.draft = 0.1;
   SpecController ctl(4, &costs, true, false);
   int rounds = 0;
   while (ctl.next_k() > 0 && rounds < 20) {
-    ctl.record_round(4, 0, 4.0, 1.2, 4);
+    ctl.record_round(4, 0, 0.4, 1.2, 4);
     ++rounds;
   }
   CHECK(rounds == 4);  // judged after min_rounds

@@ -173,6 +173,11 @@ class SpecController:
         cost = k * self.draft_cost() + self.step_cost(k + 1)
         return self.expected(k) * t1 / cost if cost > 0 else float("inf")
 
+    def ceiling(self, k: int) -> float:
+        """speedup(k) if every draft were accepted."""
+        cost = k * self.draft_cost() + self.step_cost(k + 1)
+        return (k + 1) * self.step_cost(1) / cost if cost > 0 else float("inf")
+
     def next_k(self) -> int:
         """k for the next round; 0 = a target-only step (a fallback, or a probe of c(1))."""
         if self.fallback_left > 0 or self._probe_due():
@@ -232,16 +237,21 @@ class SpecController:
                 self.k += 1
             elif n_accepted < k / 2 and self.k > 1:
                 self.k -= 1
-        if not self.guard or self.rounds_since < self.min_rounds:
+        if not self.guard:
             return
-        if self.speedup(self.k) >= self.keep:
-            self.backoff = BACKOFF_START
-            return
-        best = max(range(1, self.k), key=self.speedup, default=None)
-        if best is not None and self.speedup(best) >= SHRINK_MIN:
-            self.k = best
-            self.shrinks += 1
-            return
+        # a draft too slow to pay even if every token were accepted is dropped without waiting
+        # for min_rounds of acceptance evidence (an int4 target's own int4 self-draft)
+        if max(self.ceiling(kk) for kk in range(1, self.k + 1)) >= SHRINK_MIN:
+            if self.rounds_since < self.min_rounds:
+                return
+            if self.speedup(self.k) >= self.keep:
+                self.backoff = BACKOFF_START
+                return
+            best = max(range(1, self.k), key=self.speedup, default=None)
+            if best is not None and self.speedup(best) >= SHRINK_MIN:
+                self.k = best
+                self.shrinks += 1
+                return
         self.fallbacks += 1
         self.fallback_left = self.backoff
         self.backoff = min(self.backoff * 2, BACKOFF_MAX)
