@@ -116,3 +116,4 @@ def test_int4_export_defaults_to_the_ngram_drafter_and_inspect_says_the_step_mod
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "steps      batch-invariant" in text and "n-gram" in text
+    assert "default    export-models' draft for an int4 target" in text

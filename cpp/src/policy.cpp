@@ -104,14 +104,12 @@ double SpecController::ceiling(int k) const {
 
 void SpecController::record_plain(int n, double seconds) {
   if (probe_due() && fallback_left_ <= 0) ++probes;
-  if (learn_) {
+  // only a step after a step times what target-only decoding pays: the first 1-token call after a
+  // round pays for the shape change (and a draft model's evicted caches)
+  if (learn_ && after_plain_) {
     costs_->observe_target(1, seconds);
-    // only a step after a step times what target-only decoding pays: the first 1-token call after a
-    // round pays for the shape change (and a draft model's evicted caches)
-    if (after_plain_) {
-      observe_local(local, 1, seconds);
-      since_plain_ = 0;
-    }
+    observe_local(local, 1, seconds);
+    since_plain_ = 0;
   }
   after_plain_ = true;
   if (fallback_left_ > 0) {

@@ -137,6 +137,7 @@ CHECKED = {
 def format_report(m, bundle: str, verify: str = "size") -> str:
     from ..contract import FEATURES_OUTPUT
     from ..runtime.invariant import wants_invariant_steps
+    from .export_models import default_draft
 
     sizes = compute_sizes(m)
     lines = [f"bundle       {bundle}", f"checked      {CHECKED[verify]}"]
@@ -156,6 +157,9 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
             ng = spec.extra.get("ngram_sizes")
             lines.append(f"{spec.role:<7}      n-gram (prompt lookup, no model"
                          + (f"; n = {', '.join(str(n) for n in ng)}" if ng else "") + ")")
+            if default_draft(m.target.precision) == "ngram":
+                lines.append(f"  default    export-models' draft for an {m.target.precision} target: a draft model "
+                             "would cost about a target step per token")
             continue
         weights = spec.extra.get("weights", spec.precision)
         extra = ""

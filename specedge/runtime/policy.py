@@ -195,13 +195,12 @@ class SpecController:
     def record_plain(self, n_tokens: int, seconds: float) -> None:
         if self._probe_due() and self.fallback_left <= 0:
             self.probes += 1
-        if self.learn:
+        # only a step after a step times what target-only decoding pays: the first 1-token call
+        # after a round pays for the shape change (and a draft model's evicted caches)
+        if self.learn and self.after_plain:
             self.costs.observe_target(1, seconds)
-            # only a step after a step times what target-only decoding pays: the first 1-token call
-            # after a round pays for the shape change (and a draft model's evicted caches)
-            if self.after_plain:
-                self.local[1] = self._local_ema(self.local.get(1), seconds)
-                self.since_plain = 0
+            self.local[1] = self._local_ema(self.local.get(1), seconds)
+            self.since_plain = 0
         self.after_plain = True
         if self.fallback_left > 0:
             self.fallback_left -= n_tokens
