@@ -1,0 +1,105 @@
+"""Tree-capable bundles at runtime (issue 15): the manifest's graph flag, chain calls on a tree
+graph, tree calls and the commit after one (the accepted path's K/V moved to contiguous slots).
+
+The commit test is the one that matters for exactness: after a tree call and `keep_path`, the
+next call must see the cache it would have seen had the accepted path been fed as a chain."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specedge.cli.main import main
+from specedge.manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest
+from specedge.runtime.backends.base import BackendError
+from specedge.runtime.backends.ort import OrtBackend
+from specedge.runtime.cache import CacheTracker
+from specedge.runtime.tree import Tree
+
+PROMPT = list(range(3, 23))
+# root (pending token) -> 7 -> 11 -> 4 ; root -> 9 -> 13 ; 7 -> 12
+TREE = Tree([5, 7, 9, 11, 13, 12, 4], [-1, 0, 0, 1, 2, 1, 3])
+
+
+def _backend(bundle, role="target"):
+    m = load_manifest(bundle, verify="size")
+    return OrtBackend(m, m.target if role == "target" else m.draft, threads=1)
+
+
+@pytest.fixture(scope="module", params=["scatter", "delta"])
+def bundles(request, tiny_bundle_factory):
+    kw = dict(family="llama", kv_mode=request.param, draft="self", max_seq=64)
+    return tiny_bundle_factory(tree=True, **kw), tiny_bundle_factory(**kw)
+
+
+def test_the_manifest_marks_tree_graphs(bundles, capsys):
+    tree_bundle, plain = bundles
+    m, old = load_manifest(tree_bundle, verify="size"), load_manifest(plain, verify="size")
+    assert all(g.tree for spec in (m.target, m.draft) for g in spec.graphs)
+    assert not any(g.tree for g in old.target.graphs)
+    raw = json.loads((tree_bundle / MANIFEST_NAME).read_text())
+    assert all(g["tree"] is True for g in raw["models"]["target"]["graphs"])
+    assert "tree" not in json.loads((plain / MANIFEST_NAME).read_text())["models"]["target"]["graphs"][0]
+    assert parse_manifest(m.to_json()).to_json() == m.to_json()
+    assert m.extra["export"]["options"]["tree"] is True  # a re-export with --tree is not a reuse
+    assert "tree" not in old.extra["export"]["options"]
+    assert main(["inspect", str(tree_bundle)]) == 0
+    assert "tree calls (tree_mask input)" in capsys.readouterr().out
+
+
+def test_a_bad_tree_flag_is_refused(bundles, tmp_path):
+    bad = tmp_path / "b"
+    shutil.copytree(bundles[0], bad)
+    raw = json.loads((bad / MANIFEST_NAME).read_text())
+    raw["models"]["target"]["graphs"][0]["tree"] = "yes"
+    (bad / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="the manifest's 'tree' in models.target.graphs must be true or false, got 'yes'"):
+        load_manifest(bad, verify="size")
+
+
+def test_chain_calls_on_a_tree_graph_equal_the_plain_graph(bundles):
+    tree_b, plain_b = (_backend(b) for b in bundles)
+    assert tree_b.takes_trees and not plain_b.takes_trees
+    for t, pos in ((len(PROMPT), 0), (1, 20), (4, 21), (1, 25), (4, 26)):
+        ids = np.arange(t) + 3
+        np.testing.assert_allclose(tree_b.run(ids, pos), plain_b.run(ids, pos), atol=1e-4)
+
+
+@pytest.mark.parametrize("leaf", [0, 3, 4, 5, 6])
+def test_keep_path_leaves_the_cache_of_the_path_run_as_a_chain(bundles, leaf):
+    backend = _backend(bundles[0])
+    cache = CacheTracker(backend, 16)
+    cache.feed_chunked(PROMPT)
+    position = cache.position
+    logits = cache.feed_tree(TREE.tokens, TREE.ancestor_mask()).copy()
+    path = [leaf]
+    while TREE.parents[path[-1]] >= 0:
+        path.append(TREE.parents[path[-1]])
+    path = path[::-1]
+    cache.keep_path(position, path)
+    assert cache.tokens == PROMPT + [TREE.tokens[i] for i in path]
+    after = cache.feed([2, 8]).copy()  # the next call reads the compacted slots
+
+    ref = CacheTracker(_backend(bundles[0]), 16)
+    ref.feed_chunked(PROMPT)
+    chain = ref.feed([TREE.tokens[i] for i in path]).copy()
+    np.testing.assert_allclose(logits[path], chain, atol=1e-4)  # tree rows = root-path chain rows
+    np.testing.assert_allclose(after, ref.feed([2, 8]), atol=1e-4)
+
+
+def test_tree_calls_are_checked(bundles):
+    plain = _backend(bundles[1])
+    with pytest.raises(BackendError, match="takes no tree calls \\(export the bundle with --tree\\)"):
+        plain.run_tree(np.array([1, 2]), 0, np.tril(np.ones((2, 2), bool)))
+    b = _backend(bundles[0])
+    with pytest.raises(ValueError, match="needs a \\[2, 2\\] mask"):
+        b.run_tree(np.array([1, 2]), 0, np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="only earlier tokens"):
+        b.run_tree(np.array([1, 2]), 0, np.ones((2, 2), bool))
+    cache = CacheTracker(b, 16)
+    cache.feed_tree([1, 2], np.tril(np.ones((2, 2), bool)))
+    with pytest.raises(ValueError, match="outside the 2 fed"):
+        cache.keep_path(0, [0, 2])
+    with pytest.raises(ValueError, match="must increase"):
+        cache.keep_path(0, [1, 0])
