@@ -268,3 +268,40 @@ def test_compaction_moves():
     for src, dst in compaction_moves([0, 3, 4, 8]):
         slots[dst] = slots[src]
     assert slots[:4] == [0, 3, 4, 8]
+
+
+def test_tree_nodes_grow_with_cheap_calls_only():
+    from specedge.runtime.policy import CostModel
+    from specedge.runtime.tree_size import MAX_TREE_NODES, tree_nodes
+
+    cpu = CostModel({1: 1.0, 5: 4.0, 17: 14.0})  # compute-bound: every token costs
+    gpu = CostModel({1: 1.0, 5: 1.02, 33: 1.1})  # bandwidth-bound: extra tokens nearly free
+    assert tree_nodes(cpu, 4) == 6  # c(6) = 4.83 <= 1.25 * 4; c(7) = 5.67 is not
+    assert tree_nodes(gpu, 4) == MAX_TREE_NODES
+    assert tree_nodes(CostModel(), 4) == 6  # nothing measured: cost ~ T
+    assert tree_nodes(cpu, 4, slack=0.0) == 5
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        tree_nodes(cpu, 0)
+
+
+def test_ngram_tree_merges_continuations_of_several_matches():
+    from specedge.runtime.drafters.ngram import NgramProposer
+
+    hist = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3, 4, 7, 1, 2, 3]
+    prop = NgramProposer(vocab=16)
+    chain = prop.propose(hist, 3, SamplingParams()).tokens
+    tree = prop.propose_tree(hist, 3, 8, SamplingParams())
+    # the chain's continuation comes first and whole, then the other matches branch off
+    assert chain == [4, 7, 1]
+    assert tree.tokens[:4] == [3, 4, 7, 1] and tree.parents[:4] == [-1, 0, 1, 2]
+    paths = {tuple(tree.tokens[j] for j in _root_path(tree, i)[1:]) for i in range(len(tree)) if not tree.children(i)}
+    assert (5, 6, 1) in paths and len(tree) <= 8 and max(tree.depths()) <= 3
+    assert prop.propose_tree(hist, 3, 1, SamplingParams()) is None
+    assert prop.propose_tree([1, 2], 3, 8, SamplingParams()) is None  # no match
+
+
+def _root_path(tree, i):
+    out = [i]
+    while tree.parents[out[-1]] >= 0:
+        out.append(tree.parents[out[-1]])
+    return out[::-1]

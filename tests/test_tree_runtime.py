@@ -6,6 +6,8 @@ next call must see the cache it would have seen had the accepted path been fed a
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,3 +105,43 @@ def test_tree_calls_are_checked(bundles):
         cache.keep_path(0, [0, 2])
     with pytest.raises(ValueError, match="must increase"):
         cache.keep_path(0, [1, 0])
+
+
+# ------------------------------------------------------------- tree rounds end to end
+
+# repeats itself, so the n-gram drafter finds several earlier matches that continue differently
+REPEATS = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
+
+
+@pytest.mark.parametrize("graphs", ["ort", "portable"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"])
+def test_greedy_tree_output_equals_target_only(tiny_bundle_factory, family, graphs):
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(family=family, draft="ngram", max_seq=128, tree=True, graphs=graphs)
+    pipe = load(bundle, threads=1, verify="size")
+    want = pipe.generate(token_ids=REPEATS, max_new_tokens=48, speculative=False).token_ids
+    got = pipe.generate(token_ids=REPEATS, max_new_tokens=48, tree=True, guard=False)
+    assert got.token_ids == want
+    # trees were verified: more drafted nodes than a chain of depth k could hold per call
+    assert got.stats["target_calls"] < len(want) and got.stats["drafted"] > 0
+
+
+def test_tree_sampling_end_to_end_is_reproducible_and_refused_without_tree_graphs(bundles, tiny_bundle_factory):
+    from specedge.runtime.api import load
+
+    pipe = load(tiny_bundle_factory(family="llama", draft="ngram", max_seq=128, tree=True), threads=1, verify="size")
+    a = pipe.generate(token_ids=REPEATS, max_new_tokens=32, temperature=0.8, seed=3, tree=True)
+    b = pipe.generate(token_ids=REPEATS, max_new_tokens=32, temperature=0.8, seed=3, tree=True)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 32
+    plain = load(tiny_bundle_factory(family="llama", draft="ngram", max_seq=128), threads=1, verify="size")
+    with pytest.raises(ValueError, match="needs a target graph that takes trees: export the bundle with --tree"):
+        plain.generate(token_ids=REPEATS, max_new_tokens=4, tree=True)
+    # the CLI in a subprocess: an in-process `generate` would make ONNX Runtime's shared pool for
+    # every later test of the session
+    r = subprocess.run([sys.executable, "-m", "specedge", "generate", str(tiny_bundle_factory(
+        family="llama", draft="ngram", max_seq=128)), "hi", "--tree", "--max-new-tokens", "2", "--draft", "ngram"],
+        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: tree verification needs a target graph that takes trees: "
+                                                 "export the bundle with --tree")

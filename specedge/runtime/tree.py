@@ -80,6 +80,11 @@ class Tree:
                 node = index[key]
         return cls(tokens, parents)
 
+    def prefix(self, nodes: int) -> Tree:
+        """The first `nodes` nodes (a tree too: parents come first)."""
+        n = max(1, int(nodes))
+        return Tree(self.tokens[:n], self.parents[:n], None if self.q is None else self.q[:n])
+
     def __len__(self) -> int:
         return len(self.tokens)
 
