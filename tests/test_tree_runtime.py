@@ -145,3 +145,33 @@ def test_tree_sampling_end_to_end_is_reproducible_and_refused_without_tree_graph
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == ("error: tree verification needs a target graph that takes trees: "
                                                  "export the bundle with --tree")
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_greedy_self_draft_tree_equals_target_only(tiny_bundle_factory, kv_mode):
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(family="llama", kv_mode=kv_mode, draft="self", max_seq=128, tree=True)
+    pipe = load(bundle, threads=1, verify="size", draft="model")
+    want = pipe.generate(token_ids=REPEATS, max_new_tokens=40, speculative=False).token_ids
+    got = pipe.generate(token_ids=REPEATS, max_new_tokens=40, tree=True, guard=False)
+    assert got.token_ids == want
+    chain = pipe.generate(token_ids=REPEATS, max_new_tokens=40, guard=False)
+    # the tree costs the chain's draft calls, and holds the chain: never fewer tokens per call
+    assert got.stats["draft_calls"] <= chain.stats["draft_calls"] + 1
+    assert got.stats["mean_accepted"] >= chain.stats["mean_accepted"]
+
+
+def test_self_draft_tree_is_the_greedy_chain_plus_ranked_siblings(tiny_bundle_factory):
+    from specedge.runtime.api import load
+    from specedge.runtime.sampling import SamplingParams
+
+    pipe = load(tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True), threads=1,
+                verify="size", draft="model")
+    drafter = pipe.generator.drafter
+    chain = drafter.propose(REPEATS, 4, SamplingParams()).tokens
+    tree = drafter.propose_tree(REPEATS, 4, 9, SamplingParams())
+    assert tree.tokens[:5] == [REPEATS[-1], *chain] and tree.parents[:5] == [-1, 0, 1, 2, 3]
+    assert len(tree) == 9 and all(p < 4 for p in tree.parents[5:])  # siblings of chain nodes, leaves
+    assert all(not tree.children(i) for i in range(5, 9))
+    assert drafter.propose_tree(REPEATS, 4, 1, SamplingParams()) is None
