@@ -175,3 +175,37 @@ def test_self_draft_tree_is_the_greedy_chain_plus_ranked_siblings(tiny_bundle_fa
     assert len(tree) == 9 and all(p < 4 for p in tree.parents[5:])  # siblings of chain nodes, leaves
     assert all(not tree.children(i) for i in range(5, 9))
     assert drafter.propose_tree(REPEATS, 4, 1, SamplingParams()) is None
+
+
+@pytest.mark.parametrize("max_seq,batch,path", [(32, 1, [0, 2, 3, 6]), (33, 2, [0, 1, 5]), (17, 1, [0, 1, 2])])
+def test_gpu_path_copies_move_the_same_slots_as_numpy(max_seq, batch, path):
+    """The GPU backends' tree commit (cudaMemcpy2D arguments, `binding.path_copies`) replayed on
+    a host arena, in order, in place: the same cache as the numpy commit, padding untouched."""
+    from types import SimpleNamespace
+
+    from specedge.runtime.backends.binding import KVLayout, path_copies
+    from specedge.runtime.tree import compaction_moves
+
+    spec = SimpleNamespace(num_layers=2, num_kv_heads=3, head_dim=64 if max_seq != 33 else 8, kv_dtype="float16")
+    cache = KVLayout.for_cache(spec, max_seq, batch)
+    a = np.random.default_rng(max_seq).standard_normal((cache.num_tensors,) + cache.tensor_shape).astype(np.float16)
+    arena = np.full(cache.total_bytes, 0xAB, np.uint8)
+    cache.tensors(arena.view(np.float16))[...] = a
+    position = 9
+    moves = compaction_moves(path)
+    want = a.copy()
+    if moves:
+        want[:, :, :, [position + d for _, d in moves]] = a[:, :, :, [position + s for s, _ in moves]]
+    copies = path_copies(cache, position, moves)
+    assert len(copies) == len(moves) * (1 if cache.dense else cache.num_tensors)
+    for c in copies:
+        for r in range(c.height):
+            arena[c.dst_offset + r * c.dpitch: c.dst_offset + r * c.dpitch + c.width] = \
+                arena[c.src_offset + r * c.spitch: c.src_offset + r * c.spitch + c.width]
+    np.testing.assert_array_equal(cache.tensors(arena.view(np.float16)), want)
+    pad = np.ones(cache.total_bytes, bool)
+    for j in range(cache.num_tensors):
+        pad[j * cache.tensor_stride: j * cache.tensor_stride + cache.tensor_bytes] = False
+    assert (arena[pad] == 0xAB).all()
+    with pytest.raises(ValueError, match="is not a move back inside a cache of"):
+        path_copies(cache, max_seq - 2, [(3, 1)])
