@@ -280,6 +280,11 @@ def test_tree_nodes_grow_with_cheap_calls_only():
     assert tree_nodes(gpu, 4) == MAX_TREE_NODES
     assert tree_nodes(CostModel(), 4) == 6  # nothing measured: cost ~ T
     assert tree_nodes(cpu, 4, slack=0.0) == 5
+    # flat costs measured only up to T = 5: the tree grows two nodes past that, then as measured
+    flat = CostModel({1: 1.0, 5: 1.0})
+    assert tree_nodes(flat, 4) == 7
+    flat.observe_target(7, 1.0)
+    assert tree_nodes(flat, 4) == 9
     with pytest.raises(ValueError, match="k must be >= 1"):
         tree_nodes(cpu, 0)
 
