@@ -47,6 +47,9 @@ class GraphSpec:
     path: str  # relative to the bundle root
     backends: list[str]
     external_data: list[str] = field(default_factory=list)
+    # the graph takes tree calls (contract.TREE_INPUT, docs/design.md "Tree calls"); optional in
+    # both schema versions, absent = chains only, so older bundles and readers are unaffected
+    tree: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -54,6 +57,7 @@ class GraphSpec:
             "path": self.path,
             "backends": list(self.backends),
             "external_data": list(self.external_data),
+            **({"tree": True} if self.tree else {}),
         }
 
 
@@ -320,9 +324,18 @@ def _model(d: dict, role: str) -> ModelSpec:
                 path=_req(g, "path", str, where + ".graphs"),
                 backends=[str(b) for b in _req(g, "backends", list, where + ".graphs")],
                 external_data=[str(x) for x in g.get("external_data", [])],
+                tree=_graph_tree_flag(g, where + ".graphs"),
             )
         )
     return m
+
+
+def _graph_tree_flag(g: dict, where: str) -> bool:
+    """A graph entry's optional `tree` flag (absent: the graph takes chains only)."""
+    tree = g.get("tree", False)
+    if not isinstance(tree, bool):
+        raise BundleError(f"the manifest's 'tree' in {where} must be true or false, got {tree!r}")
+    return tree
 
 
 def parse_manifest(obj: Any) -> Manifest:

@@ -277,6 +277,33 @@ def test_generate_matches_python_tiny(tiny_bundles, name):
             assert got["stats"]["speculative"] is spec
 
 
+@pytest.mark.parametrize("kv_mode,draft", [("scatter", "self"), ("delta", "ngram")])
+def test_generate_matches_python_on_a_tree_bundle(tiny_bundle_factory, kv_mode, draft, tmp_path):
+    """Trees are Python-only: the native runtime runs chains on a bundle exported with --tree
+    (binding the lower-triangular tree_mask), with the Python chain's and tree's greedy ids; a
+    non-boolean `tree` flag is refused like the Python reader refuses it."""
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(kv_mode=kv_mode, draft=draft, tree=True)
+    prompts = ["def add(a, b):", "The quick brown fox"]
+    with load(bundle, threads=1) as pipe:
+        for prompt in prompts:
+            chain = pipe.generate(prompt, max_new_tokens=24).token_ids
+            assert pipe.generate(prompt, max_new_tokens=24, tree=True).token_ids == chain
+            got = cpp_json(bundle, prompt, "--max-new-tokens", 24, "--threads", 1)
+            assert got["token_ids"] == chain, (kv_mode, prompt)
+            assert got["stats"]["speculative"] is True
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    raw = json.loads((bad / "manifest.json").read_text())
+    raw["models"]["target"]["graphs"][0]["tree"] = 1
+    (bad / "manifest.json").write_text(json.dumps(raw))
+    p = run_cpp(bad, "hi", check=False)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: the manifest's 'tree' in models.target.graphs must be true or false, got 1"]
+
+
 @pytest.mark.slow
 def test_generate_matches_python_default_bundle(default_bundle):
     """Greedy token ids of the native runtime equal the Python runtime's on the real model, for 3

@@ -147,6 +147,11 @@ ModelSpec model(const json& d, const std::string& role) {
         gs.external_data.push_back(x.get<std::string>());
       }
     }
+    if (g.contains("tree")) {
+      if (!g["tree"].is_boolean())
+        fail_bundle("the manifest's 'tree' in " + where + ".graphs must be true or false, got " + g["tree"].dump());
+      gs.tree = g["tree"].get<bool>();
+    }
     m.graphs.push_back(gs);
   }
   return m;

@@ -24,6 +24,9 @@ struct TensorSpec {
 struct GraphSpec {
   std::string flavour, path;
   std::vector<std::string> backends, external_data;
+  // the graph takes tree calls (input tree_mask, docs/design.md "Tree calls"); this runtime runs
+  // chains on it, binding the lower-triangular mask
+  bool tree = false;
 };
 
 struct ModelSpec {

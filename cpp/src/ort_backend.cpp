@@ -74,6 +74,7 @@ struct OrtBackend::Impl {
   std::unique_ptr<Ort::Session> session;
   Ort::MemoryInfo mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
   bool delta = false;
+  bool tree = false;  // the graph takes tree calls: chains bind the lower-triangular tree_mask
   int B = 1, L = 0, H = 0, S = 0, D = 0, V = 0, t_max = 0;
   size_t elem = 4;
   ONNXTensorElementDataType kv_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -85,6 +86,7 @@ struct OrtBackend::Impl {
   struct Binding {
     std::unique_ptr<Ort::IoBinding> io;
     std::vector<Ort::Value> values;  // kept alive with the binding
+    std::vector<uint8_t> mask;       // tree graphs: [B, t, t] lower triangle (a chain call)
   };
   std::map<int, Binding> bindings;
   Ort::RunOptions run_opts;
@@ -119,6 +121,12 @@ struct OrtBackend::Impl {
     };
     bind_in("input_ids", ids.data(), size_t(B) * t * 8, {B, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     bind_in("position", pos.data(), size_t(B) * 8, {B}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+    if (tree) {
+      b.mask.assign(size_t(B) * t * t, 0);
+      for (int r = 0; r < B * t; ++r)
+        for (int c = 0; c <= r % t; ++c) b.mask[size_t(r) * t + c] = 1;
+      bind_in("tree_mask", b.mask.data(), b.mask.size(), {B, t, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL);
+    }
     bind_out("logits", logits.data(), size_t(B) * t * V * 4, {B, t, V}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
     size_t delta_elems = size_t(B) * H * t * D;
     for (int kind = 0; kind < 2; ++kind) {
@@ -154,6 +162,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.V = int(spec.vocab_size);
   s.kv_type = element_type(spec.kv_dtype, &s.elem);
   const GraphSpec& g = spec.graph_for(opts.backend);
+  s.tree = g.tree;
   std::string path = m.path(g.path);
   auto make_session = [&](Ort::Env& e, const SessionThreading& t) {
     Ort::SessionOptions so;
@@ -194,6 +203,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   for (size_t i = 0; i < s.session->GetInputCount(); ++i) got_in.push_back(s.session->GetInputNameAllocated(i, alloc).get());
   for (size_t i = 0; i < s.session->GetOutputCount(); ++i) got_out.push_back(s.session->GetOutputNameAllocated(i, alloc).get());
   std::vector<std::string> want_in{"input_ids", "position"}, want_out{"logits"};
+  if (s.tree) want_in.push_back("tree_mask");
   for (int i = 0; i < s.L; ++i) {
     want_in.push_back("past_key." + std::to_string(i));
     want_in.push_back("past_value." + std::to_string(i));

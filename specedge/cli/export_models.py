@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)")
     p.add_argument("--features", action="store_true",
                    help="the target graph also returns hidden states (three layers) for a draft head (implied by --draft head)")
+    p.add_argument("--tree", action="store_true",
+                   help="the graphs also take tree calls (an ancestor mask input, tree_mask) for tree verification; "
+                   "chains run on them as before")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -98,7 +101,7 @@ def run(args) -> int:
         out=args.out, precision=args.precision,
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
-        graphs=args.graphs, features=args.features or head,
+        graphs=args.graphs, features=args.features or head, tree=args.tree,
     )
     t0 = time.time()
     plan = prepare(opts)

@@ -27,6 +27,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
                    help="drafter: the draft model, prompt lookup or the trained draft head (default: the bundle's)")
     p.add_argument("--adaptive-k", action="store_true", help="grow k while drafts are accepted, shrink it on early rejections")
     p.add_argument("--no-guard", action="store_true", help="never shrink k or fall back to target-only when speculation does not pay")
+    p.add_argument("--tree", action="store_true",
+                   help="verify a tree of drafted continuations per target call, sized by the measured call cost "
+                   "(a bundle exported with --tree; n-gram drafter)")
     p.add_argument("--stop", action="append", default=None, metavar="STR", help="stop when STR appears (repeatable)")
     p.add_argument("--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)")
     p.add_argument("--draft-backend", default=None, metavar="B", help="backend of the draft model (default: --backend)")
@@ -119,7 +122,7 @@ def gen_kwargs(args) -> dict:
     return dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, stop=args.stop, spec_tokens=args.spec_tokens, speculative=not args.no_spec,
-        adaptive_k=args.adaptive_k, guard=not args.no_guard,
+        adaptive_k=args.adaptive_k, guard=not args.no_guard, tree=args.tree,
     )
 
 

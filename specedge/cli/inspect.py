@@ -135,7 +135,7 @@ CHECKED = {
 
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
-    from ..contract import FEATURES_OUTPUT
+    from ..contract import FEATURES_OUTPUT, TREE_INPUT
     from ..runtime.invariant import wants_invariant_steps
     from .export_models import default_draft
 
@@ -186,7 +186,8 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
         lines.append(f"  kv cache   {spec.kv_dtype}, {fmt_bytes(sizes['models'][spec.role]['kv_cache_bytes'])} "
                      f"at max_seq {m.max_seq}")
         for g in spec.graphs:
-            lines.append(f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})")
+            lines.append(f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})"
+                         + (f"; tree calls ({TREE_INPUT} input)" if g.tree else ""))
         lines.append("  inputs")
         lines += _table(compress_tensors(spec.inputs))
         lines.append("  outputs")

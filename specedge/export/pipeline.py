@@ -78,6 +78,8 @@ class ExportOptions:
     graphs: str = "auto"  # auto | ort | portable | both (see graph_flavours)
     # the target graph also returns hidden states for a draft head (contract.FEATURES_OUTPUT)
     features: bool = False
+    # every model graph also takes tree calls (contract.TREE_INPUT; the manifest's graph `tree`)
+    tree: bool = False
 
 
 def validate_options(o: ExportOptions) -> None:
@@ -133,7 +135,8 @@ def recorded_options(opts: ExportOptions) -> dict:
     return {"precision": opts.precision, "draft_precision": opts.draft_precision if kind != "ngram" else None,
             "max_seq": opts.max_seq, "spec_tokens": opts.spec_tokens, "kv_update": opts.kv_mode,
             "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
-            "graphs": opts.graphs, **({"features": True} if opts.features else {})}
+            "graphs": opts.graphs, **({"features": True} if opts.features else {}),
+            **({"tree": True} if opts.tree else {})}
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -367,7 +370,8 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 load_weights(model, ckpt.state_dict)
                 model.feature_layers = taps
                 scratch = tmp / f".{role}-trace" / "model.onnx"
-                export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour)
+                export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour,
+                             tree=opts.tree)
                 del model
                 proto = onnx.load(str(scratch))
                 shutil.rmtree(scratch.parent)
@@ -387,11 +391,12 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         with progress.stage(f"writing {role} ({flavour} graph)", total=1) as st:
             save_with_external_data(proto, path)
             st.update(1)
-        graphs.append(GraphSpec(flavour, rel, _backends_for(flavour, flavours, precision), [rel + ".data"]))
+        graphs.append(GraphSpec(flavour, rel, _backends_for(flavour, flavours, precision), [rel + ".data"],
+                                tree=opts.tree))
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:
-            check_graph(tmp / g.path, spec, opts.kv_mode, opts.max_seq)
+            check_graph(tmp / g.path, spec, opts.kv_mode, opts.max_seq, tree=g.tree)
             st.update(1)
     return spec, fp32_out
 

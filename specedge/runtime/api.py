@@ -414,13 +414,14 @@ class Pipeline:
                token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
                spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
-               guard: bool = True) -> TextStream:
+               guard: bool = True, tree: bool = False) -> TextStream:
         """Like `generate`, but returns a TextStream yielding text pieces as tokens are accepted;
         its `result` attribute holds the Result once the stream is exhausted. Arguments are checked
         before the first piece is requested. The stream holds the pipeline from this call until it
         is exhausted or closed (see the class docstring)."""
         cfg = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative,
-                               adaptive_k, guard).validate()
+                               adaptive_k, guard, tree).validate()
+        self.generator.check_tree(cfg)
         ids = self.encode(prompt, messages, token_ids)
         self._requests.acquire("stream()")
         stream = TextStream(self.generator.run(ids, cfg), self._requests.release)
@@ -431,7 +432,7 @@ class Pipeline:
                  token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
                  spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
-                 guard: bool = True) -> Result:
+                 guard: bool = True, tree: bool = False) -> Result:
         """Generate a completion.
 
         prompt / messages / token_ids: exactly one (plain text gets BOS if the bundle says so;
@@ -441,6 +442,8 @@ class Pipeline:
         spec_tokens: k, draft tokens per round (1..16; default the bundle's). speculative=False
           decodes with the target alone. adaptive_k: move k with acceptance (off by default).
         guard: shrink k / fall back to target-only when speculation stops paying (default on).
+        tree: verify a tree of drafts per target call (a bundle exported with --tree, a drafter
+          with `propose_tree`; docs/design.md "Tree calls").
 
         Returns Result(text, token_ids, finish_reason in {"eos", "stop", "length", "context"},
         stats) — stats: tokens, tokens_per_s (decode), ttft_s, acceptance_rate, mean_accepted
@@ -451,7 +454,7 @@ class Pipeline:
         pipeline is still open raises PipelineBusyError.
         """
         s = self.stream(prompt, messages, token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                        spec_tokens, speculative, adaptive_k, guard)
+                        spec_tokens, speculative, adaptive_k, guard, tree)
         with s:
             for _ in s:
                 pass

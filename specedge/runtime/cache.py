@@ -137,3 +137,26 @@ class CacheTracker:
         if aligned:
             self.exact = start + (ids.size // self.chunk) * self.chunk
         return row
+
+    def feed_tree(self, tokens, mask) -> np.ndarray:
+        """Run a tree's nodes (runtime/tree.py `Tree`: tokens in topological order, ancestor mask
+        [T, T]) in one call at the current position; logits [T, V]. The record holds the nodes
+        in call order until `keep_path` says which of them stay."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        logits = self.backend.run_tree(ids, len(self._tokens), mask)
+        self._tokens.extend(ids.tolist())
+        return logits
+
+    def keep_path(self, position: int, path) -> None:
+        """After `feed_tree` at `position`: keep the accepted path's nodes (node ids, root first)
+        in slots position.. (the backend moves their K/V), forget the rest of the tree."""
+        if not 0 <= position <= len(self._tokens):
+            raise ValueError(f"position {position} is outside the {len(self._tokens)} recorded slots")
+        nodes = self._tokens[position:]
+        if any(not 0 <= int(i) < len(nodes) for i in path):
+            raise ValueError(f"path {list(path)} names nodes outside the {len(nodes)} fed at position {position}")
+        kept = [nodes[int(i)] for i in path]
+        self.backend.keep_path(position, path)
+        del self._tokens[position:]
+        self._tokens.extend(kept)
+        self.exact = min(self.exact, position)

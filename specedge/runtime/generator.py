@@ -23,6 +23,8 @@ from .cache import CacheTracker
 from .drafters.base import Drafter
 from .policy import CostModel, SpecController
 from .rounds import Round, TargetView, speculative_round, target_step
+from .tree_round import tree_round
+from .tree_size import tree_nodes
 from .sampling import SamplingParams, make_rng
 from .text import TextStreamer
 from .verify import AcceptanceStats
@@ -50,6 +52,9 @@ class GenerationConfig:
     speculative: bool = True
     adaptive_k: bool = False
     guard: bool = True
+    # verify a token tree per round (the drafter's propose_tree) instead of a chain; needs a
+    # target graph that takes trees (export-models --tree)
+    tree: bool = False
 
     @property
     def sampling(self) -> SamplingParams:
@@ -172,6 +177,13 @@ class Generator:
         if self.drafter is not None:
             self.drafter.reset()
 
+    def check_tree(self, cfg: GenerationConfig) -> None:
+        """Refuse a tree request this target cannot serve (a graph without tree calls)."""
+        if not isinstance(cfg.tree, bool):
+            raise ValueError(f"tree must be True or False, got {cfg.tree!r}")
+        if cfg.tree and cfg.speculative and self.drafter is not None and not self.target.backend.takes_trees:
+            raise ValueError("tree verification needs a target graph that takes trees: export the bundle with --tree")
+
     def _request(self, prompt: list[int], cfg: GenerationConfig) -> _Request:
         params = cfg.sampling
         deterministic = not params.greedy and params.seed is not None
@@ -186,6 +198,9 @@ class Generator:
         k = min(req.ctl.next_k() if speculative else 0, req.cfg.max_new_tokens - len(req.out) - 1, room - 1)
         if k < 1:
             return target_step(self.view, req.tokens, req.params, req.rng)
+        if req.cfg.tree:
+            nodes = min(tree_nodes(req.ctl.costs, k), room)
+            return tree_round(self.view, self.drafter, req.tokens, k, nodes, req.params, req.rng)
         return speculative_round(self.view, self.drafter, req.tokens, k, req.params, req.rng)
 
     def run(self, prompt: Sequence[int], cfg: GenerationConfig) -> Iterator[str]:
@@ -195,6 +210,7 @@ class Generator:
         prompt = check_prompt(prompt, self.max_seq)
         req = self._request(prompt, cfg)
         speculative = bool(cfg.speculative and self.drafter is not None)
+        self.check_tree(cfg)
 
         t_start = clock()
         reused = self.target.reuse(prompt)

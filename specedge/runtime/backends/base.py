@@ -38,6 +38,9 @@ class Backend(ABC):
     # cache slot, kept like the cache, for a draft head; None where the graph has none or the
     # backend does not read them back (GPU backends)
     features: np.ndarray | None = None
+    # the graph takes tree calls (the manifest's graph `tree`, contract.TREE_INPUT): `run_tree`
+    # and `keep_path` work; chain calls bind the lower-triangular mask themselves
+    takes_trees: bool = False
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):
         if isinstance(spec, ModelSpec) and spec.kind == "ngram":  # test doubles pass other spec objects
@@ -96,6 +99,32 @@ class Backend(ABC):
         the target's prompt K/V instead of computing its own). False when this backend cannot
         (another backend type, another cache geometry); the caller then feeds the tokens."""
         return False
+
+    def check_tree_call(self, input_ids, position: int, mask) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int64 [T], mask bool [T, T]) of a tree call, checked: the graph takes trees, the
+        mask is T x T with its diagonal set and nothing above it (parents come first)."""
+        if not self.takes_trees:
+            raise BackendError(f"the {self.spec.role} graph takes no tree calls (export the bundle with --tree)")
+        ids = self.check_call(input_ids, position)
+        m = np.asarray(mask, dtype=bool)
+        t = ids.shape[0]
+        if m.shape != (t, t):
+            raise ValueError(f"a tree call of {t} tokens needs a [{t}, {t}] mask, got shape {m.shape}")
+        if not m.diagonal().all() or np.triu(m, 1).any():
+            raise ValueError("a tree mask must mark every token itself and only earlier tokens (topological order)")
+        return ids, m
+
+    def run_tree(self, input_ids: np.ndarray, position: int, mask: np.ndarray) -> np.ndarray:
+        """A tree call: like `run`, with `mask` [T, T] (row t: token t and its ancestors); logits
+        [T, V]. Only backends whose graph takes trees implement it."""
+        self.check_tree_call(input_ids, position, mask)
+        raise BackendError(f"backend '{self.name}' does not run tree calls yet")
+
+    def keep_path(self, position: int, path) -> None:
+        """After a tree call at `position`: move the K/V (and features) of the accepted path's
+        nodes (node ids, root first) into slots position..position+len(path)-1
+        (runtime/tree.py `compaction_moves`)."""
+        raise BackendError(f"backend '{self.name}' does not run tree calls yet")
 
     def warmup(self, sizes: tuple[int, ...]) -> None:
         """Run once for each T in `sizes` (graph capture, allocator warm-up); cache content at

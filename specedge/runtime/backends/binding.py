@@ -187,6 +187,23 @@ def slot_copy(cache: KVLayout, start: int, end: int) -> list[Copy2D]:
     return _copies(cache, cache, base)
 
 
+def path_copies(cache: KVLayout, position: int, moves) -> list[Copy2D]:
+    """The 2-D copies, within one arena, that commit a tree's accepted path: for each (source,
+    destination) of `runtime.tree.compaction_moves` (offsets from `position`, in that order), one
+    slot of every row (per K/V tensor when padded). Issued in list order on one stream, no copy
+    overwrites a later copy's source, and no copy overlaps itself (one slot each)."""
+    slot = cache.head_dim * cache.itemsize
+    out: list[Copy2D] = []
+    for src, dst in moves:
+        s, d = position + int(src), position + int(dst)
+        if not (0 <= d < s < cache.seq):
+            raise ValueError(f"a path move from slot {s} to {d} is not a move back inside a cache of {cache.seq} slots")
+        base = Copy2D(dst_offset=d * slot, dpitch=cache.row_bytes, src_offset=s * slot, spitch=cache.row_bytes,
+                      width=slot, height=0)
+        out.extend(_copies(cache, cache, base))
+    return out
+
+
 @dataclass(frozen=True)
 class Binding:
     """One graph tensor and the buffer it binds to."""

@@ -27,7 +27,8 @@ import numpy as np
 
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
-from ...contract import FEATURES_OUTPUT, check_graph_names, expected_names, reserved_call_size
+from ...contract import FEATURES_OUTPUT, TREE_INPUT, check_graph_names, expected_names, reserved_call_size
+from ..tree import compaction_moves
 from .binding import ort_element_type
 
 __all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers", "choose_threading"]
@@ -230,6 +231,8 @@ class OrtBackend(Backend):
             so.add_session_config_entry(str(k), str(v))
 
         graph = spec.graph_for(self.name)
+        self.takes_trees = bool(getattr(graph, "tree", False))
+        self._mask_for = 0  # the T whose lower triangle the mask buffer holds (0: none, or a tree's)
         self.graph_path = manifest.path(graph.path)
         try:
             self.session = ort.InferenceSession(str(self.graph_path), so, providers=names, provider_options=popts)
@@ -259,7 +262,7 @@ class OrtBackend(Backend):
 
     def _expected_names(self) -> tuple[list[str], list[str]]:
         """The graph's tensor names by the contract (a draft head's graph has its own)."""
-        return expected_names(self.spec, self.kv_mode, self.max_seq, self.batch)
+        return expected_names(self.spec, self.kv_mode, self.max_seq, self.batch, self.takes_trees)
 
     # ------------------------------------------------------------------ buffers
 
@@ -273,6 +276,8 @@ class OrtBackend(Backend):
         self._logits = np.zeros(B * self.t_max * V, dtype=np.float32)
         self._delta = np.zeros(2 * L * B * H * self.t_max * D, dtype=self._kv_np) if self.kv_mode == "delta" else None
         self._bindings: dict[int, object] = {}
+        self._mask = np.zeros(B * self.t_max * self.t_max, dtype=bool) if self.takes_trees else None
+        self._mask_for = 0
         F = int(self.spec.features.get("dim", 0)) if getattr(self.spec, "features", None) else 0
         self._feat = np.zeros(B * self.t_max * F, dtype=np.float32) if F else None
         if F and getattr(self, "features", None) is None:
@@ -294,6 +299,8 @@ class OrtBackend(Backend):
         b.bind_input("input_ids", dev, 0, np.int64, [B, t], self._ids.ctypes.data)
         b.bind_input("position", dev, 0, np.int64, [B], self._pos.ctypes.data)
         b.bind_output("logits", dev, 0, np.float32, [B, t, V], self._logits.ctypes.data)
+        if self._mask is not None:
+            b.bind_input(TREE_INPUT, dev, 0, np.bool_, [B, t, t], self._mask.ctypes.data)
         cache_shape = list(self.kv.shape[1:])
         delta_elems = B * H * t * D
         isz = self.kv.itemsize
@@ -320,9 +327,32 @@ class OrtBackend(Backend):
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         position = int(position)
         ids = self.check_call(input_ids, position)
+        return self._call(ids, position, None)
+
+    def run_tree(self, input_ids: np.ndarray, position: int, mask: np.ndarray) -> np.ndarray:
+        position = int(position)
+        ids, m = self.check_tree_call(input_ids, position, mask)
+        return self._call(ids, position, m)
+
+    def keep_path(self, position: int, path) -> None:
+        moves = compaction_moves(path)
+        if not moves:
+            return
+        src = [position + s for s, _ in moves]
+        dst = [position + d for _, d in moves]
+        if max(src) >= self.max_seq:
+            raise ValueError(f"tree nodes {max(src) - position} past position {position} are outside max_seq {self.max_seq}")
+        # fancy indexing reads every source before writing: one copy for every layer, K and V
+        self.kv[:, :, :, dst, :] = self.kv[:, :, :, src, :]
+        if self.features is not None:
+            self.features[:, dst] = self.features[:, src]
+
+    def _call(self, ids: np.ndarray, position: int, tree_mask: np.ndarray | None) -> np.ndarray:
         t = int(ids.shape[0])
         if t > self.t_max:
             self._allocate(t)  # a larger prefill chunk than planned: grow once, rebind lazily
+        if self._mask is not None:
+            self._write_mask(t, tree_mask)
         B = self.batch
         if B == 1:
             self._ids[:t] = ids
@@ -342,6 +372,17 @@ class OrtBackend(Backend):
             F = self.features.shape[-1]
             self.features[:, position : position + t] = self._feat[: B * t * F].reshape(B, t, F)
         return self._logits[: t * self.vocab_size].reshape(t, self.vocab_size)  # batch row 0
+
+    def _write_mask(self, t: int, tree_mask: np.ndarray | None) -> None:
+        """Fill the [B, t, t] mask: the tree's, or for a chain the lower triangle, which stays
+        in the buffer while chain calls of the same T follow (no per-call cost)."""
+        view = self._mask[: self.batch * t * t].reshape(self.batch, t, t)
+        if tree_mask is not None:
+            view[:] = tree_mask
+            self._mask_for = 0
+        elif self._mask_for != t:
+            view[:] = np.tri(t, dtype=bool)
+            self._mask_for = t
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if not isinstance(other, OrtBackend) or other.kv.shape != self.kv.shape or other.kv.dtype != self.kv.dtype:

@@ -46,8 +46,10 @@ from .binding import (
     numpy_dtype,
     ort_element_type,
     ort_trt_profile_options,
+    path_copies,
     slot_copy,
 )
+from ..tree import compaction_moves
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +362,15 @@ class OrtCudaBackend(Backend):
                 self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height)
         s.ran = True
         return s
+
+    def keep_path(self, position: int, path) -> None:
+        """Commit a tree's accepted path: device-to-device slot copies inside the arena, in order
+        (`binding.path_copies`)."""
+        if self._copier is None:
+            raise BackendError("this ort-cuda backend has no device copier for a tree commit")
+        for c in path_copies(self.cache, position, compaction_moves(path)):
+            self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, self.arena_ptr + c.src_offset, c.spitch,
+                                c.width, c.height)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if (not isinstance(other, OrtCudaBackend) or other.cache != self.cache or self._copier is None

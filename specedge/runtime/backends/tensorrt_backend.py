@@ -40,8 +40,10 @@ from .binding import (
     KVLayout,
     binding_plan,
     delta_copy,
+    path_copies,
     slot_copy,
 )
+from ..tree import compaction_moves
 
 
 CUDA_HINT = "pip install 'specedge[tensorrt]' (cuda-python)"
@@ -386,6 +388,14 @@ class TensorRTBackend(Backend):
                     c.width, c.height, self.cu.D2D, self._stream,
                 )
         return pi, t
+
+    def keep_path(self, position: int, path) -> None:
+        """Commit a tree's accepted path: device-to-device slot copies inside the cache arena, in
+        order on the backend's stream (`binding.path_copies`), finished before the next call."""
+        for c in path_copies(self.cache, position, compaction_moves(path)):
+            self.cu.memcpy2d_async(self._cache_ptr + c.dst_offset, c.dpitch, self._cache_ptr + c.src_offset, c.spitch,
+                                   c.width, c.height, self.cu.D2D, self._stream)
+        self.cu.sync(self._stream)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if not isinstance(other, TensorRTBackend) or other.cache != self.cache or other.device_id != self.device_id:

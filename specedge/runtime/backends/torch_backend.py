@@ -32,6 +32,7 @@ from ...contract import TensorSpec
 from ...errors import UserError
 from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
+from ..tree import compaction_moves
 
 
 TORCH_HINT = "pip install torch (see the README for the pinned version)"
@@ -220,6 +221,16 @@ class TorchBackend(Backend):
         return cls(manifest, spec, device=device, dtype=dtype, cuda_graphs=cuda_graphs, graph_sizes=graph_sizes, module=m)
 
     # ------------------------------------------------------------------ the step
+
+    def keep_path(self, position: int, path) -> None:
+        """Commit a tree's accepted path: one indexed copy of every layer's K and V, in place
+        (captured CUDA graphs keep reading this very tensor); advanced indexing reads first."""
+        moves = compaction_moves(path)
+        if not moves or self.cache is None:
+            return
+        idx = self.torch.tensor([[position + s for s, _ in moves], [position + d for _, d in moves]],
+                                device=self.cache.device)
+        self.cache[:, :, :, idx[1], :] = self.cache[:, :, :, idx[0], :]
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if (not isinstance(other, TorchBackend) or other.cache is None or self.cache is None

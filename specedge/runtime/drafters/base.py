@@ -52,6 +52,12 @@ class Drafter(ABC):
         """Given the target's cache once the loop exists: a drafter that drafts from the target's
         own state (a draft head reads its features, drafters/head.py) keeps it; others ignore it."""
 
+    def propose_tree(self, history: list[int], k: int, nodes: int, params: SamplingParams, rng=None):
+        """A `runtime.tree.Tree` of at most `nodes` nodes (the root is history's last token) and
+        depth at most k, for tree verification; None when this drafter makes no trees (the round
+        then verifies `propose`'s chain)."""
+        return None
+
     @abstractmethod
     def propose(self, history: list[int], k: int, params: SamplingParams, rng=None) -> Proposal:
         """Up to k tokens after `history` (the committed sequence); fewer, or none, is allowed."""

@@ -17,9 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
+from ..tree import Tree
 from .base import Drafter, Proposal
 
 __all__ = ["NgramDrafter", "NgramProposer"]
+
+# earlier occurrences of an n-gram remembered for tree proposals: enough for the few branches a
+# CPU can afford, bounded so a repetitive history costs no more than a constant per token
+MATCHES_KEPT = 8
 
 
 class NgramDrafter:
@@ -52,6 +57,8 @@ class NgramDrafter:
         # For each size n: n-gram tuple -> start of its latest occurrence among the n-grams that
         # end at or before self._covered (exclusive end index into self._tokens).
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
+        # the same n-grams -> their latest MATCHES_KEPT starts, oldest first (tree proposals)
+        self._starts: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.ngram_sizes}
         self._covered = 0
 
     def _sync(self, history) -> list[int]:
@@ -74,7 +81,12 @@ class NgramDrafter:
         for stop in range(self._covered + 1, end + 1):
             for n, table in self._index.items():
                 if stop >= n:
-                    table[tuple(h[stop - n : stop])] = stop - n  # later positions overwrite
+                    gram = tuple(h[stop - n : stop])
+                    table[gram] = stop - n  # later positions overwrite
+                    starts = self._starts[n].setdefault(gram, [])
+                    starts.append(stop - n)
+                    if len(starts) > MATCHES_KEPT:
+                        del starts[0]
         self._covered = max(self._covered, end)
 
     def propose(self, history, k: int | None = None) -> list[int]:
@@ -100,6 +112,30 @@ class NgramDrafter:
             if start is not None:
                 return h[start + n : start + n + k]
         return []
+
+    def propose_paths(self, history, k: int, width: int) -> list[list[int]]:
+        """Up to `width` distinct continuations of at most k tokens, from the latest earlier matches
+        of the history's suffix, longest n-gram first and most recent first: the first one is
+        `propose`'s. Several places that continued the same context differently give a tree
+        (`NgramProposer.propose_tree`) several chances where one chain has one."""
+        if k < 0 or width < 0:
+            raise ValueError(f"k and width must be >= 0, got {k} and {width}")
+        h = self._sync(history)
+        length = len(h)
+        if k == 0 or width == 0 or length < 2:
+            return []
+        self._extend_index(length - 1)
+        paths: list[list[int]] = []
+        for n in self.ngram_sizes:
+            if length <= n:
+                continue
+            for start in reversed(self._starts[n].get(tuple(h[length - n :]), ())):
+                cont = h[start + n : start + n + k]
+                if cont and cont not in paths:
+                    paths.append(cont)
+                    if len(paths) == width:
+                        return paths
+        return paths
 
     @staticmethod
     def probs(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -140,3 +176,22 @@ class NgramProposer(Drafter):
                 break
             out.append(int(t))
         return Proposal(out, None)
+
+    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
+        """The prefix tree of several continuations (`NgramDrafter.propose_paths`), cut to `nodes`
+        nodes in path order, so the chain `propose` would draft comes first and whole; no
+        distributions (point masses, exact for any choice)."""
+        if nodes < 2 or k < 1:
+            return None
+        paths = []
+        for path in self.drafter.propose_paths(history, k, max(1, nodes - 1)):
+            ok = []
+            for t in path:
+                if not 0 <= t < self.vocab:
+                    break
+                ok.append(int(t))
+            if ok:
+                paths.append(ok)
+        if not paths:
+            return None
+        return Tree.from_paths(int(history[-1]), paths).prefix(nodes)
