@@ -12,15 +12,15 @@ measured so far (the first benchmark run, with no such cap, extrapolated a few n
 
 from __future__ import annotations
 
-from ..contract import MAX_SPEC_TOKENS
+from ..contract import reserved_call_size
 from .policy import CostModel
 
 __all__ = ["MAX_TREE_NODES", "TREE_GROWTH", "TREE_SLACK", "tree_nodes"]
 
 # the extra cost a tree call may have over the chain call of k + 1 tokens it replaces
 TREE_SLACK = 0.25
-# the backends' host buffers are sized for this call (contract.reserved_call_size): no tree grows them
-MAX_TREE_NODES = 2 * (MAX_SPEC_TOKENS + 1)
+# the call every backend's host buffers hold whatever its prefill chunk: no tree grows them
+MAX_TREE_NODES = reserved_call_size(0)
 # nodes a tree may have beyond the largest call size the cost model has measured
 TREE_GROWTH = 2
 
