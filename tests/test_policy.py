@@ -24,7 +24,10 @@ def replay(case: dict, **overrides) -> tuple[SpecController, list[int]]:
                          **overrides)
     got = []
     for e in case["events"]:
-        if "round" in e:
+        if "request" in e:  # a new request: a fresh controller on the same shared costs
+            ctl = SpecController(case["k"], costs, adaptive=case["adaptive"], guard=case["guard"],
+                                 learn=case["learn"], **overrides)
+        elif "round" in e:
             ctl.record_round(*e["round"])
         else:
             ctl.record_plain(*e["plain"])
@@ -50,6 +53,7 @@ def test_policy_vectors(name):
     assert ctl.alpha == final["alpha"]
     assert {str(t): c for t, c in sorted(ctl.costs.target.items())} == final["target_costs"]
     assert ctl.costs.draft == final["draft_cost"]
+    assert (ctl.costs.carry_fallback, ctl.costs.carry_backoff) == (final["carry_fallback"], final["carry_backoff"])
     assert ctl.probes == final["probes"]
     assert {str(t): c for t, c in sorted(ctl.local.items())} == final["local_costs"]
     assert ctl.local_draft == final["local_draft"]
@@ -67,6 +71,9 @@ def test_vectors_cover_every_rule():
     assert any(0 in s and c["k"] in s and finals[n]["k_shrinks"] for n, c in CASES.items() for s in [nk[n]])
     assert any("plain" in e for c in CASES.values() for e in c["events"] if c["next_k"])
     assert any(f["probes"] >= 2 for f in finals.values())  # a 1-token probe after PROBE_ROUNDS rounds
+    # a hopeless draft's fallback carried into the next request, and a carried one cleared
+    assert any(e.get("request") == [] and k == 0 for c in CASES.values() for e, k in zip(c["events"], c["next_k"]))
+    assert any(e.get("request") == [] and k > 0 for c in CASES.values() for e, k in zip(c["events"], c["next_k"]))
 
 
 def test_a_retry_forgets_the_round_times_from_before_the_fallback():
@@ -199,3 +206,59 @@ def test_vectors_are_what_the_script_records():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert json.loads(mod.dumps(mod.build())) == VECTORS
+
+
+def test_a_hopeless_drafts_fallback_goes_on_in_the_next_request():
+    """The int4 self-draft on its int4 target lost one round per retry in every new request (three
+    per 128-token request); now the next request goes on with the fallback where the last one left it."""
+    costs = CostModel({1: 0.0096, 2: 0.0115, 5: 0.016}, 0.0091)
+    first = SpecController(4, costs)
+    first.record_round(4, 4, 4 * 0.0091, 0.016, 4)
+    assert first.next_k() == 0 and (costs.carry_fallback, costs.carry_backoff) == (16, 32)
+    for _ in range(10):
+        first.record_plain(1, 0.0096)
+    assert costs.carry_fallback == 6  # the request ended 10 tokens into its 16-token fallback
+    second = SpecController(4, costs)
+    assert second.next_k() == 0 and second.fallbacks == 1 and second.backoff == 32
+    for _ in range(6):
+        second.record_plain(1, 0.0096)
+    assert second.next_k() == 4 and costs.carry_fallback == 0  # the retry, as in one long request
+    second.record_round(4, 4, 4 * 0.0091, 0.016, 4)
+    assert second.fallback_left == 32 and (costs.carry_fallback, costs.carry_backoff) == (32, 64)
+
+
+def test_a_paying_request_clears_the_carried_fallback():
+    costs = CostModel({1: 0.010, 5: 0.012}, 0.002, carry_fallback=0, carry_backoff=64)
+    ctl = SpecController(4, costs)
+    assert ctl.next_k() == 4 and ctl.backoff == 64
+    for _ in range(policy.MIN_ROUNDS):
+        ctl.record_round(4, 4, 4 * 0.002, 0.012, 4)
+    assert (costs.carry_fallback, costs.carry_backoff) == (0, 0) and ctl.backoff == policy.BACKOFF_START
+
+
+def test_an_ordinary_fallback_is_not_carried():
+    """Low acceptance is the request's own business (the next prompt may suit the draft): only a draft
+    that cannot pay at any acceptance carries its fallback."""
+    costs = CostModel({1: 0.010, 5: 0.011}, 0.002)
+    ctl = SpecController(4, costs)
+    for _ in range(policy.MIN_ROUNDS):
+        ctl.record_round(4, 0, 4 * 0.002, 0.011, 4)
+    assert ctl.next_k() == 0 and ctl.fallbacks == 1 and costs.carry_fallback == 0
+    assert SpecController(4, costs).next_k() == 4
+
+
+@pytest.mark.parametrize("guard,learn", [(False, True), (True, False)])
+def test_a_carried_fallback_needs_a_learning_guard(guard, learn):
+    costs = CostModel({1: 0.0096, 2: 0.0115, 5: 0.016}, 0.0091, carry_fallback=20, carry_backoff=64)
+    assert SpecController(4, costs, guard=guard, learn=learn).next_k() == 4
+
+
+def test_vectors_detect_no_carried_fallback(monkeypatch):
+    init = SpecController.__init__
+
+    def forget(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fallback_left, self.carried, self.fallbacks = 0, False, 0
+
+    monkeypatch.setattr(SpecController, "__init__", forget)
+    assert any(replay(c)[1] != c["next_k"] for c in CASES.values())

@@ -44,7 +44,17 @@ void CostModel::observe_draft(double s) { draft = ema(draft, s); }
 
 SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive, int k_max)
     : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn), adaptive_(adaptive),
-      k_max_(std::max(k_max, k)), k_seen_(k) {}
+      k_max_(std::max(k_max, k)), k_seen_(k) {
+  if (guard_ && learn_) {
+    // an earlier request found this draft cannot pay: go on with its fallback
+    if (costs_->carry_backoff > 0) backoff_ = costs_->carry_backoff;
+    if (costs_->carry_fallback > 0) {
+      ++fallbacks;
+      fallback_left_ = costs_->carry_fallback;
+      carried_ = true;
+    }
+  }
+}
 
 double SpecController::expected(int k) const {
   // E(k') up to the smallest k in the window: a round that accepted n drafts would have accepted
@@ -115,7 +125,9 @@ void SpecController::record_plain(int n, double seconds) {
   if (fallback_left_ > 0) {
     fallback_left_ -= n;
     fallback_tokens += n;
-    if (fallback_left_ <= 0) {  // try speculating again with the full k, judging afresh
+    if (carried_ && learn_) costs_->carry_fallback = std::max(fallback_left_, 0);
+    if (fallback_left_ <= 0) {
+      carried_ = false;  // try speculating again with the full k, judging afresh
       acc_ = policy::kPriorAccepted;
       rej_ = policy::kPriorRejected;
       rounds_since_ = 0;
@@ -161,10 +173,12 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   // kMinRounds of acceptance evidence (an int4 target's own int4 self-draft)
   double top = -INFINITY;
   for (int kk = 1; kk <= k_; ++kk) top = std::max(top, ceiling(kk));
-  if (top >= policy::kShrinkMin) {
+  bool hopeless = top < policy::kShrinkMin;
+  if (!hopeless) {
     if (rounds_since_ < policy::kMinRounds) return;
     if (speedup(k_) >= policy::kKeep) {
       backoff_ = policy::kBackoffStart;
+      if (learn_) costs_->carry_fallback = costs_->carry_backoff = 0;
       return;
     }
     int best = 0;
@@ -185,6 +199,11 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   ++fallbacks;
   fallback_left_ = backoff_;
   backoff_ = std::min(backoff_ * 2, policy::kBackoffMax);
+  carried_ = hopeless;
+  if (learn_) {
+    costs_->carry_fallback = hopeless ? fallback_left_ : 0;
+    if (hopeless) costs_->carry_backoff = backoff_;
+  }
 }
 
 }  // namespace specedge

@@ -36,6 +36,10 @@ struct CostModel {
   std::map<int, double> target;  // T -> seconds
   double draft = 0.0;
   double alpha = policy::kEmaWeight;
+  // A draft that cannot pay even with every token accepted: its fallback goes on across requests as
+  // if they were one long request: the target-only tokens left of it and the backoff after it.
+  // Cleared by a request that finds speculation paying.
+  int carry_fallback = 0, carry_backoff = 0;
   double target_cost(int t) const;
   void observe_target(int t, double s);
   void observe_draft(double s);
@@ -78,6 +82,7 @@ class SpecController {
   int rounds_since_ = 0, fallback_left_ = 0, backoff_ = policy::kBackoffStart;
   int since_plain_ = 0;       // rounds since this request last timed c(1) (two 1-token steps in a row)
   bool after_plain_ = false;  // the last event was a 1-token step
+  bool carried_ = false;      // the fallback in progress is a hopeless draft's, shared with later requests
   bool probe_due() const { return guard_ && learn_ && since_plain_ >= policy::kProbeRounds; }
 };
 

@@ -48,14 +48,19 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     CostModel costs;
     for (const auto& [t, s] : c["costs"]["target"].items()) costs.target[std::stoi(t)] = s.get<double>();
     costs.draft = c["costs"]["draft"].get<double>();
-    SpecController ctl(c["k"].get<int>(), &costs, c["guard"].get<bool>(), c["learn"].get<bool>(),
-                       c["adaptive"].get<bool>());
+    auto make = [&] {
+      return SpecController(c["k"].get<int>(), &costs, c["guard"].get<bool>(), c["learn"].get<bool>(),
+                            c["adaptive"].get<bool>());
+    };
+    SpecController ctl = make();
     const auto& events = c["events"];
     const auto& want = c["next_k"];
     REQUIRE(events.size() == want.size());
     for (size_t i = 0; i < events.size(); ++i) {
       const auto& e = events[i];
-      if (e.contains("round")) {
+      if (e.contains("request")) {  // a new request: a fresh controller on the same shared costs
+        ctl = make();
+      } else if (e.contains("round")) {
         const auto& r = e["round"];
         ctl.record_round(r[0].get<int>(), r[1].get<int>(), r[2].get<double>(), r[3].get<double>(), r[4].get<int>());
       } else {
@@ -77,6 +82,8 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     // same operations in the same order: the estimates agree to the last bit or nearly
     CHECK(ctl.alpha() == Approx(f["alpha"].get<double>()).epsilon(1e-12));
     CHECK(costs.draft == Approx(f["draft_cost"].get<double>()).epsilon(1e-12));
+    CHECK(costs.carry_fallback == f["carry_fallback"].get<int>());
+    CHECK(costs.carry_backoff == f["carry_backoff"].get<int>());
     REQUIRE(costs.target.size() == f["target_costs"].size());
     for (const auto& [t, s] : f["target_costs"].items())
       CHECK(costs.target.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));

@@ -40,6 +40,12 @@ class CostModel:
     target: dict = field(default_factory=dict)  # T -> seconds
     draft: float = 0.0
     alpha: float = EMA_WEIGHT  # moving-average weight of a new measurement
+    # A draft that cannot pay even with every token accepted: its fallback goes on across requests
+    # as if they were one long request (a new request does not pay a losing round to learn it
+    # again): the target-only tokens left of it and the backoff after it. Cleared by a request that
+    # finds speculation paying.
+    carry_fallback: int = 0
+    carry_backoff: int = 0
 
     def target_cost(self, t: int) -> float:
         """Seconds for a target call of t tokens; linear between the sizes measured."""
@@ -75,7 +81,7 @@ class CostModel:
         self.draft = self._ema(self.draft, seconds_per_token)
 
     def copy(self) -> CostModel:
-        return CostModel(dict(self.target), self.draft, self.alpha)
+        return CostModel(dict(self.target), self.draft, self.alpha, self.carry_fallback, self.carry_backoff)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -100,7 +106,11 @@ class SpecController:
     speed-up falls below `keep` (KEEP), the best smaller k is taken
     if it pays (>= SHRINK_MIN), else decoding goes target-only for `backoff` tokens (BACKOFF_START,
     doubling up to BACKOFF_MAX on each consecutive fallback), after which speculation is tried
-    again with the starting k.
+    again with the starting k. A draft whose ceiling (every draft accepted) is below SHRINK_MIN at
+    every k falls back after one round, and that fallback goes on across requests through the
+    shared CostModel (`carry_fallback`, `carry_backoff`), as if they were one long request: a new
+    request does not pay a losing round to learn it again. A request that finds speculation
+    paying clears it.
 
     adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
     -1 when the rejection came in the first half.
@@ -132,6 +142,14 @@ class SpecController:
         self.since_plain = 0  # rounds since this request last timed c(1) (two 1-token steps in a row)
         self.after_plain = False  # the last event was a 1-token step
         self.probes = 0
+        self.carried = False  # the fallback in progress is a hopeless draft's, shared with later requests
+        if self.guard and self.learn:
+            # an earlier request found this draft cannot pay: go on with its fallback
+            self.backoff = costs.carry_backoff or BACKOFF_START
+            if costs.carry_fallback > 0:
+                self.fallbacks += 1
+                self.fallback_left = costs.carry_fallback
+                self.carried = True
 
     @property
     def alpha(self) -> float:
@@ -205,7 +223,10 @@ class SpecController:
         if self.fallback_left > 0:
             self.fallback_left -= n_tokens
             self.fallback_tokens += n_tokens
-            if self.fallback_left <= 0:  # try speculating again with the full k, judging afresh
+            if self.carried and self.learn:
+                self.costs.carry_fallback = max(self.fallback_left, 0)
+            if self.fallback_left <= 0:
+                self.carried = False  # try speculating again with the full k, judging afresh
                 self.acc, self.rej, self.rounds_since = PRIOR_ACCEPTED, PRIOR_REJECTED, 0
                 self.recent.clear()
                 self.k = self.k_start
@@ -240,11 +261,14 @@ class SpecController:
             return
         # a draft too slow to pay even if every token were accepted is dropped without waiting
         # for min_rounds of acceptance evidence (an int4 target's own int4 self-draft)
-        if max(self.ceiling(kk) for kk in range(1, self.k + 1)) >= SHRINK_MIN:
+        hopeless = max(self.ceiling(kk) for kk in range(1, self.k + 1)) < SHRINK_MIN
+        if not hopeless:
             if self.rounds_since < self.min_rounds:
                 return
             if self.speedup(self.k) >= self.keep:
                 self.backoff = BACKOFF_START
+                if self.learn:
+                    self.costs.carry_fallback = self.costs.carry_backoff = 0
                 return
             best = max(range(1, self.k), key=self.speedup, default=None)
             if best is not None and self.speedup(best) >= SHRINK_MIN:
@@ -254,6 +278,11 @@ class SpecController:
         self.fallbacks += 1
         self.fallback_left = self.backoff
         self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+        self.carried = hopeless
+        if self.learn:
+            self.costs.carry_fallback = self.fallback_left if hopeless else 0
+            if hopeless:
+                self.costs.carry_backoff = self.backoff
 
     def to_dict(self) -> dict:
         return {
