@@ -6,7 +6,7 @@ so machine-load drift hits all alike:
 
 * target-only on the tree bundle and, with --plain, on the same model's plain bundle (the tree
   graph's chain speed: the tree_mask input bound to the lower triangle);
-* per drafter (n-gram; the bundle's draft model): the chain round and the tree round, and with
+* per drafter (n-gram; the bundle's draft model; its draft head when it has one): the chain round and the tree round, and with
   --plain the chain round on the plain bundle.
 
 Per configuration: decode tok/s, tokens per target call, per category the same plus the ratio
@@ -50,10 +50,12 @@ def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
     tree_pipes = {"ngram": pipe(tree_bundle, "ngram")}
     if tree_pipes["ngram"].manifest.draft.is_model:
         tree_pipes["model"] = pipe(tree_bundle, "model")
+    if tree_pipes["ngram"].manifest.head is not None:  # a trained draft head (train-draft)
+        tree_pipes["head"] = pipe(tree_bundle, "head")
     configs = {"target-only (tree graph)": (tree_pipes["ngram"], {"speculative": False})}
     plain_pipes = {}
     if plain:
-        plain_pipes = {d: pipe(plain, d) for d in tree_pipes}
+        plain_pipes = {d: pipe(plain, d) for d in tree_pipes if d != "head"}  # a plain bundle has no head
         configs["target-only (plain graph)"] = (plain_pipes["ngram"], {"speculative": False})
     for d, p in tree_pipes.items():
         configs[f"chain ({d})"] = (p, {})

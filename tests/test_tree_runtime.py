@@ -177,6 +177,56 @@ def test_self_draft_tree_is_the_greedy_chain_plus_ranked_siblings(tiny_bundle_fa
     assert drafter.propose_tree(REPEATS, 4, 1, SamplingParams()) is None
 
 
+@pytest.fixture(scope="module")
+def head_tree_bundle(tiny_bundle_factory, tmp_path_factory):
+    """A tiny llama bundle with features and tree graphs, and a head trained on it for a few steps."""
+    import shutil
+
+    from specedge.training.train import TrainOptions, train_draft
+
+    dst = tmp_path_factory.mktemp("headtree") / "bundle"
+    shutil.copytree(tiny_bundle_factory("llama", features=True, tree=True), dst)
+    train_draft(dst, TrainOptions(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
+                                  doc_tokens=600, threads=1, checkpoint_every_s=0.0,
+                                  checkpoint=str(tmp_path_factory.mktemp("headtree_ck"))))
+    return dst
+
+
+def test_head_tree_is_its_greedy_chain_plus_ranked_siblings_in_its_vocabulary(head_tree_bundle):
+    from specedge.runtime.api import load
+    from specedge.runtime.sampling import SamplingParams
+
+    pipe = load(head_tree_bundle, threads=1, verify="size", draft="head")
+    pipe.generate(token_ids=REPEATS, max_new_tokens=8, speculative=False)
+    drafter, target = pipe.generator.drafter, pipe.generator.target
+    history = list(target.tokens[: target.position]) + [5]  # what the cache holds, then a pending token
+    chain = drafter.propose(history, 4, SamplingParams()).tokens
+    calls = drafter.calls
+    tree = drafter.propose_tree(history, 4, 10, SamplingParams())
+    assert tree.tokens[:5] == [history[-1], *chain] and tree.parents[:5] == [-1, 0, 1, 2, 3]
+    assert len(tree) == 10 and all(p < 4 for p in tree.parents[5:]) and all(not tree.children(i) for i in range(5, 10))
+    allowed = set(drafter.d2t.tolist())
+    assert set(tree.tokens[1:]) <= allowed  # mapped through the draft vocabulary, never outside it
+    for i in range(5, 10):  # a sibling differs from the chain token at its depth
+        assert tree.tokens[i] != tree.tokens[tree.parents[i] + 1]
+    assert drafter.calls - calls <= 4  # the chain's calls (a catch-up plus k - 1 steps), no more
+    assert drafter.propose_tree(history, 4, 1, SamplingParams()) is None
+    assert drafter.propose_tree(history[:1], 4, 8, SamplingParams()) is None  # no features yet
+
+
+def test_greedy_head_tree_output_equals_target_only(head_tree_bundle):
+    from specedge.runtime.api import load
+
+    pipe = load(head_tree_bundle, threads=1, verify="size", draft="head")
+    for ids in (REPEATS, [3, 9, 27, 14, 2, 8]):
+        want = pipe.generate(token_ids=ids, max_new_tokens=40, speculative=False).token_ids
+        got = pipe.generate(token_ids=ids, max_new_tokens=40, tree=True, guard=False)
+        assert got.token_ids == want
+        chain = pipe.generate(token_ids=ids, max_new_tokens=40, guard=False)
+        assert chain.token_ids == want
+        assert got.stats["drafted"] > 0 and got.stats["target_calls"] <= chain.stats["target_calls"]
+
+
 @pytest.mark.parametrize("max_seq,batch,path", [(32, 1, [0, 2, 3, 6]), (33, 2, [0, 1, 5]), (17, 1, [0, 1, 2])])
 def test_gpu_path_copies_move_the_same_slots_as_numpy(max_seq, batch, path):
     """The GPU backends' tree commit (cudaMemcpy2D arguments, `binding.path_copies`) replayed on

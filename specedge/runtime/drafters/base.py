@@ -11,14 +11,15 @@ token was chosen (docs/design.md, exactness rules). A new drafter is one new fil
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..cache import CacheTracker
 from ..sampling import SamplingParams
+from ..tree import Tree
 
-__all__ = ["Drafter", "Proposal"]
+__all__ = ["Drafter", "Proposal", "chain_tree"]
 
 
 class Proposal(NamedTuple):
@@ -61,3 +62,36 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, history: list[int], k: int, params: SamplingParams, rng=None) -> Proposal:
         """Up to k tokens after `history` (the committed sequence); fewer, or none, is allowed."""
+
+
+def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarray], k: int, nodes: int,
+               ids: np.ndarray | None = None) -> Tree:
+    """The greedy chain of k drafts (k - 1 calls of `step`, what a chain costs, no more) plus, as leaf
+    siblings, the draft's runner-up tokens ranked by the probability of their whole path (the
+    chain's probabilities up to there times theirs: EAGLE-2's confidence ranking), so branches go
+    where the draft is unsure; at most `nodes` nodes. `first_row`: the draft's logits for the token
+    after `root`; `step(token)` feeds a chain token and returns the next row; `ids` maps a row index
+    to a target id (a head's draft vocabulary; None: the same). Deterministic choices, no
+    distributions: point masses, exact for sampling too."""
+    extra = max(0, nodes - 1 - k)
+    row, chain = first_row, []
+    alts: list[tuple[float, int, int]] = []  # (path probability, parent node, token)
+    reach = 1.0
+    for j in range(k):
+        z = np.asarray(row, dtype=np.float64)
+        best = int(np.argmax(z))
+        if extra:
+            p = np.exp(z - z[best])
+            p /= p.sum()
+            top = np.argpartition(-p, min(extra, z.size - 1))[: extra + 1]
+            alts.extend((reach * float(p[t]), j, int(t) if ids is None else int(ids[t])) for t in top if t != best)
+            reach *= float(p[best])
+        tok = best if ids is None else int(ids[best])
+        chain.append(tok)
+        if j < k - 1:
+            row = step(tok)
+    tokens, parents = [int(root), *chain], list(range(-1, k))
+    for _, parent, t in sorted(alts, key=lambda a: (-a[0], a[1], a[2]))[:extra]:
+        tokens.append(t)
+        parents.append(parent)  # chain node `parent` is the depth-`parent` prefix
+    return Tree(tokens, parents).prefix(nodes)

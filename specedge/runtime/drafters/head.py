@@ -21,7 +21,8 @@ import numpy as np
 
 from ..cache import CacheTracker, common_prefix
 from ..sampling import SamplingParams, probs_from_logits, sample
-from .base import Drafter, Proposal
+from ..tree import Tree
+from .base import Drafter, Proposal, chain_tree
 
 __all__ = ["HeadDrafter", "read_draft_vocab"]
 
@@ -123,3 +124,24 @@ class HeadDrafter(Drafter):
                 row, hidden = lg[-1], hd[-1:].copy()
                 self.calls += 1
         return Proposal(out, qs)
+
+    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
+        """A tree of at most `nodes` nodes: the head's greedy chain of k drafts plus its runner-up
+        tokens (mapped through the draft vocabulary) as ranked leaf siblings (base.chain_tree)."""
+        if k < 1 or nodes < 2:
+            return None
+        history = history if isinstance(history, list) else list(history)
+        n = len(history)
+        k = min(k, self.head.max_seq - (n - 1))
+        if n < 2 or k < 1:
+            return None  # no target features yet, or no head slots left: the round drafts a chain
+        row, hidden = self._catch_up(history)
+        state = {"hidden": hidden, "slot": n - 1}
+
+        def step(tok: int) -> np.ndarray:
+            lg, hd = self.head.step([tok], state["slot"], hidden=state["hidden"])
+            state["hidden"], state["slot"] = hd[-1:].copy(), state["slot"] + 1
+            self.calls += 1
+            return lg[-1]
+
+        return chain_tree(history[-1], row, step, k, nodes, ids=self.d2t)

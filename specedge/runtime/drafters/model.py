@@ -27,7 +27,7 @@ from ..backends import Backend
 from ..cache import CacheTracker, common_prefix
 from ..sampling import SamplingParams, probs_from_logits, sample
 from ..tree import Tree
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, chain_tree
 
 __all__ = ["ModelDrafter"]
 
@@ -134,11 +134,8 @@ class ModelDrafter(Drafter):
         return Proposal(out, qs)
 
     def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
-        """A tree of at most `nodes` nodes: the greedy chain of k drafts (the k draft calls a chain
-        costs, no more), plus as leaf siblings the draft's runner-up tokens ranked by the
-        probability of their whole path (the chain's probabilities up to there times theirs,
-        EAGLE-2's confidence ranking), so branches go where the draft is unsure. Deterministic
-        choices, no distributions: point masses, exact for sampling too."""
+        """A tree of at most `nodes` nodes: the greedy chain of k drafts plus the runner-up tokens
+        as ranked leaf siblings (base.chain_tree)."""
         if k < 1 or nodes < 2:
             return None
         history = history if isinstance(history, list) else list(history)
@@ -149,25 +146,9 @@ class ModelDrafter(Drafter):
         self._base = len(history)
         row = c.feed_chunked(pending)
         self.calls += -(-len(pending) // c.chunk)
-        extra = max(0, nodes - 1 - k)
-        chain: list[int] = []
-        alts: list[tuple[float, int, int]] = []  # (path probability, parent node, token)
-        reach = 1.0
-        for j in range(k):
-            z = np.asarray(row[:V], dtype=np.float64)
-            tok = int(np.argmax(z))
-            if extra:
-                p = np.exp(z - z[tok])
-                p /= p.sum()
-                top = np.argpartition(-p, min(extra, V - 1))[: extra + 1]
-                alts.extend((reach * float(p[t]), j, int(t)) for t in top if t != tok)
-                reach *= float(p[tok])
-            chain.append(tok)
-            if j < k - 1:
-                row = c.feed([tok])[0]
-                self.calls += 1
-        tokens, parents = [int(history[-1]), *chain], list(range(-1, k))
-        for _, parent, t in sorted(alts, key=lambda a: (-a[0], a[1], a[2]))[:extra]:
-            tokens.append(t)
-            parents.append(parent)  # chain node `parent` is the depth-`parent` prefix
-        return Tree(tokens, parents).prefix(nodes)
+
+        def step(tok: int) -> np.ndarray:
+            self.calls += 1
+            return c.feed([tok])[0, :V]
+
+        return chain_tree(history[-1], row[:V], step, k, nodes)
