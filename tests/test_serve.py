@@ -515,3 +515,97 @@ def test_serve_missing_bundle(tmp_path):
     p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(tmp_path / "nope")], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- slow: the real model, Ray Serve
+
+
+@pytest.mark.slow
+def test_default_bundle_over_http(default_bundle):
+    pipe = load(default_bundle, threads=2, shared_pool=True)
+    try:
+        questions = ["Name three colours.", "What is the capital of France?", "Write a haiku about the sea.",
+                     "def fibonacci(n):"]
+        want = {q: pipe.generate(messages=[{"role": "user", "content": q}], max_new_tokens=48).text for q in questions}
+        want_code = pipe.generate(questions[3], max_new_tokens=48).text
+        with serving([pipe], queue=8) as s:
+            for q in questions:
+                r = chat(s.client, q, max_tokens=48, extra_body={"specedge": {"task": "chat"}})
+                assert r.choices[0].message.content == want[q]
+            streamed = chat(s.client, questions[0], max_tokens=48, stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in streamed) == want[questions[0]]
+            code = complete(s.client, questions[3], max_tokens=48, extra_body={"specedge": {"task": "code"}})
+            assert code.choices[0].text == want_code
+            got, errors = {}, []
+
+            def worker(q):
+                try:
+                    got[q] = chat(s.client, q, max_tokens=48, extra_body={"specedge": {"task": "chat"}})
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=worker, args=(q,)) for q in questions]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(600)
+            assert not errors and {q: r.choices[0].message.content for q, r in got.items()} == want
+            m = s.metrics()
+            assert m[("specedge_requests_total", (("endpoint", "chat"), ("outcome", "ok"), ("task", "chat")))] == 9
+            assert 0 < m[("specedge_acceptance_rate", (("task", "chat"),))] <= 1
+            assert m[("specedge_mean_accepted_tokens", (("task", "code"),))] >= 1
+    finally:
+        pipe.close()
+
+
+@pytest.mark.slow
+def test_ray_serve_two_replicas(bundle):
+    pytest.importorskip("ray.serve")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specedge", "serve", str(bundle), "--ray", "--replicas", "2",
+                             "--threads", "1", "--ray-num-cpus", "1", "--queue", "0", "--port", str(port),
+                             "--verify", "size"], stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():  # the command says so once Ray reports every replica running
+            assert proc.poll() is None, "".join(lines)
+            return any("Ray Serve, 2 replica(s)" in line for line in lines)
+
+        wait_until(up, "Ray Serve to run both replicas", timeout=300)
+        with load(bundle, threads=1) as pipe:
+            want = {p: pipe.generate(p, max_new_tokens=100).text for p in PROMPTS[:2]}
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        got, errors = [], []
+        barrier = threading.Barrier(8)
+
+        def worker(i):
+            try:
+                barrier.wait(60)
+                prompt = PROMPTS[i % 2]
+                r = complete(client, prompt, max_tokens=100)
+                got.append((r.choices[0].text == want[prompt], r.model_extra["specedge"]["instance"]))
+            except Exception as e:  # noqa: BLE001 - asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors
+        assert all(ok for ok, _ in got) and len(got) == 8
+        # one request at a time per replica (--queue 0): requests in flight together use both
+        assert len({inst for _, inst in got}) == 2
+        streamed = complete(client, PROMPTS[0], max_tokens=100, stream=True)
+        assert "".join(c.choices[0].text for c in streamed) == want[PROMPTS[0]]
+        bad = httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 2})
+        assert bad.status_code == 400 and "only n = 1" in bad.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(120)
+        reader.join(60)
+    assert proc.returncode == 0, "".join(lines)[-3000:]

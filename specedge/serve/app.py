@@ -72,9 +72,10 @@ class _BodyLimit:
 
 def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, timeout: float = 300.0,
                max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 256,
-               metrics: ServeMetrics | None = None) -> FastAPI:
+               metrics: ServeMetrics | None = None, instance: str | None = None) -> FastAPI:
     """The app serving `scheduler`'s replicas as model `model`. The scheduler's threads start
-    with the app and stop when it shuts down."""
+    with the app and stop when it shuts down. `instance` names this server among several behind
+    one endpoint (Ray Serve's replica id): /health and each response's `specedge` object carry it."""
     metrics = metrics or ServeMetrics()
     scheduler._on_change = lambda waiting, busy: (metrics.queue_depth.set(waiting), metrics.busy.set(busy))
 
@@ -129,8 +130,11 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model, "replicas": len(scheduler.replicas), "busy": scheduler.busy,
-                "waiting": scheduler.waiting}
+        h = {"status": "ok", "model": model, "replicas": len(scheduler.replicas), "busy": scheduler.busy,
+             "waiting": scheduler.waiting}
+        if instance is not None:
+            h["instance"] = instance
+        return h
 
     @app.get("/metrics", dependencies=auth)
     async def prometheus():
@@ -236,7 +240,7 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             return StreamingResponse(_stream(ev, next_event, fmt, run, body.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         result = ev[1]
-        ext = run.done(metrics, result)
+        ext = run.done(metrics, result, instance)
         return fmt.response(result.text, FINISH[result.finish_reason], usage(len(ids), len(result.token_ids)), ext)
 
     async def _stream(first, next_event, fmt: Formatter, run: _Run, include_usage: bool):
@@ -267,7 +271,7 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
                 return
             result = ev[1]
             outcome = None
-            ext = run.done(metrics, result)
+            ext = run.done(metrics, result, instance)
             u = usage(run.prompt_tokens, len(result.token_ids))
             last = fmt.chunk(finish=FINISH[result.finish_reason])
             if include_usage:
@@ -304,7 +308,7 @@ class _Run:
         if self.t_first is None:
             self.t_first = time.monotonic()
 
-    def done(self, metrics: ServeMetrics, result) -> dict:
+    def done(self, metrics: ServeMetrics, result, instance: str | None) -> dict:
         now = time.monotonic()
         ttft = (self.t_first or now) - self.t0
         total = now - self.t0
@@ -316,7 +320,10 @@ class _Run:
                  self.endpoint, self.task, self.job.replica, s["prompt_tokens"], s.get("prefix_reused_tokens", 0),
                  s["tokens"], result.finish_reason, ttft, total, self.job.queue_wait, s["tokens_per_s"],
                  s["acceptance_rate"], s["mean_accepted"], s.get("k"), s.get("fallbacks", 0))
-        return extension(result, self.task, self.job.replica, self.job.queue_wait)
+        ext = extension(result, self.task, self.job.replica, self.job.queue_wait)
+        if instance is not None:
+            ext["instance"] = instance
+        return ext
 
     def end(self, metrics: ServeMetrics, outcome: str) -> None:
         metrics.ended(self.endpoint, self.task, outcome)
