@@ -196,7 +196,7 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             except RuntimeError:  # the loop is gone (shutdown): nobody is listening
                 pass
 
-        job = Job(ids, kwargs, emit)
+        job = Job(ids, kwargs, emit, pieces=body.stream)
         try:
             scheduler.submit(job)
         except QueueFull as e:
@@ -214,6 +214,8 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
                     scheduler.cancel(job)
                     raise ApiError(504, f"the request ran past the server's deadline of {timeout:g} s",
                                    type="timeout_error", code="timeout", kind="timeout")
+                if not events.empty():  # the common case while tokens flow: no timer, no task
+                    return events.get_nowait()
                 try:
                     return await asyncio.wait_for(events.get(), min(POLL_S, left))
                 except asyncio.TimeoutError:
@@ -237,13 +239,13 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             run.end(metrics, ev[0])
             raise _failure(ev)
         if body.stream:
-            return StreamingResponse(_stream(ev, next_event, fmt, run, body.include_usage),
+            return StreamingResponse(_stream(ev, next_event, events, fmt, run, body.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         result = ev[1]
         ext = run.done(metrics, result, instance)
         return fmt.response(result.text, FINISH[result.finish_reason], usage(len(ids), len(result.token_ids)), ext)
 
-    async def _stream(first, next_event, fmt: Formatter, run: _Run, include_usage: bool):
+    async def _stream(first, next_event, events: asyncio.Queue, fmt: Formatter, run: _Run, include_usage: bool):
         outcome = "cancelled"  # what the finally reports if the client leaves (the task is cancelled)
         try:
             if fmt.chat:
@@ -252,8 +254,15 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             try:
                 while ev[0] == "piece":
                     run.first_piece()
-                    yield event(fmt.chunk(ev[1]))
-                    ev = await next_event()
+                    # pieces that queued up while this task waited for the CPU go out as one chunk
+                    text, ev = ev[1], None
+                    while ev is None and not events.empty():
+                        ev = events.get_nowait()
+                        if ev[0] == "piece":
+                            text, ev = text + ev[1], None
+                    yield event(fmt.chunk(text))
+                    if ev is None:
+                        ev = await next_event()
             except ApiError as e:  # the deadline, mid-stream: the status is sent already
                 outcome = e.kind
                 metrics.error(e.kind)

@@ -42,6 +42,9 @@ class Job:
     started: float | None = None
     replica: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    # False: the requester wants the whole text only (it comes with the result), so after the
+    # first piece (its time to first token) no piece wakes it
+    pieces: bool = True
 
     @property
     def queue_wait(self) -> float:
@@ -81,8 +84,11 @@ class Replica:
         try:
             stream = self.pipe.stream(token_ids=job.token_ids, **job.kwargs)
             with stream:
+                first = True
                 for piece in stream:
-                    job.emit(("piece", piece))
+                    if job.pieces or first:
+                        job.emit(("piece", piece))
+                        first = False
                     if job.cancel.is_set():  # checked once per round: the stream yields per round
                         job.emit(("cancelled", None))
                         return
