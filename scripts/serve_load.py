@@ -132,6 +132,51 @@ def concurrent_level(url: str, prompts: list[dict], clients: int, per_client: in
     }
 
 
+def task_gauges(metrics_text: str, name: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {smp.labels["task"]: smp.value for fam in text_string_to_metric_families(metrics_text)
+            for smp in fam.samples if smp.name == name}
+
+
+def md_section(r: dict, json_path: str) -> str:
+    """BENCHMARKS.md's `serve` section from one result file."""
+    sc = r["single_client"]
+    ratios = [p["ratio"] for p in sc["prompts"]]
+    la0, la1 = r["loadavg_before"][0], r["loadavg_after"][0]
+    lines = [
+        f"`{r.get('command', 'python scripts/serve_load.py')}`: bundle `{r['bundle']}`, threads {r['threads']}, "
+        f"{r['max_tokens']} new tokens per request (soak: {r['soak_max_tokens']}), greedy, one replica, "
+        f"{r['cpu_count']} CPUs; 1-minute load average at start / end {la0:.2f} / {la1:.2f}"
+        + (" (**loaded machine**: other jobs ran; absolute tok/s are low, ratios come from the same run, "
+           "alternating per prompt)" if max(la0, la1) > 1.5 else "") + f". JSON: `{json_path}`.",
+        "",
+        f"Single client, {sc['of']} prompts, end-to-end tokens/s (completion tokens / request time, prefill "
+        f"included), in-process `Pipeline.generate` as `specedge generate` runs it vs one streamed request to "
+        f"`specedge serve`, alternating prompt by prompt:",
+        "",
+        "| in-process tok/s (median) | HTTP tok/s (median) | HTTP / in-process (median of per-prompt ratios) "
+        "| min – max ratio | equal texts |",
+        "| --- | --- | --- | --- | --- |",
+        f"| {sc['median_inprocess_tokens_per_s']:.1f} | {sc['median_http_tokens_per_s']:.1f} | "
+        f"**{sc['median_ratio']:.3f}×** | {min(ratios):.3f} – {max(ratios):.3f} | {sc['equal']}/{sc['of']} |",
+        "",
+        "Concurrent clients (each sends the prompts in turn; streamed; times seen by the client):",
+        "",
+        "| clients | requests | failed | wrong | TTFT p50 | TTFT p99 | total p50 | total p99 | aggregate tok/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for lv in r["levels"] + [dict(r["soak"], clients=f"{r['soak']['clients']} (soak)")]:
+        lines.append(f"| {lv['clients']} | {lv['requests']} | {lv['failed']} | {lv['wrong']} | {lv['ttft_p50_s']:.3f} s "
+                     f"| {lv['ttft_p99_s']:.3f} s | {lv['total_p50_s']:.3f} s | {lv['total_p99_s']:.3f} s "
+                     f"| {lv['aggregate_tokens_per_s']:.1f} |")
+    acc = task_gauges(r["server_metrics"], "specedge_acceptance_rate")
+    mean = task_gauges(r["server_metrics"], "specedge_mean_accepted_tokens")
+    lines += ["", "Acceptance per task label on the server over the whole run (`/metrics`): "
+              + ", ".join(f"{t} {acc[t]:.2f} ({mean.get(t, 0):.2f} tokens/target call)" for t in sorted(acc)) + "."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", default=str(REPO / "bundles" / "smollm2-135m-instruct"))
@@ -144,7 +189,13 @@ def main(argv=None) -> int:
     ap.add_argument("--soak-max-tokens", type=int, default=32)
     ap.add_argument("--out", required=True)
     ap.add_argument("--server-log", default="/tmp/specedge-serve-load.log")
+    ap.add_argument("--benchmarks-md", default=None, metavar="PATH",
+                    help="also write the `serve` section of this BENCHMARKS.md")
+    ap.add_argument("--md-only", action="store_true", help="only write the section from an existing --out JSON")
     args = ap.parse_args(argv)
+    if args.md_only:
+        write_md(args)
+        return 0
     import httpx
 
     from specedge.bench.runner import load_prompts
@@ -156,7 +207,9 @@ def main(argv=None) -> int:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args, port)
     pipe = load(args.bundle, threads=args.threads, shared_pool=True)
-    out: dict = {"bundle": Path(args.bundle).name, "threads": args.threads, "max_tokens": args.max_tokens,
+    out: dict = {"command": "python scripts/serve_load.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                 "bundle": Path(args.bundle).name, "threads": args.threads, "max_tokens": args.max_tokens,
+                 "soak_max_tokens": args.soak_max_tokens,
                  "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                  "loadavg_before": load_before}
     try:
@@ -215,7 +268,19 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
+    if args.benchmarks_md:
+        write_md(args)
     return 0
+
+
+def write_md(args) -> None:
+    from specedge.bench.report import replace_section
+
+    r = json.loads(Path(args.out).read_text())
+    rel = Path(args.out).resolve()
+    rel = rel.relative_to(REPO).as_posix() if rel.is_relative_to(REPO) else args.out
+    replace_section(args.benchmarks_md or REPO / "BENCHMARKS.md", "serve", md_section(r, rel),
+                    heading="## Serving (`specedge serve`, issue 16)")
 
 
 if __name__ == "__main__":

@@ -503,6 +503,8 @@ def test_specedge_serve_command(bundle):
     (["--timeout", "0"], "--timeout must be a finite number"),
     (["--max-body", "10"], "--max-body must be >= 1024"),
     (["--api-key", "has space"], "printable ASCII without spaces"),
+    (["--ray-num-gpus", "1"], "apply with --ray only"),
+    (["--ray", "--ray-num-cpus", "0"], "--ray-num-cpus must be > 0"),
 ])
 def test_serve_bad_arguments(bundle, args, fragment):
     p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True, text=True,

@@ -77,6 +77,12 @@ def check_args(args) -> str | None:
         raise UserError(f"--threads must be in 1..{MAX_THREADS}, got {args.threads}")
     if args.model_name is not None and not args.model_name.strip():
         raise UserError("--model-name must not be empty")
+    if not args.ray and (args.ray_address is not None or args.ray_num_cpus is not None or args.ray_num_gpus):
+        raise UserError("--ray-address, --ray-num-cpus and --ray-num-gpus apply with --ray only")
+    if args.ray_num_cpus is not None and not args.ray_num_cpus > 0:
+        raise UserError(f"--ray-num-cpus must be > 0, got {args.ray_num_cpus}")
+    if not args.ray_num_gpus >= 0:
+        raise UserError(f"--ray-num-gpus must be >= 0, got {args.ray_num_gpus}")
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and (not key or key != key.strip() or any(ord(c) < 33 or ord(c) > 126 for c in key)):
         raise UserError("the API key must be non-empty printable ASCII without spaces")
@@ -140,6 +146,12 @@ def run(args) -> int:
               f"(set --api-key or ${API_KEY_ENV})", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.ray:
+        from ..errors import UserError
+
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError:
+            raise UserError("specedge serve --ray needs Ray Serve: pip install 'specedge[ray]'") from None
         from ..serve.ray_app import serve_on_ray
 
         return serve_on_ray(args, model, key)
