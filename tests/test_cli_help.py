@@ -16,6 +16,7 @@ COMMANDS = {
     "export-models": ["-m", "specedge.cli.export_models"],
     "specedge generate": ["-m", "specedge", "generate"],
     "specedge chat": ["-m", "specedge", "chat"],
+    "specedge serve": ["-m", "specedge", "serve"],
     "specedge inspect": ["-m", "specedge", "inspect"],
     "specedge bench": ["-m", "specedge", "bench"],
     "specedge plan": ["-m", "specedge", "plan"],

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
-COMMANDS = ("generate", "chat", "inspect", "bench", "plan", "build_engines", "train_draft")
+COMMANDS = ("generate", "chat", "serve", "inspect", "bench", "plan", "build_engines", "train_draft")
 
 
 class _Parser(argparse.ArgumentParser):

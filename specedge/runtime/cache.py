@@ -106,11 +106,16 @@ class CacheTracker:
     def reuse(self, prompt, keep_last: bool = True) -> int:
         """Roll back to the longest chunk-aligned exact prefix shared with `prompt` and return its
         length. keep_last leaves at least the prompt's last token to feed (its logits are needed)."""
-        limit = min(self.exact, len(prompt) - 1 if keep_last else len(prompt))
-        n = common_prefix(self._tokens, prompt, max(limit, 0))
-        n = (n // self.chunk) * self.chunk
+        n = self.reusable(prompt, keep_last)
         self.rollback(n)
         return n
+
+    def reusable(self, prompt, keep_last: bool = True) -> int:
+        """How many leading tokens of `prompt` `reuse` would keep (changes nothing: a server
+        picks the replica whose cache serves a continued conversation best)."""
+        limit = min(self.exact, len(prompt) - 1 if keep_last else len(prompt))
+        n = common_prefix(self._tokens, prompt, max(limit, 0))
+        return (n // self.chunk) * self.chunk
 
     def feed(self, ids) -> np.ndarray:
         """Run `ids` (one call) at the current position; logits [T, V] (view until the next call)."""
