@@ -68,6 +68,18 @@ def trained(feat_bundle, tmp_path_factory) -> Path:
     return feat_bundle
 
 
+@pytest.fixture(scope="module")
+def trained_run(tiny_bundle_factory, tmp_path_factory) -> tuple[Path, Path]:
+    """(bundle, checkpoint folder) of a train-draft run on a bundle of its own, which no other
+    test retrains (its head is the checkpoint's)."""
+    from specedge.training.train import TrainOptions, train_draft
+
+    root = tmp_path_factory.mktemp("run")
+    shutil.copytree(tiny_bundle_factory("llama", features=True), root / "bundle")
+    train_draft(root / "bundle", TrainOptions(**TRAIN, checkpoint=str(root / "ck")))
+    return root / "bundle", root / "ck"
+
+
 # ----------------------------------------------------------------------------- 1. features in the contract
 
 
@@ -226,6 +238,74 @@ def test_head_loss_falls_for_every_family(family):
 # ----------------------------------------------------------------------------- 3. train-draft
 
 
+def _toy_data(lengths, dim=4):
+    """Distilled data whose token, feature and label at position p of sequence i are 100 i + p (exact in fp16)."""
+    from specedge.training.data import Distilled
+
+    toks = [np.arange(n, dtype=np.int64) + 100 * i for i, n in enumerate(lengths)]
+    feats = [np.repeat(t[:, None].astype(np.float16), dim, 1) for t in toks]
+    return Distilled(toks, feats, [t.copy() for t in toks], ["doc:x"] * len(toks))
+
+
+@pytest.mark.parametrize("seq_len", [8, 9, 32])
+def test_windows_score_every_slot_once_with_left_context(seq_len):
+    """Overlapping windows: every slot (features j, token j + 1, label j + 1) of every sequence is
+    scored exactly once, and a scored slot sees all its left context or at least seq_len // 2 slots."""
+    from specedge.training.train import _batch, _windows
+
+    lengths = [2, 3, 8, 9, 10, 17, 33, 70]
+    data = _toy_data(lengths)
+    wins = _windows(data, seq_len)
+    t2d = np.arange(1000, dtype=np.int64)
+    ids, feats, dl, lab = (x.numpy() for x in _batch(data, wins, t2d, seq_len))
+    scored = {}
+    for b, (i, start, first) in enumerate(wins):
+        for j in range(seq_len):
+            if lab[b, j] < 0:
+                continue
+            assert j >= first
+            slot = start + j
+            # the slot's features, token and label are those of positions slot, slot + 1, slot + 1
+            assert feats[b, j, 0] == 100 * i + slot and ids[b, j] == 100 * i + slot + 1 == lab[b, j] == dl[b, j]
+            assert j >= min(slot, seq_len // 2)  # left context inside the window
+            scored[(i, slot)] = scored.get((i, slot), 0) + 1
+    want = {(i, s) for i, n in enumerate(lengths) for s in range(n - 1)}
+    assert set(scored) == want and set(scored.values()) == {1}
+
+
+def test_feature_scale_is_one_over_each_layers_rms_and_in_the_graph(tmp_path):
+    """The head divides each tapped layer's features by its RMS over the data (clamped), and the
+    exported graph applies the same scale."""
+    from specedge.export.head_graph import export_head_graph
+    from specedge.training.train import feature_rms
+
+    data = _toy_data([5, 9])
+    data.features = [np.concatenate([f * 0 + 3.0, f * 0 - 0.5, f * 0 + 1e-9], 1).astype(np.float16)
+                     for f in data.features]
+    np.testing.assert_allclose(feature_rms(data, 3), [3.0, 0.5, 0.0], rtol=1e-3)
+    target = _target("llama")
+    head = randomize_(head_for_target(target, 192, 40), 1).eval()
+    head.set_feature_scale([4.0, 0.25, 0.0])
+    want = np.repeat([0.25, 4.0, 1e3], 64).astype(np.float32)
+    np.testing.assert_allclose(head.feature_scale.numpy(), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="feature RMS values"):
+        head.set_feature_scale([1.0] * 5)
+    export_head_graph(head, tmp_path / "h.onnx", 32, "scatter")
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "h.onnx"), providers=["CPUExecutionProvider"])
+    feats = np.random.RandomState(0).randn(1, 3, 192).astype(np.float32)
+    ids, cache = np.array([[1, 2, 3]]), [c.numpy() for c in head.empty_cache(32)]
+    got = sess.run(None, {"input_ids": ids, "position": np.zeros(1, np.int64), "features": feats,
+                          "hidden": np.zeros((1, 3, 64), np.float32), "past_key.0": cache[0], "past_value.0": cache[1]})
+    with torch.no_grad():
+        ref = head.forward_unrolled(torch.from_numpy(ids), torch.from_numpy(feats), 1)[0]
+        head.feature_scale.fill_(1.0)
+        plain = head.forward_unrolled(torch.from_numpy(ids), torch.from_numpy(feats), 1)[0]
+    np.testing.assert_allclose(got[0], ref.numpy(), atol=1e-4, rtol=1e-4)
+    assert not np.allclose(got[0], plain.numpy(), atol=1e-3)  # the scale is really in the graph
+
+
 def test_training_writes_a_head_with_its_vocabulary_map(trained):
     m = load_manifest(trained)
     assert m.head is not None and m.head.vocab_size == 48
@@ -341,6 +421,48 @@ def test_greedy_with_the_head_equals_target_only(tiny_bundle_factory, trained, t
         accepted += a.stats["accepted"]
     assert drafted > 0 and head.drafter.calls > 0
     assert accepted > 0  # a trained head gets some drafts accepted even on a random tiny target
+
+
+def test_runtime_drafts_equal_the_training_time_test(trained_run):
+    """Every chain the runtime drafts (ONNX head, catch-up in chunks, chained T = 1 steps) is the
+    chain training's forward_unrolled predicts from the same features (the torch head of the
+    checkpoint): draft j of a proposal after n committed tokens is step j's argmax at slot n - 2 + j."""
+    from specedge.runtime.api import load
+    from specedge.training.train import _target_module
+
+    bundle, ck = trained_run
+    m = load_manifest(bundle)
+    state = torch.load(ck / "checkpoint.pt", weights_only=True)
+    head = head_for_target(_target_module(m), int(m.target.features["dim"]), state["d2t"].numel())
+    head.load_state_dict(state["head"])
+    head.eval()
+    pipe = load(bundle, draft="head", threads=1)
+    checked = 0
+    for p in PROMPTS:
+        seen, real = [], pipe.drafter.propose
+
+        def spy(history, k, params, rng=None):
+            prop = real(history, k, params, rng)
+            seen.append((list(history), list(prop.tokens)))
+            return prop
+
+        pipe.drafter.propose = spy
+        r = pipe.generate(p, max_new_tokens=30, guard=False, spec_tokens=3)
+        pipe.drafter.propose = real
+        feats = pipe.drafter._features().copy()  # rows of the final sequence: committed tokens never change
+        for history, drafts in seen:
+            if not drafts:
+                continue
+            n, k = len(history), len(drafts)
+            ids = torch.tensor([history[1:] + drafts[:-1]])
+            f = torch.from_numpy(np.concatenate([feats[: n - 1], np.zeros((k - 1, feats.shape[1]), np.float32)]))
+            with torch.no_grad():
+                outs = head.forward_unrolled(ids, f[None], k)
+            want = [int(head.d2t[outs[j][0, n - 2 + j].argmax()]) for j in range(k)]
+            assert drafts == want, (p, n)
+            checked += 1
+        assert r.stats["drafted"] > 0
+    assert checked >= 8
 
 
 def test_the_head_only_proposes_tokens_of_its_draft_vocabulary(trained):

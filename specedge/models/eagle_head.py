@@ -5,8 +5,10 @@ g_i, the fused target features of token x_i (contract.FEATURES_OUTPUT: a low, a 
 layer, concatenated, mapped by `fc` to the hidden size), with the embedding of the next token
 x_{i+1}; its output predicts the token after that. Later steps of a chain have no target features
 (the target has not run the drafted tokens), so the head's own output hidden state of the step
-before takes g's place. `fc` has no bias, so one graph serves both: inputs `features` and
-`hidden` are summed after `fc`, and the caller zeroes the one it does not use.
+before takes g's place. Features are first scaled per tapped layer by 1 / their RMS over the
+training data (`feature_scale`, a constant of the graph). `fc` has no bias, so one graph serves
+both: inputs `features` and `hidden` are summed after `fc`, and the caller zeroes the one it does
+not use.
 
 The lm_head covers a reduced draft vocabulary (the target tokens most frequent in the training
 data); `d2t` maps a draft id to the target's id, and the runtime proposes only mapped ids.
@@ -103,6 +105,19 @@ class EagleHead(nn.Module):
         self.scale = d ** -0.5
         # draft id -> target id; a buffer so that it travels with the state dict
         self.register_buffer("d2t", torch.arange(hc.draft_vocab, dtype=torch.int64))
+        # per feature column: 1 / RMS of its tapped layer over the training data (set_feature_scale),
+        # so that fused features and token embedding start at comparable magnitudes; a constant of the graph
+        self.register_buffer("feature_scale", torch.ones(hc.feature_dim, dtype=torch.float32))
+
+    def set_feature_scale(self, rms_per_layer) -> None:
+        """Scale each tapped layer's block of features by 1 / its RMS (clamped to [1e-3, 1e3]);
+        one RMS per block of `hidden_size` columns (one value for a width that does not divide)."""
+        rms = torch.as_tensor(rms_per_layer, dtype=torch.float32).reshape(-1)
+        blocks = rms.numel()
+        if self.hc.feature_dim % blocks:
+            raise ValueError(f"{blocks} feature RMS values for {self.hc.feature_dim} feature columns")
+        scale = (1.0 / rms.clamp(min=1e-12)).clamp(1e-3, 1e3)
+        self.feature_scale.copy_(scale.repeat_interleave(self.hc.feature_dim // blocks))
 
     # -- pieces shared by the static-KV forward and the unrolled training forward
 
@@ -124,7 +139,7 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids, position, features, hidden, past_key, past_value):
         t = input_ids.shape[1]
-        g = self.fc(features) + hidden
+        g = self.fc(features * self.feature_scale) + hidden
         q, k, v = self._project(input_ids, g, new_positions(position, t))
         slots = past_key.shape[-2]
         if self.kv_mode == "scatter":
@@ -149,7 +164,7 @@ class EagleHead(nn.Module):
         own earlier steps. Returns each step's logits [B, T, Vd] (slot i < s is meaningless)."""
         b, t = input_ids.shape
         positions = torch.arange(t, dtype=torch.int64, device=input_ids.device)[None].expand(b, t)
-        g = self.fc(features)
+        g = self.fc(features * self.feature_scale)
         keys, values, out = [], [], []
         for s in range(steps):
             if s:

@@ -57,13 +57,14 @@ def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, 
     return out
 
 
-def doc_sequences(tokenizer, total_tokens: int, seq_len: int) -> list[tuple[str, list[int]]]:
-    """Documentation text cut into sequences of `seq_len` tokens, `total_tokens` in all, taken
-    round-robin over the modules so that a small budget still sees many of them."""
+def doc_sequences(tokenizer, total_tokens: int, piece_len: int) -> list[tuple[str, list[int]]]:
+    """Documentation text cut into sequences of `piece_len` tokens, `total_tokens` in all, taken
+    round-robin over the modules so that a small budget still sees many of them. Training cuts
+    them again into overlapping windows (train.py `_windows`), so long pieces keep left context."""
     per_module = []
     for name in DOC_MODULES:
         ids = tokenizer.encode(module_doc(name))
-        pieces = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len // 2, seq_len)]
+        pieces = [ids[i : i + piece_len] for i in range(0, len(ids) - piece_len // 2, piece_len)]
         per_module.append((name, pieces))
     out, used, r = [], 0, 0
     while used < total_tokens and any(r < len(p) for _, p in per_module):
@@ -97,6 +98,11 @@ def target_rows(manifest, seqs: list[list[int]], threads: int | None, say) -> tu
     return feats, labels
 
 
+def doc_piece_len(manifest, seq_len: int) -> int:
+    """Tokens per documentation sequence: four training windows' worth, within the bundle's context."""
+    return max(2, min(manifest.max_seq, 4 * seq_len))
+
+
 def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
                threads: int | None, max_prompts: int | None = None, say=lambda stage, done, total: None) -> Distilled:
     from ..runtime.api import Tokenizer
@@ -107,7 +113,7 @@ def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, s
         seqs += [(f"answer:{c}", ids) for c, ids in
                  generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t))]
     if doc_tokens > 0:
-        seqs += doc_sequences(Tokenizer(manifest), doc_tokens, seq_len)
+        seqs += doc_sequences(Tokenizer(manifest), doc_tokens, doc_piece_len(manifest, seq_len))
     seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]
     feats, labels = target_rows(manifest, [ids for _, ids in seqs], threads, lambda d, t: say("features", d, t))
     return Distilled([np.asarray(ids[: manifest.max_seq], dtype=np.int64) for _, ids in seqs], feats, labels,

@@ -2,7 +2,9 @@
 
 1. data (data.py): self-distilled sequences with the target's features and greedy labels, saved in
    the checkpoint folder so that a resumed run does not build them again;
-2. the draft vocabulary: the `draft_vocab` labels most frequent in the data (the tokens the target
+2. windows of `seq_len` slots at half overlap, each slot scored once with its left context
+   (`_windows`), and the features' RMS per tapped layer, which the head divides by;
+   the draft vocabulary: the `draft_vocab` labels most frequent in the data (the tokens the target
    actually emits), plus its end-of-sequence ids; labels outside it cannot be proposed and count as
    misses in the accuracy, but not in the loss;
 3. training with the training-time test (EagleHead.forward_unrolled): every step unrolls `steps`
@@ -90,17 +92,29 @@ def default_checkpoint(bundle: Path) -> Path:
     return bundle.resolve().parent / f".{bundle.resolve().name}.train-draft"
 
 
-def _windows(data, seq_len: int) -> list[tuple[int, int]]:
-    """(sequence, start) of every training window: sequences cut into seq_len + 1 tokens."""
+def _windows(data, seq_len: int) -> list[tuple[int, int, int]]:
+    """(sequence, start, first scored slot) of every training window. A sequence of L tokens has
+    L - 1 slots (slot j: features of token j, token j + 1, the target's label at j + 1); windows of
+    `seq_len` slots start every seq_len // 2 slots, and each window after a sequence's first scores
+    only the slots the window before did not hold, so every slot is trained with at least
+    seq_len // 2 slots of left context (all it has, near the start) and scored exactly once."""
+    half = max(seq_len // 2, 1)
     out = []
     for i, t in enumerate(data.tokens):
-        for s in range(0, max(t.size - 2, 1), seq_len):
-            out.append((i, s))
+        slots = t.size - 1
+        if slots < 1:
+            continue
+        out.append((i, 0, 0))
+        start = half
+        while start + seq_len - half < slots:  # the window before ended at slot start + seq_len - half - 1
+            out.append((i, start, seq_len - half))
+            start += half
     return out
 
 
 def _batch(data, wins, t2d, seq_len: int):
-    """ids [B, W], features [B, W, F] (float32), draft labels [B, W] (-100: none), target labels."""
+    """ids [B, W], features [B, W, F] (float32), draft labels [B, W] (-100: none), target labels
+    (-1: none, and for the slots a window does not score)."""
     import torch
 
     B, W = len(wins), seq_len
@@ -108,14 +122,24 @@ def _batch(data, wins, t2d, seq_len: int):
     ids = np.zeros((B, W), dtype=np.int64)
     feats = np.zeros((B, W, F), dtype=np.float32)
     lab = np.full((B, W), -1, dtype=np.int64)
-    for b, (i, s) in enumerate(wins):
+    for b, (i, s, first) in enumerate(wins):
         tok, fe, la = data.tokens[i], data.features[i], data.labels[i]
         n = min(W, tok.size - 1 - s)  # slot j: features of s + j, token s + j + 1, label at s + j + 1
         ids[b, :n] = tok[s + 1 : s + 1 + n]
         feats[b, :n] = fe[s : s + n]
-        lab[b, :n] = la[s + 1 : s + 1 + n]
+        lab[b, first:n] = la[s + 1 + first : s + 1 + n]
     dl = np.where(lab >= 0, t2d[np.maximum(lab, 0)], -100)
     return torch.from_numpy(ids), torch.from_numpy(feats), torch.from_numpy(dl), torch.from_numpy(lab)
+
+
+def feature_rms(data, layers: int) -> np.ndarray:
+    """RMS of each tapped layer's block of feature columns over every position of the data."""
+    sq, n = np.zeros(layers, dtype=np.float64), 0
+    for f in data.features:
+        x = f.astype(np.float32).reshape(f.shape[0], layers, -1)
+        sq += np.square(x, dtype=np.float64).mean(axis=2).sum(axis=0)
+        n += f.shape[0]
+    return np.sqrt(sq / max(n, 1))
 
 
 def draft_vocabulary(data, size: int, vocab: int, eos_ids) -> np.ndarray:
@@ -183,7 +207,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
 
     from ..export.head_graph import write_head
     from ..models.eagle_head import head_for_target
-    from .data import build_data, load_data, save_data
+    from .data import build_data, doc_piece_len, load_data, save_data
 
     kind, amount = parse_budget(o.budget)
     say = progress or (lambda stage, done, total, info=None: None)
@@ -207,7 +231,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                             "differs): remove it or pass --no-resume")
 
     data_meta = {"target_fingerprint": fp, "answer_tokens": o.answer_tokens, "doc_tokens": o.doc_tokens,
-                 "seq_len": o.seq_len, "max_prompts": o.max_prompts}
+                 "seq_len": o.seq_len, "max_prompts": o.max_prompts, "doc_piece": doc_piece_len(m, o.seq_len)}
     data = load_data(ck_dir, data_meta)  # the same target and data options make the same data
     if data is None:
         data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
@@ -226,6 +250,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     head = head_for_target(target, int(m.target.features["dim"]), d2t.size)
     del target
     head.d2t.copy_(torch.from_numpy(d2t))
+    head.set_feature_scale(feature_rms(data, len(m.target.features["layers"])))
     t2d = np.full(vocab, -100, dtype=np.int64)
     t2d[d2t] = np.arange(d2t.size)
     dev = torch.device(o.device)
@@ -233,13 +258,16 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0, betas=(0.9, 0.95))
     wins = _windows(data, o.seq_len)
-    per_step = o.batch * o.seq_len
-    # for the learning-rate schedule: windows are full but for a sequence's last one
-    total_steps = max(1, math.ceil(amount / (0.9 * per_step))) if kind == "tokens" else None
+    # for the learning-rate schedule: the mean number of slots a window scores
+    per_step = o.batch * sum(t.size - 1 for t in data.tokens) / max(len(wins), 1)
+    total_steps = max(1, math.ceil(amount / per_step)) if kind == "tokens" else None
     step, tokens, hits_n, acc = 0, 0, [0, 0], 0.0
     if state is not None:
         if state.get("d2t") is not None and not torch.equal(state["d2t"], head.d2t):
             raise UserError(f"the checkpoint '{ck_file}' has another draft vocabulary: pass --no-resume")
+        if "feature_scale" not in state["head"]:
+            raise UserError(f"the checkpoint '{ck_file}' was written by an older train-draft (no feature "
+                            "scale): pass --no-resume")
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, tokens = int(state["step"]), int(state["tokens"])
