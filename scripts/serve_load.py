@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -144,12 +145,15 @@ def md_section(r: dict, json_path: str) -> str:
     sc = r["single_client"]
     ratios = [p["ratio"] for p in sc["prompts"]]
     la0, la1 = r["loadavg_before"][0], r["loadavg_after"][0]
+    # the server's log file is where this machine kept it: not part of the figures
+    cmd = re.sub(r" --server-log \S+", "", r.get("command", "python scripts/serve_load.py"))
     lines = [
-        f"`{r.get('command', 'python scripts/serve_load.py')}`: bundle `{r['bundle']}`, threads {r['threads']}, "
+        f"`{cmd}`: bundle `{r['bundle']}`, threads {r['threads']}, "
         f"{r['max_tokens']} new tokens per request (soak: {r['soak_max_tokens']}), greedy, one replica, "
         f"{r['cpu_count']} CPUs; 1-minute load average at start / end {la0:.2f} / {la1:.2f}"
         + (" (**loaded machine**: other jobs ran; absolute tok/s are low, ratios come from the same run, "
-           "alternating per prompt)" if max(la0, la1) > 1.5 else "") + f". JSON: `{json_path}`.",
+           "alternating per prompt)" if la0 > 1.5 else " (the load at the end is this run's own clients and server)")
+        + f". JSON: `{json_path}`.",
         "",
         f"Single client, {sc['of']} prompts, end-to-end tokens/s (completion tokens / request time, prefill "
         f"included), in-process `Pipeline.generate` as `specedge generate` runs it vs one streamed request to "

@@ -307,7 +307,8 @@ def test_client_disconnect_mid_stream_frees_the_replica(pipes, gates):
         gates[0].hold_after(4)
         body = {"prompt": PROMPTS[0], "max_tokens": 100, "temperature": 0, "stream": True}
         with httpx.Client(timeout=60) as c, c.stream("POST", s.url + "/v1/completions", json=body) as r:
-            first = json.loads(next(line for line in r.iter_lines() if line)[6:])
+            lines = r.iter_lines()  # kept referenced: a dropped line iterator closes the response
+            first = json.loads(next(line for line in lines if line)[6:])
             assert first["choices"][0]["text"]
             assert gates[0].held.wait(60)  # the replica is mid-generation
             job = s.scheduler.replicas[0].job
