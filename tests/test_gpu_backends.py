@@ -530,7 +530,7 @@ def test_torch_backend_writes_every_layers_kv_in_its_cache_slot(tiny_llama):
     for i in range(b._L):
         past += [b.cache[i].clone(), b.cache[b._L + i].clone()]
     with torch.no_grad():
-        out = b.model(ids, pos, *past)
+        out = b.model(ids, pos, torch.ones((3, 3), dtype=torch.bool).tril()[None], *past)  # a chain's mask
         b.run(np.array([4, 2, 9]), 5)
     L = b._L
     for i in range(L):
@@ -538,6 +538,97 @@ def test_torch_backend_writes_every_layers_kv_in_its_cache_slot(tiny_llama):
         torch.testing.assert_close(b.cache[L + i][:, :, 5:8], out[2 + 2 * i])
     untouched = torch.cat([b.cache[:, :, :, :5], b.cache[:, :, :, 8:]], dim=3)
     assert bool((untouched == 7.0).all())
+
+
+# a tree of 7 nodes: root 0; 1 and 4 its children; 2, 3 under 1; 5 under 4; 6 under 5
+TREE_PARENTS = [-1, 0, 1, 1, 0, 4, 5]
+TREE_TOKENS = [3, 8, 9, 10, 11, 12, 13]
+
+
+def _tree_mask(parents):
+    m = np.eye(len(parents), dtype=bool)
+    for i, p in enumerate(parents):
+        while p >= 0:
+            m[i, p] = True
+            p = parents[p]
+    return m
+
+
+def _root_path(parents, leaf):
+    path = [leaf]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def _check_torch_tree(make):
+    """A tree call's rows on every root path equal that path fed as a chain; after keep_path
+    the next call reads the compacted slots as if the path had been fed; a chain after a tree
+    of the same size binds the lower triangle again."""
+    prompt = [1, 5, 9, 3, 7, 2, 8, 4]
+    mask = _tree_mask(TREE_PARENTS)
+    for leaf in (2, 3, 6):
+        b, ref = make(), make()
+        for x in (b, ref):
+            x.run(np.array(prompt), 0)
+        logits = b.run_tree(np.array(TREE_TOKENS), 8, mask).copy()
+        path = _root_path(TREE_PARENTS, leaf)
+        chain = ref.run(np.array([TREE_TOKENS[i] for i in path]), 8).copy()
+        np.testing.assert_allclose(logits[path], chain, atol=1e-4)
+        b.keep_path(8, path)
+        nxt = 8 + len(path)
+        np.testing.assert_allclose(b.run(np.array([2, 6]), nxt), ref.run(np.array([2, 6]), nxt), atol=1e-4)
+        # size 4 = a captured size (k = 3): a tree of 4 nodes, then a chain of 4 through the same mask
+        small = _tree_mask([-1, 0, 0, 1])
+        b.run_tree(np.array([4, 5, 6, 7]), nxt + 2, small)
+        ref.run(np.array([4, 5, 6, 7]), nxt + 2)  # stale slots in ref: both are overwritten below
+        np.testing.assert_allclose(b.run(np.array([9, 8, 7, 6]), nxt + 2), ref.run(np.array([9, 8, 7, 6]), nxt + 2),
+                                   atol=1e-4)
+
+
+def test_torch_backend_tree_calls_on_cpu(tiny_llama):
+    import copy
+
+    from specedge.runtime.backends.torch_backend import TorchBackend
+
+    _check_torch_tree(lambda: TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32",
+                                                       k=3, prefill_chunk=8))
+    b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8)
+    assert b.takes_trees
+    with pytest.raises(ValueError, match="only earlier tokens"):
+        b.run_tree(np.array([1, 2]), 0, np.ones((2, 2), bool))
+    # from_module leaves the caller's module callable without a mask
+    np.testing.assert_allclose(_full_logits(tiny_llama, [1, 2, 3])[-1], b.run(np.array([1, 2, 3]), 0)[-1], atol=1e-5)
+
+
+def test_torch_backend_greedy_tree_generation_equals_target_only(tiny_llama):
+    """The tree round end to end on the torch backend (no tree-flagged bundle needed: the module
+    always takes masks): n-gram trees, greedy, the same ids as target-only decoding."""
+    import copy
+
+    from specedge.runtime.backends.torch_backend import TorchBackend
+    from specedge.runtime.drafters.ngram import NgramProposer
+    from specedge.runtime.generator import GenerationConfig, Generator
+
+    b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 96, device="cpu", dtype="float32", k=3, prefill_chunk=8)
+    drafter = NgramProposer(64)
+    gen = Generator(b, drafter, vocab=64, eos_ids=[], prefill_chunk=8, max_seq=96, spec_tokens=3,
+                    decode=lambda ids: "")
+    drafter.follow_target(gen.target)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
+
+    def result(cfg):
+        it = gen.run(prompt, cfg)
+        while True:
+            try:
+                next(it)
+            except StopIteration as stop:
+                return stop.value
+
+    want = result(GenerationConfig(max_new_tokens=40, speculative=False).validate())
+    got = result(GenerationConfig(max_new_tokens=40, tree=True, guard=False).validate())
+    assert list(got.token_ids) == list(want.token_ids) and len(want.token_ids) == 40
+    assert got.stats["drafted"] > 0 and got.stats["target_calls"] < 40
 
 
 def test_torch_backend_converts_a_transformers_model():
@@ -622,6 +713,18 @@ def test_gpu_torch_compiled_graphs_match_eager(tiny_llama, dtype):
         np.testing.assert_allclose(comp.run(np.array(step), pos), e, atol=tol)
         pos += len(step)
     assert comp.cuda_graphs and sorted(comp._graphs) == [1, 4], comp.describe()
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gpu_torch_tree_calls_with_graphs(tiny_llama, compiled):
+    import copy
+
+    from specedge.runtime.backends.torch_backend import TorchBackend
+
+    _check_torch_tree(lambda: TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32",
+                                                       k=3, prefill_chunk=8, compile=compiled))
 
 
 def _has_ort_provider(name):

@@ -13,6 +13,10 @@ borrowed machine. It follows the same static-KV contract as the graphs:
   makes: short drafts, the guard's smaller k, invariant two-token steps; a longer prefill chunk
   runs eagerly), each with its own memory pool; argmax is computed on the device and only T
   integers reach the host;
+* tree calls (`run_tree`, docs/design.md "Tree calls"): the module always takes an ancestor mask
+  [B, T, T] after `position`; a chain binds the lower triangle (written once per size), a tree
+  writes its own into the same static mask, so one captured graph per T serves both; trees larger
+  than k + 1 run eagerly. `keep_path` commits the accepted path with one indexed copy;
 * `draft_greedy` captures k draft steps back to back (each step's argmax feeds the next) as one
   graph per k;
 * the new K/V of all layers leave the model stacked as one [2·L, B, kv_heads, T, head_dim] tensor
@@ -32,6 +36,7 @@ code eagerly (tests). torch is imported in the constructor: without it, a Backen
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +183,10 @@ class TorchBackend(Backend):
             module = load_checkpoint(spec.source, manifest.root)
         with torch.no_grad():
             model = to_specedge_module(torch, module)
+            # A [B, T, T] ancestor mask follows position (chains bind the lower triangle). Set on a
+            # shallow copy: the caller's module (from_module) keeps its own signature.
+            model = copy.copy(model)
+            model.tree = True
             model = model.to(device=dev, dtype=self.dtype).eval()
             for p in model.parameters():
                 p.requires_grad_(False)
@@ -199,6 +208,9 @@ class TorchBackend(Backend):
         self._L = L
         self.position = torch.zeros((B,), dtype=torch.int64, device=dev)
         self._ids: dict[int, object] = {}
+        self._masks: dict[int, object] = {}  # static [B, T, T] ancestor masks, one per size
+        self._mask_is_chain: dict[int, bool] = {}
+        self.takes_trees = True
         self._graphs: dict[int, tuple] = {}
         self._chains: dict[int, tuple] = {}
         k = manifest.spec_tokens
@@ -268,26 +280,45 @@ class TorchBackend(Backend):
             self._ids[t] = x
         return x
 
-    def _model_step(self, ids, position, cache):
-        """model(ids, position, *past) in delta mode: (logits, the new K/V of every layer stacked in
-        the cache's order, keys then values: [2·L, B, kv_heads, T, head_dim]). Reads the cache only,
-        so torch.compile sees no mutation."""
+    def _static_mask(self, t: int, tree=None):
+        """The static [B, t, t] mask of size t holding `tree` (bool [t, t]) or, for a chain, the
+        lower triangle; written only when it changes (captured graphs read this very tensor)."""
+        torch = self.torch
+        m = self._masks.get(t)
+        if m is None:
+            m = torch.zeros((self.batch, t, t), dtype=torch.bool, device=self.device)
+            self._masks[t] = m
+            self._mask_is_chain[t] = False
+        if tree is not None:
+            m.copy_(torch.from_numpy(np.ascontiguousarray(tree)).expand(self.batch, t, t))
+            self._mask_is_chain[t] = False
+        elif not self._mask_is_chain[t]:
+            m.copy_(torch.ones((t, t), dtype=torch.bool).tril().expand(self.batch, t, t))
+            self._mask_is_chain[t] = True
+        return m
+
+    def _model_step(self, ids, position, mask, cache):
+        """model(ids, position, mask, *past) in delta mode: (logits, the new K/V of every layer
+        stacked in the cache's order, keys then values: [2·L, B, kv_heads, T, head_dim]). Reads the
+        cache only, so torch.compile sees no mutation."""
         L = self._L
         past = []
         for i in range(L):
             past += [cache[i], cache[L + i]]
-        out = self.model(ids, position, *past)
-        return out[0], self.torch.stack(list(out[1::2]) + list(out[2::2]))
+        out = self.model(ids, position, mask, *past)
+        kv = out[1 : 1 + 2 * L]  # a module with feature layers returns them after the caches
+        return out[0], self.torch.stack(list(kv[0::2]) + list(kv[1::2]))
 
-    def _forward(self, ids, position):
+    def _forward(self, ids, position, mask):
         """The model step, then the new entries written in place with one index_copy_.
-        Returns (logits [B, T, V] fp32, argmax [B, T] int64); everything is capturable."""
+        Returns (logits [B, T, V] fp32, argmax [B, T] int64); everything is capturable (the mask
+        is set by the caller before a capture, never inside one)."""
         torch = self.torch
         t = ids.shape[1]
         step = self._model_step
         if self._compiled_step is not None and t in self.graph_sizes:
             step = self._compiled_step
-        logits, new = step(ids, position, self.cache)
+        logits, new = step(ids, position, mask, self.cache)
         idx = position[0] + torch.arange(t, device=self.device, dtype=torch.int64)
         self.cache.index_copy_(3, idx, new)
         return logits, logits.argmax(dim=-1)
@@ -301,20 +332,20 @@ class TorchBackend(Backend):
             s = torch.cuda.Stream(device=self.device)
             s.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(s):
-                res = self._forward(ids, self.position)
+                res = self._forward(ids, self.position, self._masks[t])
             torch.cuda.current_stream(self.device).wait_stream(s)
             g = torch.cuda.CUDAGraph()
             # Capturing re-runs nothing; but the kernels it records write the cache at `position`,
             # exactly as the warm-up did, so replaying later is consistent.
             with torch.cuda.graph(g):  # a private memory pool per graph: replays interleave freely
-                static = self._forward(ids, self.position)
+                static = self._forward(ids, self.position, self._masks[t])
             self._graphs[t] = (g, static)
             return res
         except RuntimeError as e:
             self.graphs_off(f"CUDA graph capture for T={t}", e)
-            return self._forward(ids, self.position)
+            return self._forward(ids, self.position, self._masks[t])
 
-    def _step(self, input_ids, position: int):
+    def _step(self, input_ids, position: int, tree=None):
         torch = self.torch
         if self._closed:
             raise BackendError("the backend is closed")
@@ -326,6 +357,7 @@ class TorchBackend(Backend):
                 ids = self._static_ids(t)
                 ids.copy_(src, non_blocking=False)
                 self.position.fill_(int(position))
+                self._static_mask(t, tree)  # the captured graph reads it
                 entry = self._graphs.get(t)
                 if entry is None:
                     return self._capture(t)
@@ -333,7 +365,16 @@ class TorchBackend(Backend):
                 return entry[1]
             ids = src.to(self.device)
             self.position.fill_(int(position))
-            return self._forward(ids, self.position)
+            if tree is not None:
+                mask = torch.from_numpy(np.ascontiguousarray(tree)).to(self.device).expand(self.batch, t, t)
+            else:
+                mask = self._static_mask(t)
+            return self._forward(ids, self.position, mask)
+
+    def run_tree(self, input_ids: np.ndarray, position: int, mask: np.ndarray) -> np.ndarray:
+        ids, m = self.check_tree_call(input_ids, position, mask)
+        logits, _ = self._step(ids, position, tree=m)
+        return logits[0].float().cpu().numpy()
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         logits, _ = self._step(input_ids, position)
@@ -369,11 +410,12 @@ class TorchBackend(Backend):
         ids0 = torch.full((1, 1), token, dtype=torch.int64, device=self.device)
         pos0 = torch.full((1,), position, dtype=torch.int64, device=self.device)
         toks = torch.zeros((k,), dtype=torch.int64, device=self.device)
+        mask1 = self._static_mask(1)  # [[True]] whatever wrote it last: a tree of one node is its root
 
         def chain():
             ids, pos = ids0, pos0
             for j in range(k):
-                _, amax = self._forward(ids, pos)
+                _, amax = self._forward(ids, pos, mask1)
                 toks[j : j + 1].copy_(amax[0])
                 ids = amax.view(1, 1)
                 pos = pos + 1
@@ -403,6 +445,7 @@ class TorchBackend(Backend):
         self._graphs.clear()
         self._chains.clear()
         self._ids.clear()
+        self._masks.clear()
         self._compiled_step = None
         self._past = []
         self.cache = None
