@@ -262,3 +262,47 @@ def test_vectors_detect_no_carried_fallback(monkeypatch):
 
     monkeypatch.setattr(SpecController, "__init__", forget)
     assert any(replay(c)[1] != c["next_k"] for c in CASES.values())
+
+
+# ----------------------------------------------------------------------------- tree rounds (Python only)
+
+
+def test_a_tree_round_is_priced_by_its_whole_call_and_its_depth():
+    """A tree of 9 nodes and depth 4: its target call is timed as c(9), not c(5); its draft time is
+    per step of depth, not per node; a path that reached the full depth is no rejection."""
+    costs = CostModel({1: 0.010, 5: 0.012, 9: 0.020}, 0.001)
+    ctl = SpecController(4, costs)
+    ctl.record_round(4, 4, 0.004, 0.020, 8, call=9, depth=4)
+    assert ctl.call_size(4) == 9 and ctl.call_size(3) == 4
+    assert ctl.local == {9: 0.020} and ctl.local_draft == pytest.approx(0.001)
+    assert ctl.rej == pytest.approx(policy.PRIOR_REJECTED * policy.DECAY)  # nothing rejected
+    # judged by c(9): 5 tokens for 4 x 1 ms + 20 ms against 10 ms per token
+    assert ctl.speedup(4) == pytest.approx(ctl.expected(4) * 0.010 / (4 * 0.001 + 0.020))
+    ctl.record_round(4, 1, 0.004, 0.020, 8, call=9, depth=4)
+    assert ctl.rej == pytest.approx(policy.PRIOR_REJECTED * policy.DECAY ** 2 + 1)
+
+
+def test_chain_rounds_are_unchanged_by_the_tree_arguments():
+    """call/depth left out or given as a chain's (drafted + 1, drafted) record the same thing."""
+    a, b = (SpecController(4, CostModel({1: 0.01, 5: 0.012}, 0.002)) for _ in range(2))
+    for n in (4, 1, 0, 3, 2, 4, 4, 0):
+        a.record_round(4, n, 0.008, 0.012, 4)
+        b.record_round(4, n, 0.008, 0.012, 4, call=5, depth=4)
+        assert (a.next_k(), a.acc, a.rej, a.local, a.fallbacks) == (b.next_k(), b.acc, b.rej, b.local, b.fallbacks)
+    assert a.tree_call == {} and a.call_size(4) == 5
+
+
+def test_the_guard_drops_trees_whose_call_costs_more_than_they_gain():
+    """A chain that pays (c(5) = 1.2 c(1), 2.5 tokens per round) but a 20-node tree whose call costs
+    3 c(1) for the same accepted paths: judged as a chain it would be kept, judged by its call it
+    falls back."""
+    costs = CostModel({1: 0.010, 5: 0.012, 20: 0.030}, 0.0001)
+    tree = SpecController(4, CostModel(dict(costs.target), costs.draft))
+    chain = SpecController(4, CostModel(dict(costs.target), costs.draft))
+    for _ in range(policy.MIN_ROUNDS + 2):
+        tree.record_round(4, 1, 0.0004, 0.030, 19, call=20, depth=4)
+        chain.record_round(4, 1, 0.0004, 0.012, 4)
+    chain.record_plain(1, 0.010)
+    chain.record_plain(1, 0.010)
+    assert chain.fallbacks == 0 and chain.next_k() > 0
+    assert tree.fallbacks >= 1 or tree.k < 4

@@ -141,7 +141,8 @@ class _Request:
         self.t_verify += r.verify_s
         if r.drafted:
             self.acc.record(r.drafted, r.accepted)
-            self.ctl.record_round(r.k, r.accepted, r.draft_s, r.verify_s, r.drafted)
+            self.ctl.record_round(r.k, r.accepted, r.draft_s, r.verify_s, r.drafted, call=r.call_size,
+                                  depth=r.draft_depth)
         elif speculative:
             self.ctl.record_plain(1, r.verify_s)
 

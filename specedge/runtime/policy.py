@@ -114,6 +114,11 @@ class SpecController:
 
     adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
     -1 when the rejection came in the first half.
+
+    Tree rounds (Python only; C++ has no trees) are judged by what they cost: the target call of
+    all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
+    whose accepted path reached the tree's depth counts as fully accepted. A chain's figures are
+    the same either way, so the rules above (and the C++ replay vectors) are unchanged for chains.
     """
 
     def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
@@ -139,6 +144,7 @@ class SpecController:
         # under the load the judgement is about, unlike the shared model's older estimates
         self.local: dict[int, float] = {}
         self.local_draft: float | None = None
+        self.tree_call: dict[int, int] = {}  # k -> tokens in the last tree call with k draft steps
         self.since_plain = 0  # rounds since this request last timed c(1) (two 1-token steps in a row)
         self.after_plain = False  # the last event was a 1-token step
         self.probes = 0
@@ -186,14 +192,19 @@ class SpecController:
             return self.local_draft
         return self.costs.draft * self.load_scale()
 
+    def call_size(self, k: int) -> int:
+        """Tokens in the target call of a round with k draft steps: k + 1 for a chain, the last
+        tree's size when this request verified trees of that depth."""
+        return self.tree_call.get(k, k + 1)
+
     def speedup(self, k: int) -> float:
         t1 = self.step_cost(1)
-        cost = k * self.draft_cost() + self.step_cost(k + 1)
+        cost = k * self.draft_cost() + self.step_cost(self.call_size(k))
         return self.expected(k) * t1 / cost if cost > 0 else float("inf")
 
     def ceiling(self, k: int) -> float:
         """speedup(k) if every draft were accepted."""
-        cost = k * self.draft_cost() + self.step_cost(k + 1)
+        cost = k * self.draft_cost() + self.step_cost(self.call_size(k))
         return (k + 1) * self.step_cost(1) / cost if cost > 0 else float("inf")
 
     def next_k(self) -> int:
@@ -234,25 +245,33 @@ class SpecController:
                 self.local = {1: self.local[1]} if 1 in self.local else {}
                 self.local_draft = None
 
-    def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int) -> None:
+    def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
+                     call: int | None = None, depth: int | None = None) -> None:
+        """One round: k asked for, n_accepted drafts kept, `drafted` drafts verified in a target
+        call of `call` tokens (default drafted + 1) made of `depth` draft steps (default drafted):
+        a tree's call and depth differ from its node count."""
+        call = drafted + 1 if call is None else int(call)
+        depth = drafted if depth is None else int(depth)
+        if call > depth + 1:
+            self.tree_call[depth] = call
         self.k_hist[k] = self.k_hist.get(k, 0) + 1
         if self.learn:
-            if drafted:
-                self.costs.observe_draft(draft_s / drafted)
-                self.local_draft = self._local_ema(self.local_draft, draft_s / drafted)
-            self.costs.observe_target(drafted + 1, verify_s)
-            self.local[drafted + 1] = self._local_ema(self.local.get(drafted + 1), verify_s)
+            if depth:
+                self.costs.observe_draft(draft_s / depth)
+                self.local_draft = self._local_ema(self.local_draft, draft_s / depth)
+            self.costs.observe_target(call, verify_s)
+            self.local[call] = self._local_ema(self.local.get(call), verify_s)
         self.since_plain += 1
         self.after_plain = False
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
-        self.rej = self.rej * self.decay + (1 if n_accepted < drafted else 0)
+        self.rej = self.rej * self.decay + (1 if n_accepted < depth else 0)
         if not self.recent:
             self.k_seen = k
         self.k_seen = min(self.k_seen, k)  # counterfactuals hold up to the smallest k in the window
         self.recent.append(n_accepted)
         self.rounds_since += 1
-        if self.adaptive and drafted == k:
+        if self.adaptive and depth == k:
             if n_accepted == k and self.k < self.k_max:
                 self.k += 1
             elif n_accepted < k / 2 and self.k > 1:

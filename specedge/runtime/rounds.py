@@ -51,17 +51,29 @@ class TargetView:
 class Round:
     """What one step did: the tokens to commit (at least one), how many drafts the target
     verified (0: a target-only step), the seconds spent drafting and in the target, and the k
-    the round asked the drafter for (0 for a target step)."""
+    the round asked the drafter for (0 for a target step). A tree round also says how many tokens
+    its target call had (`call`, the root included) and its depth (`depth`, the draft steps on its
+    longest path); a chain leaves both 0, meaning drafted + 1 and drafted."""
 
     tokens: list[int]
     drafted: int
     draft_s: float
     verify_s: float
     k: int = 0
+    call: int = 0
+    depth: int = 0
 
     @property
     def accepted(self) -> int:
         return len(self.tokens) - 1 if self.drafted else 0
+
+    @property
+    def call_size(self) -> int:
+        return self.call or self.drafted + 1
+
+    @property
+    def draft_depth(self) -> int:
+        return self.depth or self.drafted
 
 
 def target_step(target: TargetView, tokens: list[int], params: SamplingParams, rng) -> Round:

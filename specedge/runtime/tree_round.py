@@ -39,4 +39,4 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
     else:
         path, new = verify_tree_sampling(tree, probs_from_logits(logits, params), rng)
     cache.keep_path(position, path)  # the root + the accepted nodes, == position + len(new)
-    return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k)
+    return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()))
