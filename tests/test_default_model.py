@@ -181,3 +181,32 @@ def test_self_draft_agrees_on_a_greedy_chat_answer(draft_manifest):
     print(f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
           f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(answer)} positions of a greedy chat answer")
     assert agree >= AGREEMENT_MIN
+
+
+def test_torch_backend_tree_generation_on_the_real_model(default_bundle):
+    """The torch backend rebuilds the default model from its GGUF and verifies n-gram trees in one
+    masked call each (no tree-flagged bundle needed): greedy output equals its target-only output
+    and equals the ONNX Runtime bundle's, and trees were verified (calls < tokens)."""
+    pytest.importorskip("torch")
+    from specedge.runtime.api import load
+
+    pipe = load(default_bundle, backend="torch", draft="ngram", verify="size", warmup=False,
+                backend_options={"device": "cpu", "dtype": "float32"})
+    ort_pipe = load(default_bundle, draft="ngram", verify="size", warmup=False, threads=2)
+    branched = []  # tree calls whose mask is not a chain's
+    run_tree = pipe.target.run_tree
+
+    def spy(ids, position, mask):
+        branched.append(not np.array_equal(mask, np.tril(np.ones_like(mask))))
+        return run_tree(ids, position, mask)
+
+    pipe.target.run_tree = spy
+    try:
+        want = pipe.generate(messages=CHAT, max_new_tokens=48, speculative=False)
+        got = pipe.generate(messages=CHAT, max_new_tokens=48, tree=True, guard=False)
+        assert got.token_ids == want.token_ids and len(want.token_ids) == 48
+        assert got.stats["target_calls"] < len(got.token_ids) and any(branched), branched
+        assert ort_pipe.generate(messages=CHAT, max_new_tokens=48, speculative=False).token_ids == want.token_ids
+    finally:
+        pipe.close()
+        ort_pipe.close()
