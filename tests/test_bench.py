@@ -420,3 +420,28 @@ def test_cli_bench_default_output_is_outside_the_committed_results(tiny_bundle, 
     validate_results(json.loads((out / "bench.json").read_text()))
     assert {f: f.stat().st_mtime_ns for f in (repo / "benchmarks" / "results").rglob("*") if f.is_file()} == committed
     assert p.stderr == ""  # --quiet: no progress line
+
+
+def test_cli_bench_tree(tiny_bundle_factory, tiny_bundle, tmp_path, capsys):
+    """--tree verifies trees of drafts: greedy tree output equals target-only on every prompt, the
+    config says so, the default folder is apart from the chain's; a bundle without tree graphs
+    is refused in one line before anything runs."""
+    from specedge.cli.main import main
+
+    assert main(["bench", str(tiny_bundle), "--tree", "--k", "0,2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --tree needs a bundle exported with --tree" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+    bundle = tiny_bundle_factory(draft="ngram", max_seq=128, tree=True)
+    out = tmp_path / "out"
+    rc = main(["bench", str(bundle), "--tree", "--quick", "--k", "0,3", "--max-new-tokens", "16",
+               "--prompts-per-category", "1", "--modes", "greedy", "--threads", "1", "--out", str(out),
+               "--json", "--quiet", "--no-shared-pool"])
+    assert rc == 0
+    capsys.readouterr()
+    res = json.loads((out / "bench.json").read_text())
+    validate_results(res)
+    assert res["config"]["tree"] is True
+    spec = [r for r in res["runs"] if r["k"] == 3]
+    assert spec and all(r["matches_target_only"] for r in spec)

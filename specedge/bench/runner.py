@@ -155,6 +155,7 @@ class BenchConfig:
     seed: int = 0
     draft: str | None = None  # "model" | "ngram" | None (the bundle's own kind)
     guard: bool = False
+    tree: bool = False  # verify a tree of drafts per target call (generate(tree=True)) instead of a chain
     threads: int | None = None
     backend: str = "auto"
     quick: bool = False
@@ -340,6 +341,8 @@ def _generate(pipe, ids: list[int], cfg: BenchConfig, mode: str, k: int, seed: i
     }
     if k > 0:
         kw["spec_tokens"] = k
+        if cfg.tree:
+            kw["tree"] = True
     return pipe.generate(**_accepted_kwargs(pipe.generate, kw))
 
 

@@ -69,6 +69,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs (default 0)")
     p.add_argument("--guard", action="store_true",
                    help="keep the runtime's speculation guard on (default off: each k is measured as itself)")
+    p.add_argument("--tree", action="store_true",
+                   help="verify a tree of drafts per target call instead of a chain (a bundle exported with --tree, "
+                   "or --backend torch)")
     p.add_argument("--quick", action="store_true", help="short run: k 0,1,2,4, 1 repeat, 64 tokens, 2 prompts per category")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder for bench.json and bench.png (default ./specedge-bench/<bundle>_<drafter> in the "
@@ -97,6 +100,7 @@ def _config(args):
     cfg.backend = args.backend
     cfg.seed = args.seed
     cfg.guard = bool(args.guard)
+    cfg.tree = bool(args.tree)
     cfg.shared_pool = not args.no_shared_pool
     cfg.draft_kv = args.draft_kv
     return cfg.validate()
@@ -122,8 +126,11 @@ def run(args) -> int:
             )
         if 0 not in cfg.ks or not any(k > 0 for k in cfg.ks):
             raise UserError("--tune needs k = 0 (the target-only baseline) and at least one k >= 1 in --k")
+    if cfg.tree and cfg.backend != "torch" and not any(g.tree for g in manifest.target.graphs):
+        raise UserError("--tree needs a bundle exported with --tree (export-models --tree) or --backend torch")
     cfg.verify = "none"  # just checked in full above
-    out = Path(args.out) if args.out else Path(DEFAULT_OUT) / f"{bundle.resolve().name}_{drafter}"
+    tree = "_tree" if cfg.tree else ""
+    out = Path(args.out) if args.out else Path(DEFAULT_OUT) / f"{bundle.resolve().name}_{drafter}{tree}"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -194,7 +201,7 @@ def _reconstruct(args) -> list[str]:
         cmd += ["--backend", args.backend]
     if args.seed:
         cmd += ["--seed", str(args.seed)]
-    for flag in ("quick", "guard", "tune"):
+    for flag in ("quick", "guard", "tree", "tune"):
         if getattr(args, flag):
             cmd.append(f"--{flag}")
     return cmd
