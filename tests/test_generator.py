@@ -326,10 +326,15 @@ def test_int4_self_draft_greedy_equals_target_only(int4_pipe):
     for prompt in PROMPTS:
         ids = int4_pipe.encode(prompt)
         want = int4_pipe.generate(token_ids=ids, max_new_tokens=48, speculative=False)
+        rates = []
         for kw in (dict(guard=False), dict(guard=False, spec_tokens=7, adaptive_k=True), dict()):
             got = int4_pipe.generate(token_ids=ids, max_new_tokens=48, **kw)
             assert_same_tokens(int4_pipe, ids, want.token_ids, got.token_ids, f"int4 self draft {kw}")
-        assert 0 < got.stats["acceptance_rate"] <= 1
+            rates.append(got.stats["acceptance_rate"])
+        # guard off, every round drafts; with the guard on, a draft that costs a target step (the tiny
+        # int4 self-draft here) may rightly not draft at all, its fallback carried over from earlier
+        # requests (docs/design.md, "The speculation policy")
+        assert 0 < rates[0] <= 1 and 0 < rates[1] <= 1 and 0 <= rates[2] <= 1
     ng = int4_pipe.generate(PROMPTS[0], max_new_tokens=48, guard=False)
     want = int4_pipe.generate(PROMPTS[0], max_new_tokens=48, speculative=False)
     assert ng.token_ids == want.token_ids
