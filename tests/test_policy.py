@@ -306,3 +306,36 @@ def test_the_guard_drops_trees_whose_call_costs_more_than_they_gain():
     chain.record_plain(1, 0.010)
     assert chain.fallbacks == 0 and chain.next_k() > 0
     assert tree.fallbacks >= 1 or tree.k < 4
+
+
+def test_chain_accepted_follows_the_first_line_of_a_tree():
+    from specedge.runtime.tree import Tree, chain_accepted, verify_tree_greedy
+
+    # root 0 -> first line 1 -> 2 -> 3, a sibling 4 of node 1 and 5 of node 2
+    tree = Tree([7, 10, 11, 12, 20, 21], [-1, 0, 1, 2, 0, 1])
+    # the target agrees with the first line for two tokens, then wants 21 (the sibling) after 10
+    best = [10, 21, 99, 99, 99, 99]
+    assert chain_accepted(tree, best) == 1
+    path, _ = verify_tree_greedy(tree, best)
+    assert path == [0, 1, 5]  # the tree keeps one more
+    assert chain_accepted(tree, [10, 11, 12, 13, 0, 0]) == 3
+    assert chain_accepted(tree, [20, 0, 0, 0, 0, 0]) == 0
+
+
+def test_trees_that_gain_no_more_than_the_chain_are_turned_off():
+    """Same tokens per round as their first line gave, at a dearer call: after min_rounds tree
+    rounds the request goes on with chains. Trees that gain enough stay; without the guard they
+    stay whatever they gain."""
+    costs = lambda: CostModel({1: 0.010, 5: 0.012, 9: 0.016}, 0.0001)  # noqa: E731
+    dear, worth, unguarded = SpecController(4, costs()), SpecController(4, costs()), SpecController(4, costs(), guard=False)
+    for i in range(policy.MIN_ROUNDS):
+        assert dear.use_tree and worth.use_tree
+        dear.record_round(4, 2, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=2)
+        worth.record_round(4, 3, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=1)
+        unguarded.record_round(4, 2, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=2)
+    tree, chain = dear.tree_vs_chain()
+    assert tree < chain and not dear.use_tree and dear.to_dict()["trees_off"] is True
+    tree, chain = worth.tree_vs_chain()
+    assert tree > chain and worth.use_tree and worth.to_dict()["tree_rounds"] == policy.MIN_ROUNDS
+    assert unguarded.use_tree
+    assert "tree_rounds" not in SpecController(4, costs()).to_dict()  # chains: the C++ keys only

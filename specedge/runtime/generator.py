@@ -142,7 +142,7 @@ class _Request:
         if r.drafted:
             self.acc.record(r.drafted, r.accepted)
             self.ctl.record_round(r.k, r.accepted, r.draft_s, r.verify_s, r.drafted, call=r.call_size,
-                                  depth=r.draft_depth)
+                                  depth=r.draft_depth, chain_accepted=r.chain_accepted)
         elif speculative:
             self.ctl.record_plain(1, r.verify_s)
 
@@ -199,7 +199,7 @@ class Generator:
         k = min(req.ctl.next_k() if speculative else 0, req.cfg.max_new_tokens - len(req.out) - 1, room - 1)
         if k < 1:
             return target_step(self.view, req.tokens, req.params, req.rng)
-        if req.cfg.tree:
+        if req.cfg.tree and req.ctl.use_tree:
             nodes = min(tree_nodes(req.ctl.costs, k), room)
             return tree_round(self.view, self.drafter, req.tokens, k, nodes, req.params, req.rng)
         return speculative_round(self.view, self.drafter, req.tokens, k, req.params, req.rng)

@@ -119,6 +119,11 @@ class SpecController:
     all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
     whose accepted path reached the tree's depth counts as fully accepted. A chain's figures are
     the same either way, so the rules above (and the C++ replay vectors) are unchanged for chains.
+    Trees are also judged against the chain they replace: a greedy tree round knows how many of
+    its tokens the chain alone (the tree's first line) would have given (`chain_accepted`), so
+    after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
+    c(call) and c(k + 1), and turns trees off for the rest of the request (`use_tree`) when the
+    chain would have been faster.
     """
 
     def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
@@ -145,6 +150,9 @@ class SpecController:
         self.local: dict[int, float] = {}
         self.local_draft: float | None = None
         self.tree_call: dict[int, int] = {}  # k -> tokens in the last tree call with k draft steps
+        self.use_tree = True  # trees (when asked for) still pay at least what the chain would
+        self.tree_rounds = 0
+        self.tree_gain = self.chain_gain = self.gain_weight = 0.0  # decayed tokens per round, both ways
         self.since_plain = 0  # rounds since this request last timed c(1) (two 1-token steps in a row)
         self.after_plain = False  # the last event was a 1-token step
         self.probes = 0
@@ -245,11 +253,35 @@ class SpecController:
                 self.local = {1: self.local[1]} if 1 in self.local else {}
                 self.local_draft = None
 
+    def tree_vs_chain(self) -> tuple[float, float]:
+        """(tree, chain) expected speed-ups over this request's tree rounds: the tokens the trees
+        gave and those their first lines alone would have given, priced at the tree's call and at
+        the chain's c(k + 1)."""
+        if self.gain_weight <= 0:
+            return 1.0, 1.0
+        k, t1, d = self.k, self.step_cost(1), self.draft_cost()
+        tree_cost = k * d + self.step_cost(self.call_size(k))
+        chain_cost = k * d + self.step_cost(k + 1)
+        tree = self.tree_gain / self.gain_weight * t1 / tree_cost if tree_cost > 0 else float("inf")
+        chain = self.chain_gain / self.gain_weight * t1 / chain_cost if chain_cost > 0 else float("inf")
+        return tree, chain
+
+    def _judge_tree(self, n_accepted: int, chain_accepted: int) -> None:
+        self.tree_rounds += 1
+        self.tree_gain = self.tree_gain * self.decay + n_accepted + 1
+        self.chain_gain = self.chain_gain * self.decay + chain_accepted + 1
+        self.gain_weight = self.gain_weight * self.decay + 1
+        if self.guard and self.use_tree and self.tree_rounds >= self.min_rounds:
+            tree, chain = self.tree_vs_chain()
+            if tree < chain:
+                self.use_tree = False
+
     def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
-                     call: int | None = None, depth: int | None = None) -> None:
+                     call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
         """One round: k asked for, n_accepted drafts kept, `drafted` drafts verified in a target
         call of `call` tokens (default drafted + 1) made of `depth` draft steps (default drafted):
-        a tree's call and depth differ from its node count."""
+        a tree's call and depth differ from its node count. `chain_accepted`: for a greedy tree
+        round, the drafts its first line alone would have had accepted."""
         call = drafted + 1 if call is None else int(call)
         depth = drafted if depth is None else int(depth)
         if call > depth + 1:
@@ -271,6 +303,8 @@ class SpecController:
         self.k_seen = min(self.k_seen, k)  # counterfactuals hold up to the smallest k in the window
         self.recent.append(n_accepted)
         self.rounds_since += 1
+        if chain_accepted is not None:
+            self._judge_tree(n_accepted, int(chain_accepted))
         if self.adaptive and depth == k:
             if n_accepted == k and self.k < self.k_max:
                 self.k += 1
@@ -312,4 +346,6 @@ class SpecController:
             "fallback_tokens": self.fallback_tokens,
             "k_shrinks": self.shrinks,
             "alpha_estimate": round(self.alpha, 4),
+            # tree keys only where trees ran (C++ runs chains; its stats keys equal these otherwise)
+            **({"tree_rounds": self.tree_rounds, "trees_off": not self.use_tree} if self.tree_rounds else {}),
         }

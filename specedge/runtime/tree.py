@@ -32,7 +32,7 @@ import numpy as np
 
 from .sampling import sample
 
-__all__ = ["Tree", "compaction_moves", "sibling_rule", "verify_tree_greedy", "verify_tree_sampling"]
+__all__ = ["Tree", "chain_accepted", "compaction_moves", "sibling_rule", "verify_tree_greedy", "verify_tree_sampling"]
 
 
 @dataclass
@@ -127,6 +127,19 @@ def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int]) -> tuple[list[i
             return path, out
         path.append(nxt)
         node = nxt
+
+
+def chain_accepted(tree: Tree, target_argmax: Sequence[int]) -> int:
+    """How many drafts the tree's first line (each node's first child: the chain a drafter puts
+    first) would have had accepted on its own, greedily: what a chain round would have kept."""
+    best = [int(b) for b in target_argmax]
+    n, node = 0, 0
+    while tree.children(node):
+        first = tree.children(node)[0]
+        if tree.tokens[first] != best[node]:
+            break
+        n, node = n + 1, first
+    return n
 
 
 def sibling_rule(p: np.ndarray, tokens: Sequence[int], qs: Sequence[np.ndarray | None]) -> tuple[list[float], np.ndarray]:

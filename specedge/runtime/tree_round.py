@@ -12,7 +12,7 @@ from __future__ import annotations
 from .drafters.base import Drafter
 from .rounds import Round, TargetView, clock, speculative_round, target_step
 from .sampling import SamplingParams, probs_from_logits
-from .tree import verify_tree_greedy, verify_tree_sampling
+from .tree import chain_accepted, verify_tree_greedy, verify_tree_sampling
 
 __all__ = ["tree_round"]
 
@@ -34,9 +34,13 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
     cache = target.cache
     position = cache.position  # == len(tokens) - 1: the pending token (the root) is not in the cache
     logits = cache.feed_tree(tree.tokens, tree.ancestor_mask())[:, : target.vocab]
+    chain = None
     if params.greedy:
-        path, new = verify_tree_greedy(tree, logits.argmax(axis=-1).tolist())
+        best = logits.argmax(axis=-1).tolist()
+        path, new = verify_tree_greedy(tree, best)
+        chain = chain_accepted(tree, best)
     else:
         path, new = verify_tree_sampling(tree, probs_from_logits(logits, params), rng)
     cache.keep_path(position, path)  # the root + the accepted nodes, == position + len(new)
-    return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()))
+    return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()),
+                 chain_accepted=chain)
