@@ -527,7 +527,9 @@ def test_serve_missing_bundle(tmp_path):
 
 @pytest.mark.slow
 def test_default_bundle_over_http(default_bundle):
-    pipe = load(default_bundle, threads=2, shared_pool=True)
+    # per-session pools: a process-wide shared pool (what `specedge serve` makes in its own process)
+    # would refuse every later test's load(threads=1) in this pytest process
+    pipe = load(default_bundle, threads=2)
     try:
         questions = ["Name three colours.", "What is the capital of France?", "Write a haiku about the sea.",
                      "def fibonacci(n):"]
