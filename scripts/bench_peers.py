@@ -190,8 +190,33 @@ def _ortgenai_config(src: Path, dst: Path, threads: int, eos: list[int], draft: 
     return dst
 
 
-def worker_ortgenai(job: dict) -> dict:
+def ortgenai_generate(og, model, ids: list[int], n: int, spec: dict | None):
+    """One greedy onnxruntime-genai request: (new tokens, ttft s, decode s, speculative stats)."""
     import numpy as np
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n, do_sample=False)
+    if spec:
+        params.set_speculative_options(**spec)
+    gen = og.Generator(model, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(np.array([ids], dtype=np.int32))
+    t_first = None
+    count = 0
+    while not gen.is_done():
+        gen.generate_next_token()
+        count += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+        if count >= n:
+            break
+    t_end = time.perf_counter()
+    seq = [int(t) for t in gen.get_sequence(0)][len(ids):]
+    stats = gen.get_speculative_stats() if spec else None
+    return seq, t_first - t0, t_end - t_first, stats
+
+
+def worker_ortgenai(job: dict) -> dict:
     import onnxruntime_genai as og
 
     opts = job["config"]["options"]
@@ -212,26 +237,7 @@ def worker_ortgenai(job: dict) -> dict:
         spec = {"max_draft_tokens": k}
 
     def run(ids, n):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + n, do_sample=False)
-        if spec:
-            params.set_speculative_options(**spec)
-        gen = og.Generator(model, params)
-        t0 = time.perf_counter()
-        gen.append_tokens(np.array([ids], dtype=np.int32))
-        t_first = None
-        count = 0
-        while not gen.is_done():
-            gen.generate_next_token()
-            count += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-            if count >= n:
-                break
-        t_end = time.perf_counter()
-        seq = [int(t) for t in gen.get_sequence(0)][len(ids):]
-        stats = gen.get_speculative_stats() if spec else None
-        return seq, t_first - t0, t_end - t_first, stats
+        return ortgenai_generate(og, model, ids, n, spec)
 
     run(job["prompts"][0]["ids"], 16)
     recs = []

@@ -12,7 +12,8 @@ w = d·c (+ m) with integer codes c:
 
 A uint8 zero point cannot hold −m/d, and float zero points take a much slower ORT CPU path, so an
 affine weight is split: A·Wᵀ = MatMulNBits(A; q, d) + blocksum(A)·M'ᵀ, where blocksum(A) sums A
-over each block of 32 inputs (Reshape + ReduceSum, shared by the MatMuls reading the same tensor)
+over each block of 32 inputs (Reshape + ReduceSum, shared by the MatMuls reading the same tensor;
+blocksum="matmul": one MatMul with a 0/1 block-indicator matrix instead)
 and M' [N, K/32] holds the block offsets m' in fp32 (checked to be exact; see to_nbits). At int8
 precision every weight is stored in 8 bits the same way, and a Q8_0 weight stays 8-bit at int4.
 
@@ -359,6 +360,11 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
 
 
 MIN_FORMS = ("correction", "float_zp")
+# How the correction's blocksum(A) is computed: "reduce" (default) Reshape [..., K/32, 32] +
+# ReduceSum; "matmul" one MatMul of A with a 0/1 block-indicator matrix [K, K/32] (120 nodes fewer
+# on SmolLM2-135M, but no measurable step-time gain: scripts/int4_blocksum.py, BENCHMARKS.md "int4
+# targets"; so not the default).
+BLOCKSUM_FORMS = ("matmul", "reduce")
 
 
 def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
@@ -372,14 +378,18 @@ def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
 
 
 def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: int,
-                  accuracy_level: int, say=None, min_form: str = "correction") -> ExactReport:
+                  accuracy_level: int, say=None, min_form: str = "correction",
+                  blocksum: str = "reduce") -> ExactReport:
     """Replace every MatMul whose constant weight is a (permuted, concatenated) set of GGUF rows by
     an exact MatMulNBits (+ the block-min correction for affine types). In place.
 
     min_form "float_zp" stores the block mins as float zero points instead of the correction
-    nodes where it can (see float_zero_points; fewer nodes, not bit-exact)."""
+    nodes where it can (see float_zero_points; fewer nodes, not bit-exact). blocksum: how the
+    correction sums each block of 32 inputs (BLOCKSUM_FORMS)."""
     if min_form not in MIN_FORMS:
         raise ValueError(f"min_form must be one of {', '.join(MIN_FORMS)}, got {min_form!r}")
+    if blocksum not in BLOCKSUM_FORMS:
+        raise ValueError(f"blocksum must be one of {', '.join(BLOCKSUM_FORMS)}, got {blocksum!r}")
     say = say or (lambda msg: None)
     g = proto.graph
     inits = {t.name: t for t in g.initializer}
@@ -391,6 +401,7 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
     rep.candidates = len(todo)
     new_inits: list[TensorProto] = []
     blocksums: dict[str, str] = {}  # input name -> its blocksum
+    indicators: dict[int, str] = {}  # K -> the name of its [K, K/32] block-indicator matrix
     done: dict[str, tuple] = {}  # weight name -> (MatMulNBits inputs, mins name, bits, source types)
     replaced: dict[int, list[onnx.NodeProto]] = {}  # node index -> its replacement
     taken: set[str] = set()
@@ -445,7 +456,15 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
                                   accuracy_level=accuracy_level)]
         if mn is not None:
             if a not in blocksums:
-                bs = _blocksum_nodes(a, k, ranks.get(a), uniq, new_inits)
+                if blocksum == "matmul":
+                    if k not in indicators:
+                        indicators[k] = uniq(f"gguf_block_indicator_{k}")
+                        new_inits.append(numpy_helper.from_array(block_indicator(k), indicators[k]))
+                    bs = [helper.make_node("MatMul", [a, indicators[k]], [uniq(f"{a}_gguf_blocksum")],
+                                           name=uniq(f"{a}_gguf_blocksum"))]
+                    rep.helper_nodes.add(bs[0].name)
+                else:
+                    bs = _blocksum_nodes(a, k, ranks.get(a), uniq, new_inits)
                 nodes[:0] = bs
                 blocksums[a] = bs[-1].output[0]
             corr, cname = uniq(f"{y}_gguf_min_corr"), uniq(f"{base}_gguf_mins")
@@ -472,6 +491,11 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return rep
+
+
+def block_indicator(k: int) -> np.ndarray:
+    """P [K, K/32] fp32 with P[i, b] = 1 iff input i is in block b: A·P = blocksum(A)."""
+    return np.ascontiguousarray(np.repeat(np.eye(k // QK, dtype=np.float32), QK, axis=0))
 
 
 def _blocksum_nodes(a: str, k: int, rank: int | None, uniq, new_inits: list) -> list[onnx.NodeProto]:
