@@ -76,6 +76,7 @@ def speed(bundle, args) -> dict:
     pipes = {name: load(bundle, draft=d, threads=args.threads, shared_pool=True) for name, (d, _) in modes.items()}
     tps: dict[str, list[float]] = {n: [] for n in modes}
     calls: dict[str, list[float]] = {n: [] for n in modes}
+    fallbacks: dict[str, list[int]] = {n: [] for n in modes}
     mismatches = []
     load_before = os.getloadavg()
     t0 = time.time()
@@ -84,7 +85,9 @@ def speed(bundle, args) -> dict:
         for name, (_, spec) in modes.items():
             r = pipes[name].generate(messages=p["messages"], max_new_tokens=args.max_new_tokens, speculative=spec)
             tps[name].append(r.stats["tokens_per_s"])
-            calls[name].append(r.stats["tokens"] / max(r.stats["target_calls"], 1) if spec else 1.0)
+            # per verification call (tokens / target_calls would count the guard's target-only steps as free)
+            calls[name].append(r.stats["mean_accepted"] if spec and r.stats["target_calls"] else 1.0)
+            fallbacks[name].append(int(r.stats.get("fallbacks", 0)))
             if ref is None:
                 ref = r.token_ids
             elif r.token_ids != ref:
@@ -96,7 +99,8 @@ def speed(bundle, args) -> dict:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "head_training": m.head.extra["training"],
             "median_tokens_per_s": {n: round(v, 2) for n, v in med.items()},
-            "mean_tokens_per_target_call": {n: round(statistics.mean(v), 3) for n, v in calls.items()},
+            "mean_tokens_per_verify_call": {n: round(statistics.mean(v), 3) for n, v in calls.items()},
+            "guard_fallbacks": {n: sum(v) for n, v in fallbacks.items()},
             "ratio_head_vs_int4_self_draft": round(med["head"] / med["int4-self-draft"], 3),
             "ratio_head_vs_target_only": round(med["head"] / med["target-only"], 3),
             "ratio_head_vs_ngram": round(med["head"] / med["ngram"], 3),
@@ -110,6 +114,14 @@ def _pct(x) -> str:
 def markdown(files) -> str:
     """The head section of BENCHMARKS.md from acceptance / speed / diagnose JSON files."""
     res = [(f, json.loads(Path(f).read_text(encoding="utf-8"))) for f in files]
+    acc = [(f, r) for f, r in res if r["kind"] == "head_acceptance"]
+    if len(acc) > 1:  # one table: runs of one budget each (same settings), ordered by training tokens
+        keys = ("k", "max_new_tokens", "threads", "guard")
+        if any({k: r[k] for k in keys} != {k: acc[0][1][k] for k in keys} for _, r in acc):
+            raise SystemExit("the acceptance files were run with different settings")
+        rows = sorted((row for _, r in acc for row in r["results"]), key=lambda row: row["training_tokens"] or 0)
+        merged = ("`, `".join(f for f, _ in acc), {**acc[0][1], "results": rows})
+        res = [merged] + [(f, r) for f, r in res if r["kind"] != "head_acceptance"]
     out = []
     for f, r in res:
         if r["kind"] == "head_acceptance":
@@ -117,7 +129,7 @@ def markdown(files) -> str:
             out += [f"### Acceptance against the training budget (`{f}`)", "",
                     f"Greedy chain, k = {r['k']}, guard off, {r['max_new_tokens']} new tokens per prompt, "
                     f"{r['threads']} threads; tokens per target call (acceptance rate).", "",
-                    "| training tokens | train seconds | train top-1 | head bytes / target bytes | overall | "
+                    "| training tokens | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
                     + " | ".join(cats) + " |",
                     "|---:|---:|---:|---:|---:|" + "---:|" * len(cats)]
             for row in r["results"]:
@@ -138,9 +150,11 @@ def markdown(files) -> str:
                     f"Load average before {la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}, "
                     f"after {lb[0]:.2f} / {lb[1]:.2f} / {lb[2]:.2f}. Head: {r['head_training'].get('tokens')} "
                     "training tokens.", "",
-                    "| drafter | median tok/s | tokens per target call |", "|---|---:|---:|"]
+                    "| drafter | median tok/s | tokens per verification call (mean over prompts) | guard fallbacks |",
+                    "|---|---:|---:|---:|"]
             for n, v in r["median_tokens_per_s"].items():
-                out.append(f"| {n} | {v:.2f} | {r['mean_tokens_per_target_call'][n]:.2f} |")
+                out.append(f"| {n} | {v:.2f} | {r['mean_tokens_per_verify_call'][n]:.2f} | "
+                           f"{r['guard_fallbacks'][n]} |")
             out += ["", f"Head / int4 self-draft: **{r['ratio_head_vs_int4_self_draft']:.3f}x**; head / target-only: "
                     f"{r['ratio_head_vs_target_only']:.3f}x; head / n-gram: {r['ratio_head_vs_ngram']:.3f}x. "
                     f"Outputs differing from target-only: {len(r['outputs_differing_from_target_only'])}.", ""]
@@ -160,6 +174,22 @@ def markdown(files) -> str:
                     f"| (c) runtime proposals vs target | {c['proposals']} | {_pct(c['top1_step0'])} | {cond(c)} |",
                     "", f"Runtime: acceptance {_pct(c['acceptance_rate'])}, {c['tokens_per_target_call']:.2f} tokens "
                     f"per target call, outputs equal to target-only {c['outputs_equal_target_only']}.", ""]
+    goals = []
+    for _, r in res:
+        if r["kind"] == "head_acceptance":
+            best = max(r["results"], key=lambda row: row["overall"]["tokens_per_target_call"])
+            ratio = best["head_weight_bytes"] / max(best["target_weight_bytes"], 1)
+            tpc = best["overall"]["tokens_per_target_call"]
+            goals.append(f"- head weight bytes per step: {ratio:.1%} of the fp32 target's (goal <= 10%: "
+                         f"{'met' if ratio <= 0.10 else 'missed'})")
+            goals.append(f"- tokens per target call at k = {r['k']} (best budget, {best['training_tokens']} tokens): "
+                         f"{tpc:.2f} (goal >= 3.0: {'met' if tpc >= 3.0 else f'missed by {3.0 - tpc:.2f}'})")
+        elif r["kind"] == "head_speed":
+            x = r["ratio_head_vs_int4_self_draft"]
+            goals.append(f"- head tok/s / int4 self-draft tok/s: {x:.3f}x (goal >= 1.25x: "
+                         f"{'met' if x >= 1.25 else f'missed by {1.25 - x:.3f}x'})")
+    if goals:
+        out += ["### Goals (issue 14)", ""] + goals + [""]
     return "\n".join(out)
 
 
