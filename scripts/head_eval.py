@@ -2,6 +2,8 @@
 
     python scripts/head_eval.py acceptance BUNDLE... --out benchmarks/results/head/acceptance.json
     flock /work/bench.lock python scripts/head_eval.py speed BUNDLE --out benchmarks/results/head/speed.json
+    python scripts/head_eval.py markdown benchmarks/results/head/acceptance.json benchmarks/results/head/speed.json \
+        [benchmarks/results/head/diagnose*.json] --out BENCHMARKS.md
 
 acceptance: each BUNDLE holds a head trained with another budget for the same target; every head
 drafts greedily at k = 4 (chain, guard off, so every round drafts) over the bench suite, and the
@@ -74,6 +76,7 @@ def speed(bundle, args) -> dict:
     pipes = {name: load(bundle, draft=d, threads=args.threads, shared_pool=True) for name, (d, _) in modes.items()}
     tps: dict[str, list[float]] = {n: [] for n in modes}
     calls: dict[str, list[float]] = {n: [] for n in modes}
+    fallbacks: dict[str, list[int]] = {n: [] for n in modes}
     mismatches = []
     load_before = os.getloadavg()
     t0 = time.time()
@@ -82,7 +85,9 @@ def speed(bundle, args) -> dict:
         for name, (_, spec) in modes.items():
             r = pipes[name].generate(messages=p["messages"], max_new_tokens=args.max_new_tokens, speculative=spec)
             tps[name].append(r.stats["tokens_per_s"])
-            calls[name].append(r.stats["tokens"] / max(r.stats["target_calls"], 1) if spec else 1.0)
+            # per verification call (tokens / target_calls would count the guard's target-only steps as free)
+            calls[name].append(r.stats["mean_accepted"] if spec and r.stats["target_calls"] else 1.0)
+            fallbacks[name].append(int(r.stats.get("fallbacks", 0)))
             if ref is None:
                 ref = r.token_ids
             elif r.token_ids != ref:
@@ -94,22 +99,114 @@ def speed(bundle, args) -> dict:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "head_training": m.head.extra["training"],
             "median_tokens_per_s": {n: round(v, 2) for n, v in med.items()},
-            "mean_tokens_per_target_call": {n: round(statistics.mean(v), 3) for n, v in calls.items()},
+            "mean_tokens_per_verify_call": {n: round(statistics.mean(v), 3) for n, v in calls.items()},
+            "guard_fallbacks": {n: sum(v) for n, v in fallbacks.items()},
             "ratio_head_vs_int4_self_draft": round(med["head"] / med["int4-self-draft"], 3),
             "ratio_head_vs_target_only": round(med["head"] / med["target-only"], 3),
             "ratio_head_vs_ngram": round(med["head"] / med["ngram"], 3),
             "outputs_differing_from_target_only": mismatches}
 
 
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown(files) -> str:
+    """The head section of BENCHMARKS.md from acceptance / speed / diagnose JSON files."""
+    res = [(f, json.loads(Path(f).read_text(encoding="utf-8"))) for f in files]
+    acc = [(f, r) for f, r in res if r["kind"] == "head_acceptance"]
+    if len(acc) > 1:  # one table: runs of one budget each (same settings), ordered by training tokens
+        keys = ("k", "max_new_tokens", "threads", "guard")
+        if any({k: r[k] for k in keys} != {k: acc[0][1][k] for k in keys} for _, r in acc):
+            raise SystemExit("the acceptance files were run with different settings")
+        rows = sorted((row for _, r in acc for row in r["results"]), key=lambda row: row["training_tokens"] or 0)
+        merged = ("`, `".join(f for f, _ in acc), {**acc[0][1], "results": rows})
+        res = [merged] + [(f, r) for f, r in res if r["kind"] != "head_acceptance"]
+    out = []
+    for f, r in res:
+        if r["kind"] == "head_acceptance":
+            cats = sorted({c for row in r["results"] for c in row["per_category"]})
+            out += [f"### Acceptance against the training budget (`{f}`)", "",
+                    f"Greedy chain, k = {r['k']}, guard off, {r['max_new_tokens']} new tokens per prompt, "
+                    f"{r['threads']} threads; tokens per target call (acceptance rate).", "",
+                    "| training tokens | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
+                    + " | ".join(cats) + " |",
+                    "|---:|---:|---:|---:|---:|" + "---:|" * len(cats)]
+            for row in r["results"]:
+                o = row["overall"]
+                cells = [f"{row['per_category'][c]['tokens_per_target_call']:.2f} "
+                         f"({_pct(row['per_category'][c]['acceptance_rate'])})" if c in row["per_category"] else "–"
+                         for c in cats]
+                out.append(f"| {row['training_tokens']} | {row['training_seconds']} | {_pct(row['train_top1'])} | "
+                           f"{row['head_weight_bytes'] / max(row['target_weight_bytes'], 1):.1%} | "
+                           f"**{o['tokens_per_target_call']:.2f}** ({_pct(o['acceptance_rate'])}) | "
+                           + " | ".join(cells) + " |")
+            out.append("")
+        elif r["kind"] == "head_speed":
+            la, lb = r["loadavg_before"], r["loadavg_after"]
+            out += [f"### Speed (`{f}`)", "",
+                    f"{r['prompts']} prompts, {r['max_new_tokens']} new tokens, {r['threads']} threads, greedy, "
+                    f"default guard; the drafters alternate prompt by prompt in one run ({r['seconds']} s). "
+                    f"Load average before {la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}, "
+                    f"after {lb[0]:.2f} / {lb[1]:.2f} / {lb[2]:.2f}. Head: {r['head_training'].get('tokens')} "
+                    "training tokens.", "",
+                    "| drafter | median tok/s | tokens per verification call (mean over prompts) | guard fallbacks |",
+                    "|---|---:|---:|---:|"]
+            for n, v in r["median_tokens_per_s"].items():
+                out.append(f"| {n} | {v:.2f} | {r['mean_tokens_per_verify_call'][n]:.2f} | "
+                           f"{r['guard_fallbacks'][n]} |")
+            out += ["", f"Head / int4 self-draft: **{r['ratio_head_vs_int4_self_draft']:.3f}x**; head / target-only: "
+                    f"{r['ratio_head_vs_target_only']:.3f}x; head / n-gram: {r['ratio_head_vs_ngram']:.3f}x. "
+                    f"Outputs differing from target-only: {len(r['outputs_differing_from_target_only'])}.", ""]
+        elif r["kind"] == "head_diagnose":
+            a, b, c = r["a_torch"], r["b_onnx"], r["c_runtime"]
+            t = r.get("head_training") or {}
+            la = r["loadavg"]
+            cond = lambda x: ", ".join(_pct(v) for v in x["top1_given_previous_right"])  # noqa: E731
+            out += [f"### Where acceptance is lost (`{f}`, scripts/head_diagnose.py)", "",
+                    f"Head of {t.get('tokens')} training tokens ({t.get('budget')}); held-out text: the target's own "
+                    f"answers to {r['prompts']} prompts of the script (not training, not bench), "
+                    f"{r['max_new_tokens']} new tokens, k = {r['k']}. Load average {la[0]:.2f}.", "",
+                    "| path | slots / proposals | draft 1 top-1 | draft 2..k top-1 given the ones before right |",
+                    "|---|---:|---:|---|",
+                    f"| (a) torch, teacher-forced | {a['slots']} | {_pct(a['top1_step0'])} | {cond(a)} |",
+                    f"| (b) ONNX head graph | {b['slots']} | {_pct(b['top1_step0_all_answer_slots'])} | {cond(b)} |",
+                    f"| (c) runtime proposals vs target | {c['proposals']} | {_pct(c['top1_step0'])} | {cond(c)} |",
+                    "", f"Runtime: acceptance {_pct(c['acceptance_rate'])}, {c['tokens_per_target_call']:.2f} tokens "
+                    f"per target call, outputs equal to target-only {c['outputs_equal_target_only']}.", ""]
+    goals = []
+    for _, r in res:
+        if r["kind"] == "head_acceptance":
+            best = max(r["results"], key=lambda row: row["overall"]["tokens_per_target_call"])
+            ratio = best["head_weight_bytes"] / max(best["target_weight_bytes"], 1)
+            tpc = best["overall"]["tokens_per_target_call"]
+            goals.append(f"- head weight bytes per step: {ratio:.1%} of the fp32 target's (goal <= 10%: "
+                         f"{'met' if ratio <= 0.10 else 'missed'})")
+            goals.append(f"- tokens per target call at k = {r['k']} (best budget, {best['training_tokens']} tokens): "
+                         f"{tpc:.2f} (goal >= 3.0: {'met' if tpc >= 3.0 else f'missed by {3.0 - tpc:.2f}'})")
+        elif r["kind"] == "head_speed":
+            x = r["ratio_head_vs_int4_self_draft"]
+            goals.append(f"- head tok/s / int4 self-draft tok/s: {x:.3f}x (goal >= 1.25x: "
+                         f"{'met' if x >= 1.25 else f'missed by {1.25 - x:.3f}x'})")
+    if goals:
+        out += ["### Goals (issue 14)", ""] + goals + [""]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("acceptance", "speed"))
-    ap.add_argument("bundles", nargs="+")
+    ap.add_argument("what", choices=("acceptance", "speed", "markdown"))
+    ap.add_argument("bundles", nargs="+", help="bundles (markdown: result JSON files)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--per-category", type=int, default=None, help="first N prompts of each category (default all)")
     args = ap.parse_args(argv)
+    if args.what == "markdown":
+        from specedge.bench.report import replace_section
+
+        replace_section(args.out, "head", markdown(args.bundles), heading="## Draft heads (issue 14, `scripts/head_eval.py`)")
+        return 0
     res = acceptance(args.bundles, args) if args.what == "acceptance" else speed(args.bundles[0], args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

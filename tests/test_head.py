@@ -379,6 +379,17 @@ def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
     assert_user_error(cli("train-draft", trained, "--checkpoint", other), "trained for another target")
 
 
+def test_a_minutes_budget_spent_before_the_first_step_writes_no_head(trained, tmp_path):
+    """A minutes budget counts the whole run; one used up by building the data used to write an
+    untrained head (0 steps) into the bundle. Now: exit 2, the bundle as it was, the data kept."""
+    before = _snapshot(trained)
+    p = cli("train-draft", trained, "--budget", "0.001m", "--checkpoint", tmp_path / "ck", "--draft-vocab", "48",
+            "--seq-len", "32", "--answer-tokens", "16", "--max-prompts", "4", "--doc-tokens", "600", "--threads", "1", "--quiet")
+    assert_user_error(p, "before the first training step", "nothing was written")
+    assert _snapshot(trained) == before
+    assert (tmp_path / "ck" / "data.npz").is_file()
+
+
 def test_a_head_for_another_target_is_refused(trained, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(trained, b)

@@ -319,6 +319,12 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         if time.monotonic() - last_save >= o.checkpoint_every_s:
             save_checkpoint()
             last_save = time.monotonic()
+    if step == 0:
+        # a minutes budget counts the whole run: data building can use all of it, and a head that
+        # never trained must not replace the bundle's (the data is saved: a second run starts training)
+        raise UserError(f"the budget of {o.budget} was used up before the first training step "
+                        f"({time.monotonic() - t_start:.0f} s building or loading the data, saved in '{ck_dir}'): "
+                        "run again with a larger budget; nothing was written to the bundle")
     save_checkpoint()
     head.eval().cpu()
     training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
