@@ -150,27 +150,19 @@ def main() -> None:
     out = {"bundle": Path(bundle).name, "load_avg_start": [round(x, 2) for x in os.getloadavg()],
            "step_position": POS, "rounds": rounds, "reps_per_round": reps}
     with tempfile.TemporaryDirectory() as tmp:
-        proto = onnx.load(path_a)
-        n_a = len(proto.graph.node)
-        rewritten = to_matmul_blocksums(proto)
-        path_b = os.path.join(tmp, "b.onnx")
-        onnx.save_model(proto, path_b, save_as_external_data=True, location="b.onnx.data")
-        graphs = {"reduce (exported)": path_a, "matmul indicator": path_b}
-        out["graphs"] = {"reduce (exported)": {"nodes": n_a}, "matmul indicator": {"nodes": len(proto.graph.node),
-                                                                                   "blocksums_rewritten": rewritten}}
-        proto = onnx.load(path_a)
-        removed = drop_corrections(proto)
-        path_c = os.path.join(tmp, "c.onnx")
-        onnx.save_model(proto, path_c, save_as_external_data=True, location="c.onnx.data")
-        graphs[NO_CORR] = path_c
-        out["graphs"][NO_CORR] = {"nodes": len(proto.graph.node), "corrections_removed": removed}
-        proto = onnx.load(path_a)
-        n_skip = fuse_skip_norms(proto)
-        path_d = os.path.join(tmp, "d.onnx")
-        onnx.save_model(proto, path_d, save_as_external_data=True, location="d.onnx.data")
-        graphs[SKIP] = path_d
-        out["graphs"][SKIP] = {"nodes": len(proto.graph.node), "fused": n_skip}
-        del proto
+        graphs = {"reduce (exported)": path_a}
+        out["graphs"] = {"reduce (exported)": {"nodes": len(onnx.load(path_a, load_external_data=False).graph.node)}}
+        # each variant: a rewrite of the exported graph, saved beside it, with what the rewrite changed
+        for name, rewrite, what in (("matmul indicator", to_matmul_blocksums, "blocksums_rewritten"),
+                                    (NO_CORR, drop_corrections, "corrections_removed"),
+                                    (SKIP, fuse_skip_norms, "fused")):
+            proto = onnx.load(path_a)
+            changed = rewrite(proto)
+            path = os.path.join(tmp, f"v{len(graphs)}.onnx")
+            onnx.save_model(proto, path, save_as_external_data=True, location=f"v{len(graphs)}.onnx.data")
+            graphs[name] = path
+            out["graphs"][name] = {"nodes": len(proto.graph.node), what: changed}
+            del proto
         for name, p in graphs.items():
             out["graphs"][name]["after_ort_optimizer"] = optimized_nodes(p, tmp)
         st = {name: Stepper(p, m) for name, p in graphs.items()}
