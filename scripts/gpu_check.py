@@ -123,47 +123,51 @@ def environment() -> dict:
 # ----------------------------------------------------------------------------- the model
 
 
+def _load_real_model():
+    """(specedge module, prompt ids, eos ids) of the default model from its GGUF, via transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specedge.checkpoints import default_gguf
+    from specedge.models import build_model, load_weights
+
+    gguf = default_gguf()
+    folder, name = str(gguf.parent), gguf.name
+    t0 = time.perf_counter()
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    log(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
+    msgs = [{"role": "user", "content": PROMPT}]
+    try:
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    except Exception:
+        ids = tok(PROMPT)["input_ids"]
+    model = build_model(hf.config, "delta")
+    load_weights(model, hf.state_dict())
+    eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
+    return model, [int(i) for i in ids], eos
+
+
 def load_default_model(random_weights: bool = False, layers: int = 30):
     """(specedge module, token ids of the prompt, eos ids, note)."""
     import torch
 
-    from specedge.models import build_model, load_weights
-    from specedge.checkpoints import default_gguf
+    from specedge.models import build_model
 
-    note = ""
     if random_weights:
         note = f"RANDOM weights of SmolLM2-135M's shape ({layers} layers), as asked (--random-weights)"
-    try:
-        if random_weights:
-            raise LookupError("--random-weights")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        gguf = default_gguf()
-        folder, name = str(gguf.parent), gguf.name
-        t0 = time.perf_counter()
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        log(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
-        msgs = [{"role": "user", "content": PROMPT}]
+    else:
         try:
-            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        except Exception:
-            ids = tok(PROMPT)["input_ids"]
-        model = build_model(hf.config, "delta")
-        load_weights(model, hf.state_dict())
-        eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
-        del hf
-        return model, [int(i) for i in ids], eos, note
-    except LookupError:
-        pass
-    except Exception as e:  # noqa: BLE001 - report and fall back
-        note = (
-            f"default model unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); using RANDOM weights of "
-            "SmolLM2-135M's shape: timings of a forward are meaningful, speculative speed-ups are not"
-        )
-        log(note)
+            return (*_load_real_model(), "")
+        except Exception as e:  # noqa: BLE001 - report and fall back
+            note = (
+                f"default model unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); using RANDOM weights "
+                "of SmolLM2-135M's shape: timings of a forward are meaningful, speculative speed-ups are not"
+            )
+            log(note)
+
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
