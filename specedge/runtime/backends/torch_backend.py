@@ -201,10 +201,7 @@ class TorchBackend(Backend):
         self.vocab_size = int(model.lm_head.out_features)
         B, S = self.batch, self.max_seq
         self.cache = torch.zeros((2 * L, B, a.kv_heads, S, a.head_dim), dtype=self.dtype, device=dev)
-        # past_key.i = cache[i], past_value.i = cache[L + i] (binding.py's arena order)
-        self._past = []
-        for i in range(L):
-            self._past += [self.cache[i], self.cache[L + i]]
+        # past_key.i = cache[i], past_value.i = cache[L + i] (binding.py's arena order; _model_step)
         self._L = L
         self.position = torch.zeros((B,), dtype=torch.int64, device=dev)
         self._ids: dict[int, object] = {}
@@ -447,7 +444,6 @@ class TorchBackend(Backend):
         self._ids.clear()
         self._masks.clear()
         self._compiled_step = None
-        self._past = []
         self.cache = None
         self.model = None
 
