@@ -335,6 +335,7 @@ def test_trees_that_gain_no_more_than_the_chain_are_turned_off():
         unguarded.record_round(4, 2, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=2)
     tree, chain = dear.tree_vs_chain()
     assert tree < chain and not dear.use_tree and dear.to_dict()["trees_off"] is True
+    assert dear.call_size(4) == 5  # its chains are priced at c(k + 1) from now on
     tree, chain = worth.tree_vs_chain()
     assert tree > chain and worth.use_tree and worth.to_dict()["tree_rounds"] == policy.MIN_ROUNDS
     assert unguarded.use_tree

@@ -275,6 +275,7 @@ class SpecController:
             tree, chain = self.tree_vs_chain()
             if tree < chain:
                 self.use_tree = False
+                self.tree_call.clear()  # the chains that follow are priced as chains again
 
     def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
                      call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
