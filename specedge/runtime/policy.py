@@ -202,8 +202,9 @@ class SpecController:
 
     def call_size(self, k: int) -> int:
         """Tokens in the target call of a round with k draft steps: k + 1 for a chain, the last
-        tree's size when this request verified trees of that depth."""
-        return self.tree_call.get(k, k + 1)
+        tree's size while this request verifies trees of that depth (after trees are turned off,
+        its chains are priced as chains)."""
+        return self.tree_call.get(k, k + 1) if self.use_tree else k + 1
 
     def speedup(self, k: int) -> float:
         t1 = self.step_cost(1)
@@ -260,7 +261,7 @@ class SpecController:
         if self.gain_weight <= 0:
             return 1.0, 1.0
         k, t1, d = self.k, self.step_cost(1), self.draft_cost()
-        tree_cost = k * d + self.step_cost(self.call_size(k))
+        tree_cost = k * d + self.step_cost(self.tree_call.get(k, k + 1))
         chain_cost = k * d + self.step_cost(k + 1)
         tree = self.tree_gain / self.gain_weight * t1 / tree_cost if tree_cost > 0 else float("inf")
         chain = self.chain_gain / self.gain_weight * t1 / chain_cost if chain_cost > 0 else float("inf")
@@ -275,7 +276,6 @@ class SpecController:
             tree, chain = self.tree_vs_chain()
             if tree < chain:
                 self.use_tree = False
-                self.tree_call.clear()  # the chains that follow are priced as chains again
 
     def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
                      call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
