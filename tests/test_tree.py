@@ -310,3 +310,37 @@ def _root_path(tree, i):
     while tree.parents[out[-1]] >= 0:
         out.append(tree.parents[out[-1]])
     return out[::-1]
+
+
+def test_top_ids_break_ties_at_the_cut_toward_the_lower_ids():
+    """np.argpartition leaves the choice among equal values at the cut unspecified; the tree's
+    runner-up siblings must not depend on it (the C++ runtime picks the same set: cpp/src/tree.cpp)."""
+    from specedge.runtime.drafters.base import top_ids
+
+    p = np.array([0.1, 0.3, 0.1, 0.3, 0.1, 0.1])
+    assert top_ids(p, 1).tolist() == [1]
+    assert top_ids(p, 2).tolist() == [1, 3]
+    assert top_ids(p, 3).tolist() == [0, 1, 3]
+    assert top_ids(p, 5).tolist() == [0, 1, 2, 3, 4]
+    assert top_ids(p, 9).tolist() == list(range(6)) and top_ids(p, 0).tolist() == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # random rows with many ties: the n largest, lower ids first among equals
+        row = rng.integers(0, 4, size=int(rng.integers(1, 40))).astype(np.float64)
+        n = int(rng.integers(0, row.size + 2))
+        want = sorted(sorted(range(row.size), key=lambda i: (-row[i], i))[:n])
+        assert top_ids(row, n).tolist() == want
+
+
+def test_chain_tree_siblings_with_tied_probabilities_are_the_lower_ids():
+    """Equal runner-ups at the selection cut: the lower ids become the siblings, whatever
+    argpartition would have picked."""
+    from specedge.runtime.drafters.base import chain_tree
+
+    first = np.zeros(12)
+    first[5] = 2.0  # the chain's token; every other id ties
+    rows = {5: np.where(np.arange(12) == 7, 4.0, 0.0)}
+    tree = chain_tree(1, first, lambda t: rows[t], 2, 6)
+    assert tree.tokens[:3] == [1, 5, 7] and tree.parents[:3] == [-1, 0, 1]
+    # 3 extra nodes: the ties after the root come before those after node 1 (larger path
+    # probability), lowest ids first
+    assert tree.tokens[3:] == [0, 1, 2] and tree.parents[3:] == [0, 0, 0]

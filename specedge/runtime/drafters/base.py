@@ -19,7 +19,7 @@ from ..cache import CacheTracker
 from ..sampling import SamplingParams
 from ..tree import Tree
 
-__all__ = ["Drafter", "Proposal", "chain_tree"]
+__all__ = ["Drafter", "Proposal", "chain_tree", "top_ids"]
 
 
 class Proposal(NamedTuple):
@@ -64,6 +64,23 @@ class Drafter(ABC):
         """Up to k tokens after `history` (the committed sequence); fewer, or none, is allowed."""
 
 
+def top_ids(p: np.ndarray, n: int) -> np.ndarray:
+    """Ids of the n largest entries of the 1-D row p (all of them when n >= its size), ties at the
+    cut going to the lower ids, in increasing id order: a deterministic set (np.argpartition's
+    choice among equal values at the cut is not specified), the one the C++ runtime picks too
+    (cpp/src/tree.cpp, top_ids). O(V) like argpartition; no full sort."""
+    p = np.asarray(p)
+    n = int(n)
+    if n >= p.size:
+        return np.arange(p.size)
+    if n <= 0:
+        return np.arange(0)
+    kth = np.partition(p, p.size - n)[p.size - n]  # the n-th largest value
+    above = np.flatnonzero(p > kth)
+    at = np.flatnonzero(p == kth)[: n - above.size]
+    return np.sort(np.concatenate([above, at]))
+
+
 def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarray], k: int, nodes: int,
                ids: np.ndarray | None = None) -> Tree:
     """The greedy chain of k drafts (k - 1 calls of `step`, what a chain costs, no more) plus, as leaf
@@ -83,7 +100,7 @@ def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarra
         if extra:
             p = np.exp(z - z[best])
             p /= p.sum()
-            top = np.argpartition(-p, min(extra, z.size - 1))[: extra + 1]
+            top = top_ids(p, extra + 1)
             alts.extend((reach * float(p[t]), j, int(t) if ids is None else int(ids[t])) for t in top if t != best)
             reach *= float(p[best])
         tok = best if ids is None else int(ids[best])
