@@ -304,6 +304,46 @@ def test_generate_matches_python_on_a_tree_bundle(tiny_bundle_factory, kv_mode, 
         "error: the manifest's 'tree' in models.target.graphs must be true or false, got 1"]
 
 
+TREE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a", "The quick brown fox"]
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+@pytest.mark.parametrize("draft", ["self", "ngram"])
+def test_tree_generation_matches_python_and_target_only(tiny_bundle_factory, kv_mode, draft):
+    """`--tree`: the C++ runtime drafts trees, runs them in one masked call and commits the
+    accepted path (keep_path, scatter and delta); greedy ids equal the Python runtime's tree ids
+    and target-only ids. The guard is off so trees run every round (a CPU tree may lose to its
+    chain and be turned off)."""
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(kv_mode=kv_mode, draft=draft, tree=True)
+    with load(bundle, threads=1) as pipe:
+        for prompt in TREE_PROMPTS:
+            plain = pipe.generate(prompt, max_new_tokens=32, speculative=False).token_ids
+            py = pipe.generate(prompt, max_new_tokens=32, tree=True, guard=False)
+            assert py.token_ids == plain, (kv_mode, draft, prompt)
+            got = cpp_json(bundle, prompt, "--max-new-tokens", 32, "--threads", 1, "--tree", "--no-guard")
+            assert got["token_ids"] == plain, (kv_mode, draft, prompt)
+            st = got["stats"]
+            assert st["speculative"] is True and st["tree_rounds"] > 0 and st["trees_off"] is False
+            # chains and tree rounds both count as target calls; a tree's drafts are its nodes
+            assert st["target_calls"] >= st["tree_rounds"] and st["drafted"] >= st["accepted"]
+            # without --tree the stats keys are the chain's (as Python's)
+            chain = cpp_json(bundle, prompt, "--max-new-tokens", 8, "--threads", 1)
+            assert "tree_rounds" not in chain["stats"] and "trees_off" not in chain["stats"]
+
+
+def test_tree_on_a_bundle_without_tree_graphs_is_refused(tiny_bundles):
+    """`--tree` where the target graph takes no tree_mask: exit 2, one line, Python's wording; with
+    --no-spec there is no tree to verify and it generates (as Python's check_tree)."""
+    bundle = tiny_bundles / "scatter_self"
+    p = run_cpp(bundle, "hi", "--tree", "--max-new-tokens", 2, check=False)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: tree verification needs a target graph that takes trees: export the bundle with --tree"]
+    assert run_cpp(bundle, "hi", "--tree", "--no-spec", "--max-new-tokens", 2).returncode == 0
+
+
 @pytest.mark.slow
 def test_generate_matches_python_default_bundle(default_bundle):
     """Greedy token ids of the native runtime equal the Python runtime's on the real model, for 3

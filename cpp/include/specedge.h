@@ -110,6 +110,9 @@ typedef struct specedge_gen_params {
   int adaptive_k;         /* 0 (default); 1: also move k by the last round, up after a round that
                              accepted every draft, down after one that accepted fewer than half
                              (Python's adaptive_k / --adaptive-k; docs/design.md) */
+  int tree;               /* 0 (default); 1: verify a tree of drafted continuations per target call
+                             (Python's tree / --tree; docs/design.md "Tree calls"); needs a bundle
+                             exported with --tree, else SPECEDGE_ERR_INVALID_ARGUMENT */
 } specedge_gen_params;
 
 SPECEDGE_API void specedge_gen_params_init(specedge_gen_params* params);
@@ -155,6 +158,8 @@ typedef struct specedge_stats {
   double alpha_estimate;   /* the guard's decayed per-token acceptance estimate at the end */
   int64_t draft_calls;     /* draft model backend calls (0 for the n-gram drafter) */
   int64_t draft_kv_copied; /* draft cache slots copied from the target's K/V (self-draft) */
+  int64_t tree_rounds;     /* greedy tree rounds (gen params tree; 0 otherwise) */
+  int trees_off;           /* 1: the guard turned trees off for the rest of the request */
 } specedge_stats;
 
 SPECEDGE_API const int32_t* specedge_result_tokens(const specedge_result* r, size_t* n);

@@ -73,6 +73,7 @@ struct GenParams {
   bool speculative = true;
   bool guard = true;
   bool adaptive_k = false;
+  bool tree = false;  // verify a token tree per round (a bundle exported with --tree)
 };
 
 struct Result {
@@ -177,6 +178,7 @@ class Model {
     gp.speculative = p.speculative;
     gp.guard = p.guard;
     gp.adaptive_k = p.adaptive_k;
+    gp.tree = p.tree;
     Trampoline tr{&cb, nullptr};
     specedge_result* raw = nullptr;
     specedge_status s;

@@ -43,12 +43,23 @@ class Backend {
   virtual bool copy_kv_from(const Backend& /*other*/, int /*start*/, int /*end*/) { return false; }
   // The most tokens one run() accepts (TensorRT: the largest optimization profile).
   virtual int max_call_tokens() const { return 1 << 30; }
+  // Tree calls (docs/design.md, "Tree calls"; tree.h): the graph takes a tree_mask input.
+  virtual bool takes_trees() const { return false; }
+  // Run a tree's t nodes at `position` with mask uint8 [t, t] (row i: i and its ancestors; checked);
+  // logits [t, vocab]. Defaults refuse (tree.cpp), as Python's Backend.run_tree.
+  virtual const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask);
+  // After a tree call at `position`: move the accepted path's K/V (node ids, root first) into
+  // slots position..position+len-1 (tree.h compaction_moves).
+  virtual void keep_path(int position, const std::vector<int>& path);
 
  protected:
   Backend(const Manifest& m, const ModelSpec& spec)
       : vocab_(int(spec.vocab_size)), max_seq_(m.max_seq), role_(spec.role) {}
   // Refuses (SPECEDGE_ERR_INVALID_ARGUMENT) a run() of no tokens or one that does not fit max_seq.
   void check_call(int t, int position) const;
+  // check_call, and the graph takes trees (SPECEDGE_ERR_BACKEND otherwise) and the mask marks every
+  // node itself and only earlier nodes (tree.cpp).
+  void check_tree_call(int t, int position, const uint8_t* mask) const;
 
  private:
   int vocab_, max_seq_;

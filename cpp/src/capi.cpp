@@ -129,6 +129,7 @@ GenConfig to_config(const specedge_gen_params* p) {
   c.speculative = p->speculative != 0;
   c.guard = p->guard != 0;
   c.adaptive_k = p->adaptive_k != 0;
+  c.tree = p->tree != 0;
   return c;
 }
 
@@ -246,6 +247,7 @@ void specedge_gen_params_init(specedge_gen_params* p) {
   p->speculative = 1;
   p->guard = 1;
   p->adaptive_k = 0;
+  p->tree = 0;
 }
 
 specedge_status specedge_generate(specedge_model* model, const char* prompt, const specedge_gen_params* params,
@@ -308,6 +310,8 @@ void specedge_result_stats(const specedge_result* r, specedge_stats* s) {
   s->alpha_estimate = x.alpha_estimate;
   s->draft_calls = x.draft_calls;
   s->draft_kv_copied = x.draft_kv_copied;
+  s->tree_rounds = x.tree_rounds;
+  s->trees_off = x.trees_off ? 1 : 0;
 }
 
 void specedge_result_free(specedge_result* r) { delete r; }

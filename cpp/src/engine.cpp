@@ -111,6 +111,7 @@ NgramDrafter::NgramDrafter(std::vector<int> sizes) : sizes_(std::move(sizes)) {
 void NgramDrafter::reset() {
   tokens_.clear();
   index_.assign(sizes_.size(), {});
+  starts_.assign(sizes_.size(), {});
   covered_ = 0;
 }
 
@@ -127,8 +128,13 @@ void NgramDrafter::extend_index(size_t end) {
   for (size_t stop = covered_ + 1; stop <= end; ++stop)
     for (size_t si = 0; si < sizes_.size(); ++si) {
       size_t n = size_t(sizes_[si]);
-      if (stop >= n)
-        index_[si][std::string(reinterpret_cast<const char*>(tokens_.data() + stop - n), n * sizeof(int32_t))] = stop - n;
+      if (stop >= n) {
+        std::string gram(reinterpret_cast<const char*>(tokens_.data() + stop - n), n * sizeof(int32_t));
+        index_[si][gram] = stop - n;
+        auto& starts = starts_[si][gram];  // tree proposals: the latest kMatchesKept starts
+        starts.push_back(stop - n);
+        if (starts.size() > kMatchesKept) starts.erase(starts.begin());
+      }
     }
   covered_ = std::max(covered_, end);
 }
@@ -152,11 +158,8 @@ std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& history, 
 
 // ---------------------------------------------------------------------------- model drafter
 
-std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p,
-                                           Rng& rng, std::vector<double>* q) {
-  if (k < 1) return {};
-  if (history.empty()) fail_arg("cannot draft after an empty sequence");
-  // sync: roll back to the common prefix with history, feed the rest (at least the last token)
+int ModelDrafter::sync(const std::vector<int32_t>& history) {
+  // roll back to the common prefix with history; the rest (at least the last token) is to feed
   size_t b = size_t(base_);
   int n = base_ + common_prefix(cache_.tokens(), b, history, b, SIZE_MAX);
   n = std::min(n, int(history.size()) - 1);
@@ -170,6 +173,14 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
       n = m;
     }
   }
+  return n;
+}
+
+std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p,
+                                           Rng& rng, std::vector<double>* q) {
+  if (k < 1) return {};
+  if (history.empty()) fail_arg("cannot draft after an empty sequence");
+  int n = sync(history);
   base_ = int(history.size());
   const float* row = cache_.feed_chunked(history.data() + n, int(history.size()) - n);
   calls_ += (int64_t(history.size()) - n + cache_.chunk() - 1) / cache_.chunk() + (k - 1);
@@ -364,6 +375,8 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +
              std::to_string(max_seq) + " (prompt + at least one new token must fit)");
   if (cfg.speculative && cfg.spec_tokens) check_call_size(cfg.spec_tokens);
+  if (cfg.tree && cfg.speculative && (drafter_ || ngram_) && !target_->takes_trees())
+    fail_arg("tree verification needs a target graph that takes trees: export the bundle with --tree");
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);
@@ -435,7 +448,26 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
 
     int room = max_seq - tcache_->position();
     int kk = std::min({speculative ? ctl.next_k() : 0, cfg.max_new_tokens - int(out.size()) - 1, room - 1});
-    if (kk >= 1) {
+    // a tree round (tree_round.cpp) when asked for and the guard still finds trees paying
+    std::optional<TreeRound> tr;
+    if (kk >= 1 && cfg.tree && ctl.use_tree)
+      tr = tree_round(tokens, kk, std::min(tree_nodes(*costs, kk), room), params, rng);
+    if (tr) {
+      fresh = tr->tokens;
+      t_draft += tr->draft_s;
+      t_verify += tr->verify_s;
+      if (tr->drafted) {
+        int n_acc = int(fresh.size()) - 1;
+        ++calls;
+        drafted_total += tr->drafted;
+        accepted_total += n_acc;
+        if (hist.size() <= size_t(tr->drafted)) hist.resize(size_t(tr->drafted) + 1, 0);
+        ++hist[size_t(n_acc)];
+        ctl.record_round(kk, n_acc, tr->draft_s, tr->verify_s, tr->drafted, tr->call, tr->depth, tr->chain_accepted);
+      } else {
+        ctl.record_plain(1, tr->verify_s);
+      }
+    } else if (kk >= 1) {
       double t0 = now();
       std::vector<int32_t> draft;
       // The model drafter's q rows when sampling; an n-gram lookup is deterministic and has none
@@ -546,6 +578,8 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     s.alpha_estimate = ctl.alpha();
     s.draft_calls = drafter_ ? drafter_->calls() - draft_calls0 : 0;
     s.draft_kv_copied = drafter_ ? drafter_->copied() - draft_copied0 : 0;
+    s.tree_rounds = ctl.tree_rounds;
+    s.trees_off = !ctl.use_tree;
   }
   res.finish_reason = finish;
   return res;

@@ -18,6 +18,7 @@
 #include "policy.h"
 #include "sampling.h"
 #include "tokenizer.h"
+#include "tree.h"
 
 namespace specedge {
 
@@ -53,12 +54,18 @@ class CacheTracker {
 // The default of runtime/invariant.py's wants_invariant_steps: on for int4/int8/fp16/bf16 targets.
 bool wants_invariant_steps(const std::string& precision);
 
+// Earlier occurrences of an n-gram remembered for tree proposals (ngram.py MATCHES_KEPT).
+constexpr size_t kMatchesKept = 8;
+
 // Prompt lookup: propose what followed the latest earlier occurrence of the history's suffix.
 class NgramDrafter {
  public:
   explicit NgramDrafter(std::vector<int> sizes = {3, 2, 1});
   void reset();
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k);
+  // Up to `width` distinct continuations of at most k tokens from the latest earlier matches,
+  // longest n-gram first, most recent first (ngram.py propose_paths; tree_round.cpp).
+  std::vector<std::vector<int32_t>> propose_paths(const std::vector<int32_t>& history, int k, int width);
 
  private:
   void sync(const std::vector<int32_t>& history);
@@ -66,6 +73,7 @@ class NgramDrafter {
   std::vector<int> sizes_;
   std::vector<int32_t> tokens_;
   std::vector<std::unordered_map<std::string, size_t>> index_;
+  std::vector<std::unordered_map<std::string, std::vector<size_t>>> starts_;  // latest kMatchesKept starts
   size_t covered_ = 0;
 };
 
@@ -83,8 +91,12 @@ class ModelDrafter {
   // Tokens, and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
                                std::vector<double>* q);
+  // The greedy chain of k drafts plus ranked runner-up siblings, at most `nodes` nodes
+  // (model.py propose_tree; tree_round.cpp); nullopt when k < 1 or nodes < 2.
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes);
 
  private:
+  int sync(const std::vector<int32_t>& history);  // roll back to the common prefix; tokens kept
   CacheTracker cache_;
   int vocab_;
   int base_ = 0;
@@ -101,6 +113,7 @@ struct GenConfig {
   bool speculative = true;
   bool guard = true;
   bool adaptive_k = false;  // also move k by the last round (Python's adaptive_k / --adaptive-k)
+  bool tree = false;        // verify a token tree per round (Python's tree / --tree; a tree bundle)
 };
 
 struct Stats {
@@ -115,6 +128,8 @@ struct Stats {
   std::map<int, int64_t> k_histogram;
   double alpha_estimate = 0;
   int64_t draft_calls = 0, draft_kv_copied = 0;
+  int64_t tree_rounds = 0;  // greedy tree rounds (Python's stats key, present only when > 0)
+  bool trees_off = false;   // the guard turned trees off for the rest of the request
 };
 
 struct GenResult {
@@ -153,6 +168,15 @@ class Engine {
  private:
   void check_call_size(int k) const;
   std::vector<int32_t> target_step(const std::vector<int32_t>& tokens, const SamplingParams& p, Rng& rng);
+  struct TreeRound {  // what one tree round did (tree_round.py's Round)
+    std::vector<int32_t> tokens;
+    int drafted = 0, call = 0, depth = 0, chain_accepted = -1;
+    double draft_s = 0, verify_s = 0;
+  };
+  // tree_round.cpp: draft a tree of at most `nodes` nodes and depth k, verify it in one call,
+  // commit the accepted path; nullopt when the drafter made no tree (the chain round runs).
+  std::optional<TreeRound> tree_round(const std::vector<int32_t>& tokens, int k, int nodes, const SamplingParams& p,
+                                      Rng& rng);
   Manifest m_;
   Tokenizer tok_;
   std::unique_ptr<Backend> target_, draft_backend_;

@@ -6,6 +6,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "error.h"
+#include "tree.h"
 
 namespace specedge {
 
@@ -104,6 +105,13 @@ struct OrtBackend::Impl {
     bindings.clear();
   }
 
+  // a chain call's mask: the lower triangle in every batch row
+  void lower_triangle(Binding& b, int t) {
+    b.mask.assign(size_t(B) * t * t, 0);
+    for (int r = 0; r < B * t; ++r)
+      for (int c = 0; c <= r % t; ++c) b.mask[size_t(r) * t + c] = 1;
+  }
+
   Binding& binding(int t) {
     auto it = bindings.find(t);
     if (it != bindings.end()) return it->second;
@@ -122,9 +130,7 @@ struct OrtBackend::Impl {
     bind_in("input_ids", ids.data(), size_t(B) * t * 8, {B, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     bind_in("position", pos.data(), size_t(B) * 8, {B}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     if (tree) {
-      b.mask.assign(size_t(B) * t * t, 0);
-      for (int r = 0; r < B * t; ++r)
-        for (int c = 0; c <= r % t; ++c) b.mask[size_t(r) * t + c] = 1;
+      lower_triangle(b, t);
       bind_in("tree_mask", b.mask.data(), b.mask.size(), {B, t, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL);
     }
     bind_out("logits", logits.data(), size_t(B) * t * V * 4, {B, t, V}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
@@ -256,13 +262,30 @@ bool OrtBackend::copy_kv_from(const Backend& other, int start, int end) {
 }
 
 const float* OrtBackend::run(const int32_t* ids, int t, int position) {
-  Impl& s = *impl_;
   check_call(t, position);
+  return call(ids, t, position, nullptr);
+}
+
+const float* OrtBackend::call(const int32_t* ids, int t, int position, const uint8_t* tree_mask) {
+  Impl& s = *impl_;
   if (t > s.t_max) s.allocate(t);
   for (int b = 0; b < s.B; ++b)
     for (int i = 0; i < t; ++i) s.ids[size_t(b) * t + i] = ids[i];
   for (int b = 0; b < s.B; ++b) s.pos[size_t(b)] = position;
   Impl::Binding& bd = s.binding(t);
+  // a tree call writes its mask into the binding's buffer (every batch row); the next chain call
+  // of this T finds the lower triangle restored (tree_call)
+  struct Restore {
+    Impl& s;
+    Impl::Binding& bd;
+    int t;
+    bool on;
+    ~Restore() {
+      if (on) s.lower_triangle(bd, t);
+    }
+  } restore{s, bd, t, tree_mask != nullptr};
+  if (tree_mask)
+    for (int b = 0; b < s.B; ++b) std::memcpy(bd.mask.data() + size_t(b) * t * t, tree_mask, size_t(t) * t);
   try {
     s.session->Run(s.run_opts, *bd.io);
   } catch (const Ort::Exception& e) {
@@ -280,6 +303,32 @@ const float* OrtBackend::run(const int32_t* ids, int t, int position) {
     }
   }
   return s.logits.data();
+}
+
+bool OrtBackend::takes_trees() const { return impl_->tree; }
+
+const float* OrtBackend::run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) {
+  check_tree_call(t, position, mask);
+  return call(ids, t, position, mask);
+}
+
+void OrtBackend::keep_path(int position, const std::vector<int>& path) {
+  Impl& s = *impl_;
+  auto moves = compaction_moves(path);
+  if (moves.empty()) return;
+  int last = 0;
+  for (const auto& m : moves) last = std::max(last, m.first);
+  if (position < 0 || position + last >= s.S)
+    fail_arg("tree nodes " + std::to_string(last) + " past position " + std::to_string(position) +
+             " are outside max_seq " + std::to_string(s.S));
+  // [2L, B, H, S, D]: one slot of every (layer, K/V, batch, head) row per move, in the moves' order
+  // (no move overwrites a later move's source); delta mode's run() already put the tree's K/V there
+  size_t slot = size_t(s.D) * s.elem, rows = size_t(2) * s.L * s.B * s.H;
+  for (size_t r = 0; r < rows; ++r) {
+    uint8_t* row = s.kv.data() + r * size_t(s.S) * slot;
+    for (const auto& [src, dst] : moves)
+      std::memcpy(row + size_t(position + dst) * slot, row + size_t(position + src) * slot, slot);
+  }
 }
 
 }  // namespace specedge

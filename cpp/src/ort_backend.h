@@ -48,8 +48,12 @@ class OrtBackend : public Backend {
   std::string name() const override { return "ort-cpu"; }
   const SessionThreading& threading() const;
   bool copy_kv_from(const Backend& other, int start, int end) override;
+  bool takes_trees() const override;
+  const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) override;
+  void keep_path(int position, const std::vector<int>& path) override;
 
  private:
+  const float* call(const int32_t* ids, int t, int position, const uint8_t* tree_mask);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -101,14 +101,20 @@ double SpecController::draft_cost() const {
   return local_draft >= 0 ? local_draft : costs_->draft * load_scale();
 }
 
+int SpecController::call_size(int k) const {
+  if (!use_tree) return k + 1;
+  auto it = tree_call.find(k);
+  return it == tree_call.end() ? k + 1 : it->second;
+}
+
 double SpecController::speedup(int k) const {
   double t1 = step_cost(1);
-  double cost = k * draft_cost() + step_cost(k + 1);
+  double cost = k * draft_cost() + step_cost(call_size(k));
   return cost > 0 ? expected(k) * t1 / cost : INFINITY;
 }
 
 double SpecController::ceiling(int k) const {
-  double cost = k * draft_cost() + step_cost(k + 1);
+  double cost = k * draft_cost() + step_cost(call_size(k));
   return cost > 0 ? (k + 1) * step_cost(1) / cost : INFINITY;
 }
 
@@ -143,26 +149,54 @@ void SpecController::record_plain(int n, double seconds) {
   }
 }
 
-void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted) {
+std::pair<double, double> SpecController::tree_vs_chain() const {
+  if (gain_weight <= 0) return {1.0, 1.0};
+  double t1 = step_cost(1), d = draft_cost();
+  auto it = tree_call.find(k_);
+  double tree_cost = k_ * d + step_cost(it == tree_call.end() ? k_ + 1 : it->second);
+  double chain_cost = k_ * d + step_cost(k_ + 1);
+  double tree = tree_cost > 0 ? tree_gain / gain_weight * t1 / tree_cost : INFINITY;
+  double chain = chain_cost > 0 ? chain_gain / gain_weight * t1 / chain_cost : INFINITY;
+  return {tree, chain};
+}
+
+void SpecController::judge_tree(int n_accepted, int chain_accepted) {
+  ++tree_rounds;
+  tree_gain = tree_gain * policy::kDecay + n_accepted + 1;
+  chain_gain = chain_gain * policy::kDecay + chain_accepted + 1;
+  gain_weight = gain_weight * policy::kDecay + 1;
+  if (guard_ && use_tree && tree_rounds >= policy::kMinRounds) {
+    auto [tree, chain] = tree_vs_chain();
+    if (tree < chain) use_tree = false;
+  }
+}
+
+void SpecController::record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted, int call,
+                                  int depth, int chain_accepted) {
+  // a tree's call and depth differ from its node count; a chain's are drafted + 1 and drafted
+  if (call < 0) call = drafted + 1;
+  if (depth < 0) depth = drafted;
+  if (call > depth + 1) tree_call[depth] = call;
   ++k_histogram[k];
   if (learn_) {
-    if (drafted) {
-      costs_->observe_draft(draft_s / drafted);
-      local_draft = local_ema(local_draft, draft_s / drafted, local_draft >= 0);
+    if (depth) {
+      costs_->observe_draft(draft_s / depth);
+      local_draft = local_ema(local_draft, draft_s / depth, local_draft >= 0);
     }
-    costs_->observe_target(drafted + 1, verify_s);
-    observe_local(local, drafted + 1, verify_s);
+    costs_->observe_target(call, verify_s);
+    observe_local(local, call, verify_s);
   }
   ++since_plain_;
   after_plain_ = false;
   acc_ = acc_ * policy::kDecay + n_accepted;
-  rej_ = rej_ * policy::kDecay + (n_accepted < drafted ? 1 : 0);
+  rej_ = rej_ * policy::kDecay + (n_accepted < depth ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;
   k_seen_ = std::min(k_seen_, k);  // counterfactuals hold up to the smallest k in the window
   recent_.push_back(n_accepted);
   if (int(recent_.size()) > policy::kWindow) recent_.pop_front();
   ++rounds_since_;
-  if (adaptive_ && drafted == k) {
+  if (chain_accepted >= 0) judge_tree(n_accepted, chain_accepted);
+  if (adaptive_ && depth == k) {
     if (n_accepted == k && k_ < k_max_)
       ++k_;
     else if (2 * n_accepted < k && k_ > 1)

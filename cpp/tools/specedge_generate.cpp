@@ -18,7 +18,7 @@ namespace {
 
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard]\n"
+    "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard] [--tree]\n"
     "                         [--draft model|ngram] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
     "                         [--verify full|size|none] [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
@@ -70,6 +70,10 @@ nlohmann::json stats_json(const specedge_stats& s, const std::string& drafter) {
     st["alpha_estimate"] = std::round(s.alpha_estimate * 1e4) / 1e4;
     st["draft_calls"] = s.draft_calls;
     st["draft_kv_copied"] = s.draft_kv_copied;
+    if (s.tree_rounds) {  // only where trees ran, as the Python stats
+      st["tree_rounds"] = s.tree_rounds;
+      st["trees_off"] = bool(s.trees_off);
+    }
   }
   return st;
 }
@@ -134,6 +138,8 @@ int main(int argc, char** argv) {
         gp.adaptive_k = true;
       } else if (a == "--no-guard") {
         gp.guard = false;
+      } else if (a == "--tree") {
+        gp.tree = true;
       } else if (a == "--draft") {
         std::string d = value();
         // "head" is passed on: the library says that it does not run draft heads yet.
