@@ -57,6 +57,8 @@ def test_policy_vectors(name):
     assert ctl.probes == final["probes"]
     assert {str(t): c for t, c in sorted(ctl.local.items())} == final["local_costs"]
     assert ctl.local_draft == final["local_draft"]
+    assert (ctl.tree_rounds, ctl.use_tree) == (final["tree_rounds"], final["use_tree"])
+    assert {str(k): c for k, c in sorted(ctl.tree_call.items())} == final["tree_call"]
 
 
 def test_vectors_cover_every_rule():
@@ -74,6 +76,11 @@ def test_vectors_cover_every_rule():
     # a hopeless draft's fallback carried into the next request, and a carried one cleared
     assert any(e.get("request") == [] and k == 0 for c in CASES.values() for e, k in zip(c["events"], c["next_k"]))
     assert any(e.get("request") == [] and k > 0 for c in CASES.values() for e, k in zip(c["events"], c["next_k"]))
+    # tree rounds (priced by their call, judged against their chain), the C++ policy replays them too
+    trees = [e["round"] for c in CASES.values() for e in c["events"] if len(e.get("round", ())) == 8]
+    assert any(r[7] is None for r in trees) and any(r[7] is not None and r[7] < r[1] for r in trees)
+    assert any(not f["use_tree"] for f in finals.values())  # trees turned off for the chain
+    assert any(f["use_tree"] and f["tree_rounds"] > policy.MIN_ROUNDS for f in finals.values())
 
 
 def test_a_retry_forgets_the_round_times_from_before_the_fallback():
@@ -264,7 +271,7 @@ def test_vectors_detect_no_carried_fallback(monkeypatch):
     assert any(replay(c)[1] != c["next_k"] for c in CASES.values())
 
 
-# ----------------------------------------------------------------------------- tree rounds (Python only)
+# ----------------------------------------------------------------------------- tree rounds
 
 
 def test_a_tree_round_is_priced_by_its_whole_call_and_its_depth():

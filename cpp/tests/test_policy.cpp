@@ -62,7 +62,11 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
         ctl = make();
       } else if (e.contains("round")) {
         const auto& r = e["round"];
-        ctl.record_round(r[0].get<int>(), r[1].get<int>(), r[2].get<double>(), r[3].get<double>(), r[4].get<int>());
+        if (r.size() == 8)  // a tree round: call, depth, chain_accepted (null: a sampled tree)
+          ctl.record_round(r[0].get<int>(), r[1].get<int>(), r[2].get<double>(), r[3].get<double>(), r[4].get<int>(),
+                           r[5].get<int>(), r[6].get<int>(), r[7].is_null() ? -1 : r[7].get<int>());
+        else
+          ctl.record_round(r[0].get<int>(), r[1].get<int>(), r[2].get<double>(), r[3].get<double>(), r[4].get<int>());
       } else {
         const auto& p = e["plain"];
         ctl.record_plain(p[0].get<int>(), p[1].get<double>());
@@ -90,6 +94,11 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     REQUIRE(ctl.local.size() == f["local_costs"].size());
     for (const auto& [t, s] : f["local_costs"].items())
       CHECK(ctl.local.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));
+    CHECK(ctl.tree_rounds == f["tree_rounds"].get<int>());
+    CHECK(ctl.use_tree == f["use_tree"].get<bool>());
+    std::map<int, int> tree_call;
+    for (const auto& [k, n] : f["tree_call"].items()) tree_call[std::stoi(k)] = n.get<int>();
+    CHECK(ctl.tree_call == tree_call);
     if (f["local_draft"].is_null())
       CHECK(ctl.local_draft < 0);
     else

@@ -115,10 +115,10 @@ class SpecController:
     adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
     -1 when the rejection came in the first half.
 
-    Tree rounds (Python only; C++ has no trees) are judged by what they cost: the target call of
+    Tree rounds (both runtimes; the tree cases of the replay vectors pin them) are judged by what they cost: the target call of
     all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
     whose accepted path reached the tree's depth counts as fully accepted. A chain's figures are
-    the same either way, so the rules above (and the C++ replay vectors) are unchanged for chains.
+    the same either way, so the rules above (and the chain replay vectors) are unchanged for chains.
     Trees are also judged against the chain they replace: a greedy tree round knows how many of
     its tokens the chain alone (the tree's first line) would have given (`chain_accepted`), so
     after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
@@ -347,6 +347,6 @@ class SpecController:
             "fallback_tokens": self.fallback_tokens,
             "k_shrinks": self.shrinks,
             "alpha_estimate": round(self.alpha, 4),
-            # tree keys only where trees ran (C++ runs chains; its stats keys equal these otherwise)
+            # tree keys only where trees ran (the C++ runtime's stats do the same)
             **({"tree_rounds": self.tree_rounds, "trees_off": not self.use_tree} if self.tree_rounds else {}),
         }
