@@ -10,7 +10,7 @@ cmake, see docs/cpp.md; $SPECEDGE_CPP_BUILD points elsewhere). Covers:
   fallback) and the tiny bundles' (Metaspace);
 * `specedge_generate` greedy token ids identical to the Python runtime, speculative and
   `--no-spec`: on tiny bundles (scatter, delta, n-gram) and, marked slow, on the default bundle
-  for 3 prompts;
+  for 3 prompts; with `--tree` on tiny tree bundles (identical to Python's tree ids and target-only);
 * bad input: exit code 2 and exactly one `error: ...` line on stderr.
 """
 
@@ -279,9 +279,9 @@ def test_generate_matches_python_tiny(tiny_bundles, name):
 
 @pytest.mark.parametrize("kv_mode,draft", [("scatter", "self"), ("delta", "ngram")])
 def test_generate_matches_python_on_a_tree_bundle(tiny_bundle_factory, kv_mode, draft, tmp_path):
-    """Trees are Python-only: the native runtime runs chains on a bundle exported with --tree
-    (binding the lower-triangular tree_mask), with the Python chain's and tree's greedy ids; a
-    non-boolean `tree` flag is refused like the Python reader refuses it."""
+    """Without --tree the native runtime runs chains on a bundle exported with --tree (binding the
+    lower-triangular tree_mask), with the Python chain's and tree's greedy ids; a non-boolean `tree`
+    flag is refused like the Python reader refuses it."""
     from specedge.runtime.api import load
 
     bundle = tiny_bundle_factory(kv_mode=kv_mode, draft=draft, tree=True)
