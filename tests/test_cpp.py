@@ -715,6 +715,13 @@ def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
     j["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (dup / "manifest.json").write_text(json.dumps(j))
     same(dup, contains=f"the draft head's vocabulary map '{rel}' must list {len(vocab['d2t'])} distinct target ids")
+    # the head graph reads weights the manifest does not list as its external data (checked before any session)
+    noext = tmp_path / "noext"
+    shutil.copytree(good, noext)
+    j = json.loads((noext / "manifest.json").read_text())
+    j["models"]["head"]["graphs"][0]["external_data"] = []
+    (noext / "manifest.json").write_text(json.dumps(j))
+    same(noext, contains="which the manifest does not list as its external data")
     # another backend: the C++ build may lack TensorRT, the head refusal comes first either way
     p = run_cpp(good, "hi", "--draft", "head", "--backend", "tensorrt", check=False)
     assert_usage_error(p, "a draft head runs on the ort-cpu backend, with an ort-cpu target (not tensorrt/tensorrt)")
