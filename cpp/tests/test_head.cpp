@@ -1,5 +1,5 @@
 // Draft-head drafter tests (head_drafter.h). They need SPECEDGE_TINY_BUNDLES/head_scatter, a tiny
-// bundle with target features and a trained head (tests/test_cpp.py makes it); without it they are
+// bundle with target features and a trained head, and scatter_self/ (tests/test_cpp.py makes them); without them they are
 // skipped with a message. The hidden case [head_replay] replays a trace of the Python head drafter's
 // proposals ($SPECEDGE_HEAD_TRACE, written by tests/test_cpp.py) and checks every proposal.
 #include <cmath>
@@ -15,6 +15,7 @@
 
 #include "catch.h"
 #include "engine.h"
+#include "specedge.h"
 #include "error.h"
 #include "head_drafter.h"
 #include "manifest.h"
@@ -201,4 +202,43 @@ TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_r
     CHECK(r.stats.draft_calls == run["draft_calls"].get<int64_t>());
   }
   std::cout << "head replay: " << checked << " proposals checked\n";
+}
+
+TEST_CASE("head drafter: through the C API (draft \"head\")") {
+  NEED_TINY(b, "head_scatter");
+  NEED_TINY(plain, "scatter_self");
+  specedge_open_options co;
+  specedge_open_options_init(&co);
+  co.threads = 1;
+  co.warmup = 0;
+  co.draft = "head";
+  specedge_model* m = nullptr;
+  REQUIRE(specedge_open(b.c_str(), &co, &m) == SPECEDGE_OK);
+  CHECK(std::string(specedge_drafter_kind(m)) == "head");
+  specedge_gen_params gp;
+  specedge_gen_params_init(&gp);
+  gp.max_new_tokens = 24;
+  gp.guard = 0;
+  specedge_result* r = nullptr;
+  REQUIRE(specedge_generate(m, "def add(a, b):", &gp, nullptr, nullptr, &r) == SPECEDGE_OK);
+  size_t n = 0;
+  const int32_t* ids = specedge_result_tokens(r, &n);
+  std::vector<int32_t> got(ids, ids + n);
+  specedge_stats st;
+  specedge_result_stats(r, &st);
+  CHECK(st.speculative == 1);
+  CHECK(st.drafted > 0);
+  CHECK(st.draft_calls > 0);
+  specedge_result_free(r);
+  specedge_close(m);
+  Engine e(b, head_options());
+  GenConfig g;
+  g.max_new_tokens = 24;
+  g.guard = false;
+  CHECK(e.generate(e.encode("def add(a, b):"), g, nullptr).token_ids == got);
+  // a bundle without a head: the status and the sentence
+  m = nullptr;
+  CHECK(specedge_open(plain.c_str(), &co, &m) == SPECEDGE_ERR_INVALID_ARGUMENT);
+  CHECK(m == nullptr);
+  CHECK(std::string(specedge_last_error()) == "this bundle has no draft head: train one with `specedge train-draft BUNDLE`");
 }
