@@ -617,11 +617,13 @@ def python_head_runs(bundle: Path, runs):
                 del pipe.drafter.propose
             out.append({"prompt": prompt, "max_new_tokens": n, "spec_tokens": k, "proposals": seen,
                         "token_ids": r.token_ids, "stats": r.stats,
-                        **{key: r.stats[key] for key in ("drafted", "accepted", "draft_calls")}})
+                        **{key: r.stats[key] for key in ("drafted", "accepted", "draft_calls", "prefix_reused_tokens")}})
     return out
 
 
-HEAD_RUNS = [*((p, 40, 4) for p in HEAD_PROMPTS), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4)]
+# the long prompt twice: the second request reuses the target's cached prefix, whose feature rows
+# (written by the first) the head's catch-up reads
+HEAD_RUNS = [*((p, 40, 4) for p in HEAD_PROMPTS), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4), (HEAD_LONG, 30, 3)]
 
 
 @pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
@@ -654,6 +656,7 @@ def test_head_replays_every_python_proposal(head_bundles, tiny_bundles, tmp_path
     if not exe.is_file():
         pytest.skip(f"{exe} not built")
     runs = python_head_runs(head_bundles["scatter"], HEAD_RUNS)
+    assert runs[-1]["prefix_reused_tokens"] >= 32  # the repeated long prompt: the C++ engine must reuse as much
     for r in runs:
         del r["stats"]
     trace = tmp_path / "trace.json"

@@ -200,6 +200,7 @@ TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_r
     CHECK(r.stats.drafted == run["drafted"].get<int64_t>());
     CHECK(r.stats.accepted == run["accepted"].get<int64_t>());
     CHECK(r.stats.draft_calls == run["draft_calls"].get<int64_t>());
+    CHECK(r.stats.prefix_reused_tokens == run["prefix_reused_tokens"].get<int64_t>());
   }
   std::cout << "head replay: " << checked << " proposals checked\n";
 }
