@@ -185,18 +185,21 @@ def tiny_bundles(tiny_bundle_factory, head_bundles, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def head_bundles(tiny_bundle_factory, tmp_path_factory) -> dict:
-    """{"scatter": path, "delta": path}: tiny bundles with target features and a draft head trained
+    """{"scatter": path, "delta": path, "int8": path}: tiny bundles with target features and a draft head trained
     for a few steps (`specedge train-draft`), copies the tests may read but not change."""
     from specedge.training.train import TrainOptions, train_draft
 
     root = tmp_path_factory.mktemp("cpp_head")
     out = {}
-    for kv, budget in (("scatter", "1k"), ("delta", "500")):
-        b = root / kv
-        shutil.copytree(tiny_bundle_factory(kv_mode=kv, features=True), b)
+    # int8: the target's single-token steps run as two-token calls (invariant steps), whose padding
+    # row's features the next call overwrites
+    for name, kv, precision, budget in (("scatter", "scatter", "fp32", "1k"), ("delta", "delta", "fp32", "500"),
+                                        ("int8", "scatter", "int8", "500")):
+        b = root / name
+        shutil.copytree(tiny_bundle_factory(kv_mode=kv, precision=precision, features=True), b)
         train_draft(b, TrainOptions(budget=budget, draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
-                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{kv}")))
-        out[kv] = b
+                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{name}")))
+        out[name] = b
     return out
 
 
@@ -626,7 +629,7 @@ def python_head_runs(bundle: Path, runs):
 HEAD_RUNS = [*((p, 40, 4) for p in HEAD_PROMPTS), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4), (HEAD_LONG, 30, 3)]
 
 
-@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta", "int8"])
 def test_head_generate_matches_python(head_bundles, kv_mode):
     """`specedge_generate --draft head`: the Python head drafter's greedy ids and round counts
     (drafts, accepted, target and head calls, histograms), guard off; a long prompt runs its
