@@ -393,7 +393,8 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   CostModel* costs = deterministic ? &local : &costs_;
   SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
-  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : (head_ ? head_->calls() : 0), draft_copied0 = drafter_ ? drafter_->copied() : 0;
+  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : (head_ ? head_->calls() : 0);
+  const int64_t draft_copied0 = drafter_ ? drafter_->copied() : 0;
   std::vector<int64_t> hist;
   const auto& stops = cfg.stop;
   IncrementalDecoder dec(&tok_);

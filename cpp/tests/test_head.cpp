@@ -1,7 +1,8 @@
 // Draft-head drafter tests (head_drafter.h). They need SPECEDGE_TINY_BUNDLES/head_scatter, a tiny
-// bundle with target features and a trained head, and scatter_self/ (tests/test_cpp.py makes them); without them they are
-// skipped with a message. The hidden case [head_replay] replays a trace of the Python head drafter's
-// proposals ($SPECEDGE_HEAD_TRACE, written by tests/test_cpp.py) and checks every proposal.
+// bundle with target features and a trained head, and scatter_self/ (tests/test_cpp.py makes them);
+// without them they are skipped with a message. The hidden case [head_replay] replays a trace of
+// the Python head drafter's proposals ($SPECEDGE_HEAD_TRACE, written by tests/test_cpp.py) and
+// checks every proposal.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
