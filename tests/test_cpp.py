@@ -16,6 +16,7 @@ cmake, see docs/cpp.md; $SPECEDGE_CPP_BUILD points elsewhere). Covers:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -170,14 +171,36 @@ def check_tokenizer_parity(tokenizer_json: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_bundles(tiny_bundle_factory, tmp_path_factory) -> Path:
-    """A folder with scatter_self/, delta_self/ and delta_ngram/ (links to the shared tiny
-    bundles), as the C++ unit tests expect in $SPECEDGE_TINY_BUNDLES."""
+def tiny_bundles(tiny_bundle_factory, head_bundles, tmp_path_factory) -> Path:
+    """A folder with scatter_self/, delta_self/, delta_ngram/ (links to the shared tiny bundles)
+    and head_scatter/ (a bundle with a trained draft head), as the C++ unit tests expect in
+    $SPECEDGE_TINY_BUNDLES."""
     root = tmp_path_factory.mktemp("cpp_tiny")
     for name, kv, draft in (("scatter_self", "scatter", "self"), ("delta_self", "delta", "self"),
                             ("delta_ngram", "delta", "ngram")):
         os.symlink(tiny_bundle_factory(kv_mode=kv, draft=draft), root / name)
+    os.symlink(head_bundles["scatter"], root / "head_scatter")  # the head drafter's unit tests
     return root
+
+
+@pytest.fixture(scope="module")
+def head_bundles(tiny_bundle_factory, tmp_path_factory) -> dict:
+    """{"scatter": path, "delta": path, "int8": path}: tiny bundles with target features and a draft head trained
+    for a few steps (`specedge train-draft`), copies the tests may read but not change."""
+    from specedge.training.train import TrainOptions, train_draft
+
+    root = tmp_path_factory.mktemp("cpp_head")
+    out = {}
+    # int8: the target's single-token steps run as two-token calls (invariant steps), whose padding
+    # row's features the next call overwrites
+    for name, kv, precision, budget in (("scatter", "scatter", "fp32", "1k"), ("delta", "delta", "fp32", "500"),
+                                        ("int8", "scatter", "int8", "500")):
+        b = root / name
+        shutil.copytree(tiny_bundle_factory(kv_mode=kv, precision=precision, features=True), b)
+        train_draft(b, TrainOptions(budget=budget, draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
+                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{name}")))
+        out[name] = b
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -592,19 +615,161 @@ def test_documented_install_and_link_commands(tiny_bundles, tmp_path):
     assert p.stdout.count("tok/s") == 2, p.stdout  # both programs generated and printed their stats
 
 
-def test_schema_2_bundle_with_a_head_runs_its_own_draft_and_refuses_head(tiny_bundle_factory, tmp_path):
-    """A bundle with target features and a trained draft head: the C++ runtime drafts with the
-    bundle's self-draft (same tokens as the Python runtime) and refuses the head in one line."""
-    import shutil
-
+def test_schema_2_bundle_with_a_head_runs_its_own_draft_by_default(head_bundles):
+    """A bundle with target features and a trained draft head: without --draft the C++ runtime
+    drafts with the bundle's own draft (the self-draft), with the Python runtime's tokens."""
     from specedge.runtime.api import load
-    from specedge.training.train import TrainOptions, train_draft
 
-    b = tmp_path / "head"
-    shutil.copytree(tiny_bundle_factory(features=True), b)
-    train_draft(b, TrainOptions(budget="500", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=2,
-                                doc_tokens=300, threads=1, checkpoint=str(tmp_path / "ck")))
-    want = load(b, threads=1).generate(PROMPTS[0], max_new_tokens=24, speculative=False).token_ids
-    got = cpp_json(b, PROMPTS[0], "--max-new-tokens", "24")
+    b = head_bundles["scatter"]
+    with load(b, threads=1) as pipe:
+        want = pipe.generate(PROMPTS[0], max_new_tokens=24).token_ids
+    got = cpp_json(b, PROMPTS[0], "--max-new-tokens", "24", "--threads", "1")
     assert got["token_ids"] == want
-    assert_usage_error(run_cpp(b, PROMPTS[0], "--draft", "head", check=False), "Python runtime only")
+    assert got["stats"]["drafter"] == "model"
+
+
+# ----------------------------------------------------------------------------- draft heads
+
+HEAD_PROMPTS = ["hello there", "def add(a, b):", "The quick brown fox", "for i in range(10):"]
+# long enough for a catch-up of several prefill chunks (16), and to run into the context's end
+# (max_seq 128), where the head's slots cap k
+HEAD_LONG = " ".join(["the cat sat on the mat and the dog ran to the park"] * 5)
+HEAD_STATS = ("drafted", "accepted", "target_calls", "draft_calls", "tokens", "fallbacks")
+
+
+def python_head_runs(bundle: Path, runs):
+    """Python's head drafting, greedy with the guard off, for (prompt, max_new_tokens, k) runs:
+    per run the ids, stats and every proposal (history, drafts) the head drafter made."""
+    from specedge.runtime.api import load
+
+    out = []
+    with load(bundle, draft="head", threads=1) as pipe:
+        real = pipe.drafter.propose
+        for prompt, n, k in runs:
+            seen = []
+
+            def spy(history, kk, params, rng=None):
+                prop = real(history, kk, params, rng)
+                seen.append([[int(t) for t in history], [int(t) for t in prop.tokens]])
+                return prop
+
+            pipe.drafter.propose = spy
+            try:
+                r = pipe.generate(prompt, max_new_tokens=n, spec_tokens=k, guard=False)
+            finally:
+                del pipe.drafter.propose
+            out.append({"prompt": prompt, "max_new_tokens": n, "spec_tokens": k, "proposals": seen,
+                        "token_ids": r.token_ids, "stats": r.stats,
+                        **{key: r.stats[key] for key in ("drafted", "accepted", "draft_calls", "prefix_reused_tokens")}})
+    return out
+
+
+# the long prompt twice: the second request reuses the target's cached prefix, whose feature rows
+# (written by the first) the head's catch-up reads
+HEAD_RUNS = [*((p, 40, 4) for p in HEAD_PROMPTS), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4), (HEAD_LONG, 30, 3)]
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta", "int8"])
+def test_head_generate_matches_python(head_bundles, kv_mode):
+    """`specedge_generate --draft head`: the Python head drafter's greedy ids and round counts
+    (drafts, accepted, target and head calls, histograms), guard off; a long prompt runs its
+    catch-up in several chunks and reaches the end of the context."""
+    b = head_bundles[kv_mode]
+    drafted = accepted = 0
+    for run in python_head_runs(b, HEAD_RUNS):
+        got = cpp_json(b, run["prompt"], "--draft", "head", "--max-new-tokens", run["max_new_tokens"],
+                       "--spec-tokens", run["spec_tokens"], "--threads", 1, "--no-guard")
+        assert got["token_ids"] == run["token_ids"], run["prompt"]
+        st, want = got["stats"], run["stats"]
+        assert st["drafter"] == "head"
+        assert {k: st[k] for k in HEAD_STATS} == {k: want[k] for k in HEAD_STATS}, run["prompt"]
+        assert st["accepted_histogram"] == list(want["accepted_histogram"])
+        assert st["k_histogram"] == {str(k): v for k, v in want["k_histogram"].items()}
+        drafted += st["drafted"]
+        accepted += st["accepted"]
+    assert drafted > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("build", ["release", "asan"])
+def test_head_replays_every_python_proposal(head_bundles, tiny_bundles, tmp_path, build):
+    """The hidden Catch2 case [head_replay] runs the Python head drafter's runs through the C++
+    engine and checks every proposal (the history it drafted after and its drafts), the ids and
+    the counts; in the release build and under AddressSanitizer."""
+    exe = UNIT if build == "release" else BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built")
+    runs = python_head_runs(head_bundles["scatter"], HEAD_RUNS)
+    assert runs[-1]["prefix_reused_tokens"] >= 32  # the repeated long prompt: the C++ engine must reuse as much
+    for r in runs:
+        del r["stats"]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"bundle": str(head_bundles["scatter"]), "runs": runs}))
+    env = dict(os.environ, SPECEDGE_HEAD_TRACE=str(trace), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1")
+    p = subprocess.run([str(exe), "[head_replay]"], capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    n = sum(len(r["proposals"]) for r in runs)
+    assert n >= 40 and f"head replay: {n} proposals checked" in p.stdout, p.stdout[-2000:]
+    assert "runtime error" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr[-4000:]
+
+
+def test_head_seeded_sampling_repeats(head_bundles):
+    b = head_bundles["scatter"]
+    args = (b, "hello", "--draft", "head", "--max-new-tokens", 24, "--temperature", 0.8, "--seed", 5, "--threads", 1)
+    a, again = cpp_json(*args), cpp_json(*args)
+    assert a["token_ids"] == again["token_ids"] and a["stats"]["drafted"] == again["stats"]["drafted"] > 0
+    assert a["stats"]["drafter"] == "head"
+
+
+def python_cli_error(*args) -> str:
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", *map(str, args)], capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    assert p.returncode == 2, p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if x.strip()]
+    return line
+
+
+def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
+    """--draft head on a bundle without a head, a head trained for another target, a damaged draft
+    vocabulary map, a backend other than ort-cpu: exit 2 and the Python runtime's sentence."""
+    good = head_bundles["scatter"]
+
+    def same(bundle, *extra, contains):
+        line = python_cli_error(bundle, "hi", "--draft", "head", *extra)
+        assert contains in line, line
+        p = run_cpp(bundle, "hi", "--draft", "head", *extra, check=False)
+        assert_usage_error(p, contains)
+        assert p.stderr.strip() == line
+
+    same(tiny_bundles / "scatter_self", contains="this bundle has no draft head: train one with `specedge train-draft")
+    same(tiny_bundles / "delta_ngram", contains="no draft head")
+    other = tmp_path / "other"
+    shutil.copytree(good, other)
+    j = json.loads((other / "manifest.json").read_text())
+    j["models"]["head"]["extra"]["target_fingerprint"] = "f" * 64
+    (other / "manifest.json").write_text(json.dumps(j))
+    same(other, contains="the bundle's draft head was trained for another target")
+    # a map with a repeated id (checksums updated, so only the map itself is wrong)
+    dup = tmp_path / "dup"
+    shutil.copytree(good, dup)
+    j = json.loads((dup / "manifest.json").read_text())
+    rel = j["models"]["head"]["extra"]["draft_vocab_file"]
+    vocab = json.loads((dup / rel).read_text())
+    vocab["d2t"][-1] = vocab["d2t"][0]
+    data = json.dumps(vocab).encode()
+    (dup / rel).write_bytes(data)
+    j["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (dup / "manifest.json").write_text(json.dumps(j))
+    same(dup, contains=f"the draft head's vocabulary map '{rel}' must list {len(vocab['d2t'])} distinct target ids")
+    # the head graph reads weights the manifest does not list as its external data (checked before any session)
+    noext = tmp_path / "noext"
+    shutil.copytree(good, noext)
+    j = json.loads((noext / "manifest.json").read_text())
+    j["models"]["head"]["graphs"][0]["external_data"] = []
+    (noext / "manifest.json").write_text(json.dumps(j))
+    same(noext, contains="which the manifest does not list as its external data")
+    # another backend: the C++ build may lack TensorRT, the head refusal comes first either way
+    p = run_cpp(good, "hi", "--draft", "head", "--backend", "tensorrt", check=False)
+    assert_usage_error(p, "a draft head runs on the ort-cpu backend, with an ort-cpu target (not tensorrt/tensorrt)")
+    assert "a draft head runs on the ort-cpu backend, with an ort-cpu target (not" in python_cli_error(
+        good, "hi", "--draft", "head", "--backend", "ort-cuda")

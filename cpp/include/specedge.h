@@ -59,7 +59,8 @@ typedef struct specedge_open_options {
                            handle asking for the same threads and spinning run on it. Other
                            values get a pool per session. */
   int spec_tokens;      /* default k (draft tokens per round), 1..16; 0 = the bundle's */
-  const char* draft;    /* "model", "ngram", or NULL = the bundle's own kind */
+  const char* draft;    /* "model", "ngram", "head" (the bundle's trained draft head, `specedge
+                           train-draft`; ort-cpu only), or NULL = the bundle's own kind */
   const char* verify;   /* bundle file check: "full" (sha256, default), "size" or "none" */
   int allow_spinning;   /* ONNX Runtime intra-op spinning: -1 = auto (on for the shared pool; on a
                            per-session pool, off when a draft session takes turns with the
@@ -177,7 +178,7 @@ SPECEDGE_API const char* specedge_version(void);
 /* Facts about the loaded bundle. */
 SPECEDGE_API int specedge_max_seq(const specedge_model* model);
 SPECEDGE_API int specedge_vocab_size(const specedge_model* model);
-SPECEDGE_API const char* specedge_drafter_kind(const specedge_model* model); /* "model", "ngram" */
+SPECEDGE_API const char* specedge_drafter_kind(const specedge_model* model); /* "model", "ngram", "head" */
 
 #ifdef __cplusplus
 }

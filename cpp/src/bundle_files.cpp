@@ -149,8 +149,8 @@ std::vector<std::string> external_locations(const std::string& b) {
 }
 
 void check_graph_files(const Manifest& m) {
-  for (const ModelSpec* spec : {&m.target, &m.draft}) {
-    if (!spec->is_model()) continue;
+  for (const ModelSpec* spec : {&m.target, &m.draft, &m.head}) {  // m.head: kind "" and no graphs without a head
+    if (!spec->is_model() && spec->kind != "head") continue;
     for (const auto& g : spec->graphs) {
       std::ifstream in(m.path(g.path), std::ios::binary);
       if (!in) fail_bundle("cannot read the " + spec->role + " graph '" + g.path + "'");

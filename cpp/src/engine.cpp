@@ -9,6 +9,7 @@
 
 #include "bundle_files.h"
 #include "error.h"
+#include "ort_backend.h"
 
 namespace specedge {
 
@@ -205,11 +206,13 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
 // ---------------------------------------------------------------------------- engine
 
 Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
-  if (opts.draft == "head")
-    fail_arg("draft 'head' (a trained draft head) is run by the Python runtime only for now; the C++ runtime "
-             "drafts with 'model' or 'ngram'");
-  if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram")
-    fail_arg("draft must be 'model', 'ngram' or empty, got '" + opts.draft + "'");
+  if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram" && opts.draft != "head")
+    fail_arg("draft must be 'model', 'ngram', 'head' or empty, got '" + opts.draft + "'");
+  if (opts.draft == "head") {  // the head graph and the target's features run on ONNX Runtime's CPU backend
+    const std::string& b = opts.backend.backend;
+    if (!b.empty() && b != "auto" && b != "ort-cpu")
+      fail_arg("a draft head runs on the ort-cpu backend, with an ort-cpu target (not " + b + "/" + b + ")");
+  }
   if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)
     fail_arg("spec_tokens (k) must be in 1.." + std::to_string(kMaxSpecTokens) + " (0 = the bundle's), got " +
              std::to_string(opts.spec_tokens));
@@ -227,15 +230,28 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   std::string draft = opts.draft.empty() ? (m_.draft.is_model() ? "model" : "ngram") : opts.draft;
   if (draft == "model" && !m_.draft.is_model())
     fail_arg("this bundle's draft is an n-gram drafter: it has no draft model (use draft 'ngram')");
+  if (draft == "head" && !m_.has_head)
+    fail_arg("this bundle has no draft head: train one with `specedge train-draft BUNDLE`");
   BackendOptions bo = opts.backend;
   bo.backend = resolve_backend_name(bo.backend);
   bo.verify = opts.verify;
-  bool two = draft == "model";
+  bool two = draft == "model" || draft == "head";
   bo.allow_spinning = opts.allow_spinning;
   bo.alternating = two;
   target_ = make_backend(m_, m_.target, bo);
   vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
-  if (two) {
+  OrtBackend* head_backend = nullptr;
+  if (draft == "head") {
+    draft_backend_ = make_backend(m_, m_.head, bo);
+    head_backend = dynamic_cast<OrtBackend*>(draft_backend_.get());
+    auto* tb = dynamic_cast<OrtBackend*>(target_.get());
+    // the target keeps its feature rows only now, for the head (no cost for other drafters)
+    if (!head_backend || !tb || !tb->keep_features())
+      fail_bundle("the target graph returns no features: head drafting needs a bundle exported with features");
+    if (tb->feature_dim() != m_.head.feature_dim)
+      fail_bundle("the draft head reads " + std::to_string(m_.head.feature_dim) + " features, the target returns " +
+                  std::to_string(tb->feature_dim()));
+  } else if (two) {
     draft_backend_ = make_backend(m_, m_.draft, bo);
     vocab_ = std::min(vocab_, draft_backend_->vocab_size());
     drafter_ = std::make_unique<ModelDrafter>(draft_backend_.get(), m_.prefill_chunk, vocab_);
@@ -245,14 +261,16 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
   tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision));
   if (drafter_ && m_.draft.self_draft_of == "target") drafter_->set_kv_donor(tcache_.get());
+  if (head_backend)
+    head_ = std::make_unique<HeadDrafter>(head_backend, tcache_.get(), read_draft_vocab(m_), vocab_, m_.prefill_chunk);
   eos_ = m_.eos_token_ids;
   spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;
   check_call_size(spec_tokens_);
   double r;
   if (ngram_)
     r = 0.01;
-  else if (m_.draft.weight_bytes > 0 && m_.target.weight_bytes > 0)
-    r = std::max(double(m_.draft.weight_bytes) / double(m_.target.weight_bytes), 0.02);
+  else if (const ModelSpec& d = head_ ? m_.head : m_.draft; d.weight_bytes > 0 && m_.target.weight_bytes > 0)
+    r = std::max(double(d.weight_bytes) / double(m_.target.weight_bytes), 0.02);
   else
     r = 0.3;
   static_costs_.target = {{1, 1.0}, {kMaxSpecTokens + 1, 1.0 + 0.05 * kMaxSpecTokens}};
@@ -277,7 +295,7 @@ void Engine::calibrate(int repeats) {
   };
   costs_.target[1] = timeit(target_.get(), 1);
   // every verification size, each timed after its warm-up call (a size first timed cold misleads the guard)
-  if (drafter_ || ngram_)
+  if (drafter_ || ngram_ || head_)
     for (int t = 2; t <= spec_tokens_ + 1; ++t) costs_.target[t] = timeit(target_.get(), t);
   if (draft_backend_) {
     costs_.draft = timeit(draft_backend_.get(), 1);
@@ -288,6 +306,7 @@ void Engine::calibrate(int repeats) {
   }
   tcache_->reset();
   if (drafter_) drafter_->reset();
+  if (head_) head_->reset();
 }
 
 void Engine::check_call_size(int k) const {
@@ -375,19 +394,23 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +
              std::to_string(max_seq) + " (prompt + at least one new token must fit)");
   if (cfg.speculative && cfg.spec_tokens) check_call_size(cfg.spec_tokens);
-  if (cfg.tree && cfg.speculative && (drafter_ || ngram_) && !target_->takes_trees())
+  if (cfg.tree && cfg.speculative && (drafter_ || ngram_ || head_) && !target_->takes_trees())
     fail_arg("tree verification needs a target graph that takes trees: export the bundle with --tree");
+  if (cfg.tree && cfg.speculative && head_)
+    fail_arg("tree verification with a draft head does not run in the C/C++ runtime yet (Python's runs it): "
+             "drop --tree or use --draft model|ngram");
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);
-  bool speculative = cfg.speculative && (drafter_ || ngram_);
+  bool speculative = cfg.speculative && (drafter_ || ngram_ || head_);
   int k = cfg.spec_tokens ? cfg.spec_tokens : spec_tokens_;
   bool deterministic = !params.greedy() && cfg.seed.has_value();
   CostModel local = static_costs_;
   CostModel* costs = deterministic ? &local : &costs_;
   SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
-  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : 0, draft_copied0 = drafter_ ? drafter_->copied() : 0;
+  const int64_t draft_calls0 = drafter_ ? drafter_->calls() : (head_ ? head_->calls() : 0);
+  const int64_t draft_copied0 = drafter_ ? drafter_->copied() : 0;
   std::vector<int64_t> hist;
   const auto& stops = cfg.stop;
   IncrementalDecoder dec(&tok_);
@@ -410,6 +433,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   double t_first = now();
   if (speculative) {
     if (drafter_) drafter_->start(prompt);
+    if (head_) head_->start(prompt);
     if (ngram_) ngram_->reset();
   }
   std::vector<int32_t> tokens = prompt;
@@ -475,6 +499,9 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
       const std::vector<double>* q = nullptr;
       if (drafter_) {
         draft = drafter_->propose(tokens, kk, params, rng, params.greedy() ? nullptr : &q_rows_);
+        q = &q_rows_;
+      } else if (head_) {
+        draft = head_->propose(tokens, kk, params, rng, params.greedy() ? nullptr : &q_rows_);
         q = &q_rows_;
       } else {
         draft = ngram_->propose(tokens, kk);
@@ -576,7 +603,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   if (speculative) {
     s.k_histogram = ctl.k_histogram;
     s.alpha_estimate = ctl.alpha();
-    s.draft_calls = drafter_ ? drafter_->calls() - draft_calls0 : 0;
+    s.draft_calls = drafter_ ? drafter_->calls() - draft_calls0 : (head_ ? head_->calls() - draft_calls0 : 0);
     s.draft_kv_copied = drafter_ ? drafter_->copied() - draft_copied0 : 0;
     s.tree_rounds = ctl.tree_rounds;
     s.trees_off = !ctl.use_tree;

@@ -15,6 +15,7 @@
 
 #include "manifest.h"
 #include "backend.h"
+#include "head_drafter.h"
 #include "policy.h"
 #include "sampling.h"
 #include "tokenizer.h"
@@ -146,7 +147,7 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text)
 struct EngineOptions {
   BackendOptions backend;
   int spec_tokens = 0;        // 0 = bundle's
-  std::string draft;          // "", "model", "ngram"
+  std::string draft;          // "", "model", "ngram", "head" (the bundle's trained draft head; ort-cpu)
   std::string verify = "full";
   int allow_spinning = -1;    // -1 auto
   bool warmup = true;
@@ -162,7 +163,8 @@ class Engine {
   GenResult generate(const std::vector<int32_t>& prompt, const GenConfig& cfg, const TokenCallback& cb);
   const Manifest& manifest() const { return m_; }
   int vocab() const { return vocab_; }
-  std::string drafter_kind() const { return ngram_ ? "ngram" : (drafter_ ? "model" : "none"); }
+  std::string drafter_kind() const { return ngram_ ? "ngram" : (drafter_ ? "model" : (head_ ? "head" : "none")); }
+  HeadDrafter* head_drafter() const { return head_.get(); }  // draft "head" only (tests observe it)
   void calibrate(int repeats = 3);
 
  private:
@@ -183,6 +185,7 @@ class Engine {
   std::unique_ptr<CacheTracker> tcache_;
   std::unique_ptr<ModelDrafter> drafter_;
   std::unique_ptr<NgramDrafter> ngram_;
+  std::unique_ptr<HeadDrafter> head_;
   std::vector<int64_t> eos_;
   int vocab_ = 0, spec_tokens_ = 0;
   CostModel costs_, static_costs_;

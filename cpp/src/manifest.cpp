@@ -1,5 +1,6 @@
 #include "manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -94,13 +95,42 @@ bool one_of(const std::string& s, const char* (&arr)[N]) {
   return false;
 }
 
+// The optional `features` object of a model entry: tapped layers and the output width (manifest.py _features).
+void features(const json& d, const std::string& where, ModelSpec& m) {
+  if (!d.contains("features") || d.at("features").is_null()) return;
+  const json& f = d.at("features");
+  if (!f.is_object()) fail_bundle("the manifest's 'features' in " + where + " must be an object");
+  const json& layers = req(f, "layers", json::value_t::array, where + ".features");
+  bool ok = !layers.empty();
+  for (const json& i : layers) ok = ok && i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < m.num_layers;
+  if (!ok) fail_bundle("the manifest's features.layers in " + where + " must list layers of the model");
+  for (const json& i : layers) m.feature_layers.push_back(int(i.get<int64_t>()));
+  m.features_dim = int(bounded(req_int(f, "dim", where + ".features"), 1, kMaxHeads * kMaxHeadDim * int64_t(layers.size()),
+                               where + " features.dim"));
+}
+
+// A draft head's `extra`: the width of its features input, its vocabulary map file and the
+// fingerprint of the target it was trained for (checked in load_manifest, like manifest.py).
+void head_extra(const json& d, ModelSpec& m) {
+  const json extra = d.contains("extra") && d.at("extra").is_object() ? d.at("extra") : json::object();
+  if (!extra.contains("feature_dim") || !extra["feature_dim"].is_number_integer() ||
+      extra["feature_dim"].get<int64_t>() < 1 || extra["feature_dim"].get<int64_t>() > kMaxHeads * kMaxHeadDim * kMaxLayers)
+    fail_bundle("the manifest's draft head has no valid extra.feature_dim");
+  m.feature_dim = int(extra["feature_dim"].get<int64_t>());
+  if (m.hidden_size < 1) fail_bundle("the manifest's draft head has no hidden_size");
+  if (extra.contains("draft_vocab_file") && extra["draft_vocab_file"].is_string())
+    m.draft_vocab_file = extra["draft_vocab_file"].get<std::string>();
+  if (extra.contains("target_fingerprint") && extra["target_fingerprint"].is_string())
+    m.target_fingerprint = extra["target_fingerprint"].get<std::string>();
+}
+
 ModelSpec model(const json& d, const std::string& role) {
   std::string where = "models." + role;
   ModelSpec m;
   m.role = role;
   m.kind = req_str(d, "kind", where);
   if (m.kind == "ngram") {
-    if (role == "target") fail_bundle("the manifest's target model cannot be of kind 'ngram'");
+    if (role != "draft") fail_bundle("the manifest's " + role + " model cannot be of kind 'ngram'");
     if (d.contains("extra") && d["extra"].is_object() && d["extra"].contains("ngram_sizes")) {
       const json& ns = d["extra"]["ngram_sizes"];
       std::vector<int> sizes;
@@ -118,7 +148,8 @@ ModelSpec model(const json& d, const std::string& role) {
   if (d.contains("extra") && d["extra"].is_object() && d["extra"].contains("self_draft_of") &&
       d["extra"]["self_draft_of"].is_string())
     m.self_draft_of = d["extra"]["self_draft_of"].get<std::string>();
-  if (m.kind != "model") fail_bundle("the manifest's " + role + " model has unknown kind '" + m.kind + "'");
+  if (m.kind != (role == "head" ? "head" : "model"))
+    fail_bundle("the manifest's " + role + " model has unknown kind '" + m.kind + "'");
   m.precision = req_str(d, "precision", where);
   if (!one_of(m.precision, kPrecisions))
     fail_bundle("the manifest's " + role + " precision '" + m.precision + "' is not one of fp32, fp16, bf16, int8, int4");
@@ -129,9 +160,12 @@ ModelSpec model(const json& d, const std::string& role) {
   m.head_dim = int(bounded(req_int(d, "head_dim", where), 1, kMaxHeadDim, role + " head_dim"));
   m.vocab_size = bounded(req_int(d, "vocab_size", where), 2, kMaxVocab, role + " vocab_size");
   m.weight_bytes = opt_int(d, "weight_bytes");
+  m.hidden_size = int(std::clamp<int64_t>(opt_int(d, "hidden_size"), 0, kMaxHeads * kMaxHeadDim));
   for (const json& t : req(d, "inputs", json::value_t::array, where)) m.inputs.push_back(tensor(t, where + ".inputs"));
   for (const json& t : req(d, "outputs", json::value_t::array, where)) m.outputs.push_back(tensor(t, where + ".outputs"));
   if (!one_of(m.kv_dtype, kKvDtypes)) fail_bundle("the manifest's " + role + " kv_dtype '" + m.kv_dtype + "' is not supported");
+  features(d, where, m);
+  if (role == "head") head_extra(d, m);
   const json& graphs = req(d, "graphs", json::value_t::array, where);
   if (graphs.empty()) fail_bundle("the manifest's " + role + " model lists no graph");
   for (const json& g : graphs) {
@@ -242,6 +276,11 @@ Manifest parse_manifest(const std::string& text, const std::string& root) {
   m.target = model(req(models, "target", json::value_t::object, "models"), "target");
   m.draft = model(req(models, "draft", json::value_t::object, "models"), "draft");
   m.has_head = models.contains("head");
+  if (m.has_head) m.head = model(req(models, "head", json::value_t::object, "models"), "head");
+  if (m.schema_version < 2 && (m.has_head || m.target.features_dim))
+    fail_bundle("the manifest has schema version 1 but uses version 2 fields (features, a draft head)");
+  if (m.has_head && !m.target.features_dim)
+    fail_bundle("the manifest has a draft head but its target graph returns no features");
   const json& files = req(obj, "files", json::value_t::object, "the manifest");
   for (auto it = files.begin(); it != files.end(); ++it) {
     const json& info = it.value();
@@ -294,11 +333,15 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   }
   std::vector<std::string> referenced = m.tokenizer_files;
   if (m.chat_template) referenced.push_back(*m.chat_template);
-  for (const ModelSpec* spec : {&m.target, &m.draft})
+  for (const ModelSpec* spec : {&m.target, &m.draft, &m.head})
     for (const auto& g : spec->graphs) {
       referenced.push_back(g.path);
       referenced.insert(referenced.end(), g.external_data.begin(), g.external_data.end());
     }
+  if (m.has_head) {
+    if (m.head.draft_vocab_file.empty()) fail_bundle("the manifest's draft head names no draft_vocab_file");
+    referenced.push_back(m.head.draft_vocab_file);
+  }
   for (const auto& kv : m.files) resolve_inside(bundle, kv.first);
   for (const auto& rel : referenced) resolve_inside(bundle, rel);
   for (const auto& rel : referenced)
@@ -318,7 +361,25 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   if (m.draft.is_model() &&
       (m.draft.vocab_size < m.tokenizer_vocab_size || m.target.vocab_size < m.tokenizer_vocab_size))
     fail_bundle("the draft and target vocabularies do not cover the shared tokenizer");
+  // a draft head trained for another target (its fingerprint differs) is refused (check_head_matches)
+  if (m.has_head && m.head.target_fingerprint != target_fingerprint(m))
+    fail_bundle("the bundle's draft head was trained for another target (its target checksum differs): train it "
+                "again with `specedge train-draft`");
   return m;
+}
+
+std::string target_fingerprint(const Manifest& m) {
+  std::string lines;
+  for (const auto& g : m.target.graphs) {
+    std::vector<std::string> rels{g.path};
+    rels.insert(rels.end(), g.external_data.begin(), g.external_data.end());
+    for (const auto& rel : rels) {
+      auto it = m.files.find(rel);
+      if (it == m.files.end()) fail_bundle("the manifest lists no checksum for the target's '" + rel + "'");
+      lines += rel + ":" + it->second.sha256 + "\n";
+    }
+  }
+  return sha256_hex(lines);
 }
 
 }  // namespace specedge

@@ -11,7 +11,7 @@
 namespace specedge {
 
 // Written by this version's export; 1 is read too (2 added the target's optional features output
-// and the optional models.head entry, a trained draft head the C++ runtime does not run yet).
+// and the optional models.head entry, a trained draft head: head_drafter.h).
 constexpr int kSchemaVersion = 2;
 constexpr int kMinSchemaVersion = 1;
 constexpr int kMaxSpecTokens = 16;
@@ -31,8 +31,16 @@ struct GraphSpec {
 
 struct ModelSpec {
   std::string role, kind, family, precision, kv_dtype;
-  int num_layers = 0, num_kv_heads = 0, head_dim = 0;
+  int num_layers = 0, num_kv_heads = 0, head_dim = 0, hidden_size = 0;
   int64_t vocab_size = 0, weight_bytes = 0;
+  // `features`: the target graph also returns hidden states for a draft head (output
+  // "hidden_states" [B, T, features_dim] of layers feature_layers); features_dim 0: none.
+  std::vector<int> feature_layers;
+  int features_dim = 0;
+  // kind "head" (extra): the width of its `features` input, its draft->target id map file and the
+  // fingerprint of the target it was trained for (manifest.py target_fingerprint).
+  int feature_dim = 0;
+  std::string draft_vocab_file, target_fingerprint;
   std::vector<GraphSpec> graphs;
   std::vector<TensorSpec> inputs, outputs;
   std::vector<int> ngram_sizes{3, 2, 1};  // kind "ngram": extra.ngram_sizes
@@ -60,7 +68,8 @@ struct Manifest {
   std::vector<std::string> tokenizer_files;
   std::optional<std::string> chat_template;
   ModelSpec target, draft;
-  bool has_head = false;  // models.head: a draft head (Python runtime only, for now)
+  bool has_head = false;  // models.head: a draft head (kind "head", in `head`)
+  ModelSpec head;
   std::map<std::string, FileEntry> files;
   std::string root;  // bundle folder as given
 
@@ -74,5 +83,8 @@ Manifest parse_manifest(const std::string& json_text, const std::string& root = 
 Manifest load_manifest(const std::string& bundle_dir, const std::string& verify = "full");
 // The path `rel` names inside `root` (resolving links); throws when it would leave the bundle.
 std::string resolve_inside(const std::string& root, const std::string& rel);
+// One sha256 over the target's graph files' checksums (manifest.py target_fingerprint): what a
+// draft head was trained on.
+std::string target_fingerprint(const Manifest& m);
 
 }  // namespace specedge

@@ -1,5 +1,6 @@
 #include "ort_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -56,6 +57,8 @@ class ZeroedBytes {
   std::unique_ptr<uint8_t, Free> p_;
 };
 
+constexpr const char* kFeaturesOutput = "hidden_states";  // contract.py FEATURES_OUTPUT
+
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');
   return p == std::string::npos ? s : s.substr(0, p);
@@ -84,6 +87,14 @@ struct OrtBackend::Impl {
   std::vector<int64_t> ids, pos;
   std::vector<float> logits;
   std::vector<std::string> extra_outputs;
+  // draft head graphs: features / hidden inputs [B, t, F] / [B, t, HH], hidden_out [B, t, HH]
+  bool head = false;
+  int F = 0, HH = 0;
+  std::vector<float> in_feat, in_hidden, out_hidden;
+  // target features kept for a head drafter: the output [B, t, TF] and every slot's row (batch 0)
+  bool keep_feat = false;
+  int TF = 0;
+  std::vector<float> feat_out, feat_store;
   struct Binding {
     std::unique_ptr<Ort::IoBinding> io;
     std::vector<Ort::Value> values;  // kept alive with the binding
@@ -102,6 +113,12 @@ struct OrtBackend::Impl {
     pos.assign(size_t(B), 0);
     logits.assign(size_t(B) * t_max * V, 0.f);
     if (delta) delta_buf.reset(size_t(2) * L * B * H * t_max * D * elem);
+    if (head) {
+      in_feat.assign(size_t(B) * t_max * F, 0.f);
+      in_hidden.assign(size_t(B) * t_max * HH, 0.f);
+      out_hidden.assign(size_t(B) * t_max * HH, 0.f);
+    }
+    if (keep_feat) feat_out.assign(size_t(B) * t_max * TF, 0.f);
     bindings.clear();
   }
 
@@ -134,6 +151,13 @@ struct OrtBackend::Impl {
       bind_in("tree_mask", b.mask.data(), b.mask.size(), {B, t, t}, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL);
     }
     bind_out("logits", logits.data(), size_t(B) * t * V * 4, {B, t, V}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+    if (head) {
+      bind_in("features", in_feat.data(), size_t(B) * t * F * 4, {B, t, F}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+      bind_in("hidden", in_hidden.data(), size_t(B) * t * HH * 4, {B, t, HH}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+      bind_out("hidden_out", out_hidden.data(), size_t(B) * t * HH * 4, {B, t, HH}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+    }
+    if (keep_feat)
+      bind_out(kFeaturesOutput, feat_out.data(), size_t(B) * t * TF * 4, {B, t, TF}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
     size_t delta_elems = size_t(B) * H * t * D;
     for (int kind = 0; kind < 2; ++kind) {
       const char* kname = kind ? "value" : "key";
@@ -155,7 +179,7 @@ struct OrtBackend::Impl {
 
 OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
     : Backend(m, spec), impl_(new Impl) {
-  if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
+  if (spec.kind == "ngram") fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
   if (opts.backend != "ort-cpu") fail_arg("OrtBackend runs backend 'ort-cpu', not '" + opts.backend + "'");
   Impl& s = *impl_;
   s.spec = &spec;
@@ -167,6 +191,9 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.D = spec.head_dim;
   s.V = int(spec.vocab_size);
   s.kv_type = element_type(spec.kv_dtype, &s.elem);
+  s.head = spec.kind == "head";
+  s.F = spec.feature_dim;
+  s.HH = spec.hidden_size;
   const GraphSpec& g = spec.graph_for(opts.backend);
   s.tree = g.tree;
   std::string path = m.path(g.path);
@@ -210,6 +237,11 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   for (size_t i = 0; i < s.session->GetOutputCount(); ++i) got_out.push_back(s.session->GetOutputNameAllocated(i, alloc).get());
   std::vector<std::string> want_in{"input_ids", "position"}, want_out{"logits"};
   if (s.tree) want_in.push_back("tree_mask");
+  if (s.head) {
+    want_in.push_back("features");
+    want_in.push_back("hidden");
+    want_out.push_back("hidden_out");
+  }
   for (int i = 0; i < s.L; ++i) {
     want_in.push_back("past_key." + std::to_string(i));
     want_in.push_back("past_value." + std::to_string(i));
@@ -302,6 +334,8 @@ const float* OrtBackend::call(const int32_t* ids, int t, int position, const uin
         std::memcpy(dst + (size_t(bh) * s.S + size_t(position)) * slot, src + size_t(bh) * row, row);
     }
   }
+  if (s.keep_feat)  // row = cache slot, batch row 0 (the rows a head drafter reads)
+    std::memcpy(s.feat_store.data() + size_t(position) * s.TF, s.feat_out.data(), size_t(t) * s.TF * sizeof(float));
   return s.logits.data();
 }
 
@@ -330,5 +364,47 @@ void OrtBackend::keep_path(int position, const std::vector<int>& path) {
       std::memcpy(row + size_t(position + dst) * slot, row + size_t(position + src) * slot, slot);
   }
 }
+
+}  // namespace specedge
+
+namespace specedge {
+
+const float* OrtBackend::run_head(const int32_t* ids, int t, int position, const float* features, const float* hidden,
+                                  const float** hidden_out) {
+  Impl& s = *impl_;
+  if (!s.head) fail_arg("the " + role() + " graph is not a draft head's");
+  check_call(t, position);
+  if (t > s.t_max) s.allocate(t);
+  for (int b = 0; b < s.B; ++b) {
+    float* f = s.in_feat.data() + size_t(b) * t * s.F;
+    float* h = s.in_hidden.data() + size_t(b) * t * s.HH;
+    if (features) std::memcpy(f, features, size_t(t) * s.F * sizeof(float));
+    else std::fill(f, f + size_t(t) * s.F, 0.f);
+    if (hidden) std::memcpy(h, hidden, size_t(t) * s.HH * sizeof(float));
+    else std::fill(h, h + size_t(t) * s.HH, 0.f);
+  }
+  const float* logits = run(ids, t, position);
+  if (hidden_out) *hidden_out = s.out_hidden.data();
+  return logits;
+}
+
+bool OrtBackend::keep_features() {
+  Impl& s = *impl_;
+  if (s.keep_feat) return true;
+  auto it = std::find(s.extra_outputs.begin(), s.extra_outputs.end(), kFeaturesOutput);
+  if (s.spec->features_dim < 1 || it == s.extra_outputs.end()) return false;
+  s.extra_outputs.erase(it);
+  s.keep_feat = true;
+  s.TF = s.spec->features_dim;
+  s.feat_store.assign(size_t(s.S) * s.TF, 0.f);
+  s.allocate(s.t_max);  // sizes the output buffer and drops the bindings made without it
+  return true;
+}
+
+const float* OrtBackend::features() const { return impl_->keep_feat ? impl_->feat_store.data() : nullptr; }
+
+int OrtBackend::feature_dim() const { return impl_->keep_feat ? impl_->TF : 0; }
+
+int OrtBackend::hidden_size() const { return impl_->head ? impl_->HH : 0; }
 
 }  // namespace specedge

@@ -52,6 +52,20 @@ class OrtBackend : public Backend {
   const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) override;
   void keep_path(int position, const std::vector<int>& path) override;
 
+  // A draft head's graph (kind "head", contract.head_graph_io): run `t` tokens over target
+  // `features` [t, feature_dim] and/or the head's own `hidden` [t, hidden_size] of the step before
+  // (nullptr: zeros); returns logits [t, draft vocab] and sets *hidden_out to [t, hidden_size],
+  // both valid until the next run. A plain run() feeds whatever the buffers hold (timing only).
+  const float* run_head(const int32_t* ids, int t, int position, const float* features, const float* hidden,
+                        const float** hidden_out);
+  // A target graph with a features output: from now on keep every slot's feature row (batch row 0),
+  // like the KV cache, for a head drafter; false when the graph returns none. Off by default: the
+  // output is then left to ONNX Runtime, as any extra output, and nothing is copied.
+  bool keep_features();
+  const float* features() const;  // [max_seq, feature_dim]; nullptr unless keep_features()
+  int feature_dim() const;
+  int hidden_size() const;  // a draft head's hidden_out width (0 for other graphs)
+
  private:
   const float* call(const int32_t* ids, int t, int position, const uint8_t* tree_mask);
   struct Impl;

@@ -102,10 +102,58 @@ TEST_CASE("manifest: schema 2 (features, a draft head) reads, and schema 1 still
   CHECK(parse_manifest(m.dump()).schema_version == 1);
   CHECK(!parse_manifest(m.dump()).has_head);
   m["schema_version"] = 2;
-  m["models"]["head"] = {{"kind", "head"}};
+  json head = m["models"]["target"];
+  head["kind"] = "head";
+  head["hidden_size"] = 4;
+  head["vocab_size"] = 6;
+  head["graphs"][0]["path"] = "head-1/model.onnx";
+  head["extra"] = {{"feature_dim", 12}, {"draft_vocab_file", "head-1/draft_vocab.json"},
+                   {"target_fingerprint", "ab"}};
+  m["models"]["target"]["features"] = {{"layers", {0, 0, 0}}, {"dim", 12}};
+  m["models"]["head"] = head;
   Manifest p = parse_manifest(m.dump());
   CHECK(p.schema_version == 2);
   CHECK(p.has_head);
+  CHECK(p.head.kind == "head");
+  CHECK(p.head.role == "head");
+  CHECK(p.head.vocab_size == 6);
+  CHECK(p.head.hidden_size == 4);
+  CHECK(p.head.feature_dim == 12);
+  CHECK(p.head.draft_vocab_file == "head-1/draft_vocab.json");
+  CHECK(p.head.target_fingerprint == "ab");
+  CHECK(p.target.features_dim == 12);
+  CHECK(p.target.feature_layers == std::vector<int>{0, 0, 0});
+  // the fingerprint a head is checked against: one sha256 over "path:sha256" lines of the target's graph files
+  CHECK(target_fingerprint(p) == sha256_hex("target/model.onnx:" + sha256_hex("onnx") + "\n"));
+  // refusals, in manifest.py's words
+  json bad = m;
+  bad["schema_version"] = 1;
+  CHECK(bundle_error(bad) == "the manifest has schema version 1 but uses version 2 fields (features, a draft head)");
+  bad = m;
+  bad["models"].erase("head");
+  bad["schema_version"] = 1;
+  CHECK(bundle_error(bad) == "the manifest has schema version 1 but uses version 2 fields (features, a draft head)");
+  bad = m;
+  bad["models"]["target"].erase("features");
+  CHECK(bundle_error(bad) == "the manifest has a draft head but its target graph returns no features");
+  bad = m;
+  bad["models"]["head"]["kind"] = "model";
+  CHECK(bundle_error(bad) == "the manifest's head model has unknown kind 'model'");
+  bad = m;
+  bad["models"]["head"]["kind"] = "ngram";
+  CHECK(bundle_error(bad) == "the manifest's head model cannot be of kind 'ngram'");
+  bad = m;
+  bad["models"]["target"]["kind"] = "head";
+  CHECK(bundle_error(bad) == "the manifest's target model has unknown kind 'head'");
+  bad = m;
+  bad["models"]["target"]["features"]["layers"] = {1};
+  CHECK(bundle_error(bad) == "the manifest's features.layers in models.target must list layers of the model");
+  bad = m;
+  bad["models"]["target"]["features"] = 3;
+  CHECK(bundle_error(bad) == "the manifest's 'features' in models.target must be an object");
+  bad = m;
+  bad["models"]["head"]["extra"].erase("feature_dim");
+  CHECK(bundle_error(bad) == "the manifest's draft head has no valid extra.feature_dim");
 }
 
 TEST_CASE("manifest: validation mirrors the Python loader") {

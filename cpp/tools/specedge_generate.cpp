@@ -19,7 +19,7 @@ namespace {
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard] [--tree]\n"
-    "                         [--draft model|ngram] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
+    "                         [--draft model|ngram|head] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
     "                         [--verify full|size|none] [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
 
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
         gp.tree = true;
       } else if (a == "--draft") {
         std::string d = value();
-        // "head" is passed on: the library says that it does not run draft heads yet.
+        // "head": the bundle's trained draft head (ort-cpu); the library refuses a bundle without one.
         if (d != "model" && d != "ngram" && d != "head")
           throw UsageError("argument --draft: invalid choice: '" + d + "' (choose from 'model', 'ngram', 'head')");
         oo.draft(d);
