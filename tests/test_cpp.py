@@ -721,6 +721,138 @@ def test_head_seeded_sampling_repeats(head_bundles):
     assert a["stats"]["drafter"] == "head"
 
 
+@pytest.fixture(scope="module")
+def head_tree_bundles(tiny_bundle_factory, tmp_path_factory) -> dict:
+    """{"scatter": path, "delta": path}: tiny bundles with target features, tree graphs and a draft
+    head trained for a few steps, copies the tests may read but not change."""
+    from specedge.training.train import TrainOptions, train_draft
+
+    root = tmp_path_factory.mktemp("cpp_head_tree")
+    out = {}
+    for kv, budget in (("scatter", "1k"), ("delta", "500")):
+        b = root / kv
+        shutil.copytree(tiny_bundle_factory(kv_mode=kv, features=True, tree=True), b)
+        train_draft(b, TrainOptions(budget=budget, draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
+                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{kv}")))
+        out[kv] = b
+    return out
+
+
+# (prompt, max_new_tokens, k); the long prompt runs its catch-up in several chunks, reaches the end
+# of the context (trees cut to the room left), and again reuses the target's cached prefix
+HEAD_TREE_RUNS = [*((p, 40, 4) for p in (*HEAD_PROMPTS, *TREE_PROMPTS)), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4),
+                  (HEAD_LONG, 30, 3)]
+
+
+def python_head_tree_runs(bundle: Path, runs):
+    """Python's head trees, greedy with the guard off, for (prompt, max_new_tokens, k) runs: per run
+    the ids, stats, target-only ids and every tree proposal (history, [tokens, parents] or None when
+    the head made no tree, k, nodes)."""
+    from specedge.runtime.api import load
+
+    out = []
+    with load(bundle, draft="head", threads=1) as pipe:
+        real = pipe.drafter.propose_tree
+        for prompt, n, k in runs:
+            seen = []
+
+            def spy(history, kk, nodes, params, rng=None):
+                tree = real(history, kk, nodes, params, rng)
+                seen.append([[int(t) for t in history], None if tree is None else [tree.tokens, tree.parents],
+                             int(kk), int(nodes)])
+                return tree
+
+            plain = pipe.generate(prompt, max_new_tokens=n, speculative=False).token_ids
+            pipe.drafter.propose_tree = spy
+            try:
+                r = pipe.generate(prompt, max_new_tokens=n, spec_tokens=k, tree=True, guard=False)
+            finally:
+                del pipe.drafter.propose_tree
+            out.append({"prompt": prompt, "max_new_tokens": n, "spec_tokens": k, "trees": seen, "plain": plain,
+                        "token_ids": r.token_ids, "stats": r.stats,
+                        **{key: r.stats.get(key, 0) for key in ("drafted", "accepted", "draft_calls", "tree_rounds")}})
+    return out
+
+
+@pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
+def test_head_tree_generation_matches_python_and_target_only(head_tree_bundles, kv_mode):
+    """`specedge_generate --draft head --tree`: the C++ head makes trees (its greedy chain plus
+    runner-ups mapped through the draft vocabulary), and after each tree call the target's kept
+    feature rows follow the accepted path (keep_path), so the head's catch-up reads the right rows:
+    greedy ids equal Python's tree ids and target-only ids, tree rounds in both (guard off, so trees
+    run every round). A greedy tree's size follows the measured cost model (timing noise), so the
+    counts are compared in the replay (test_head_tree_replays_every_python_tree), which gives each
+    C++ round Python's tree size."""
+    b = head_tree_bundles[kv_mode]
+    tree_rounds = accepted = 0
+    for run in python_head_tree_runs(b, HEAD_TREE_RUNS):
+        assert run["token_ids"] == run["plain"], run["prompt"]
+        got = cpp_json(b, run["prompt"], "--draft", "head", "--tree", "--no-guard", "--max-new-tokens",
+                       run["max_new_tokens"], "--spec-tokens", run["spec_tokens"], "--threads", 1)
+        assert got["token_ids"] == run["token_ids"], run["prompt"]
+        st, want = got["stats"], run["stats"]
+        assert st["drafter"] == "head" and st["draft_calls"] > 0
+        assert st["tree_rounds"] > 0 and st["trees_off"] is False and want["tree_rounds"] > 0
+        assert st["target_calls"] >= st["tree_rounds"] and st["drafted"] >= st["accepted"]
+        tree_rounds += st["tree_rounds"]
+        accepted += st["accepted"]
+    assert tree_rounds > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("build", ["release", "asan"])
+def test_head_tree_replays_every_python_tree(head_tree_bundles, tiny_bundles, tmp_path, build, monkeypatch):
+    """The hidden Catch2 case [head_tree_replay] runs the Python head's tree runs through the C++
+    engine, each round with Python's tree size, and checks every tree proposal (the history, the
+    tree's tokens and parents), the ids and the counts (drafts, accepted, head calls, tree rounds);
+    in the release build and under AddressSanitizer. The trees get 12 nodes past the chain's, so
+    the target accepts runner-up siblings: keep_path then moves the accepted nodes' feature rows,
+    which the head's next catch-up reads (without that move the histories part)."""
+    import specedge.runtime.generator as generator
+    import specedge.runtime.tree_round as tree_round
+
+    exe = UNIT if build == "release" else BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built")
+    monkeypatch.setattr(generator, "tree_nodes", lambda costs, k: k + 13)
+    moved = []
+    verify = tree_round.verify_tree_greedy
+
+    def spy(tree, best):
+        path, new = verify(tree, best)
+        moved.extend([path] if path != list(range(len(path))) else [])
+        return path, new
+
+    monkeypatch.setattr(tree_round, "verify_tree_greedy", spy)
+    runs = python_head_tree_runs(head_tree_bundles["scatter"], HEAD_TREE_RUNS)
+    assert len(moved) >= 3, moved  # accepted siblings: paths whose nodes keep_path moves
+    for r in runs:
+        del r["stats"], r["plain"]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"bundle": str(head_tree_bundles["scatter"]), "runs": runs}))
+    env = dict(os.environ, SPECEDGE_HEAD_TREE_TRACE=str(trace), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1")
+    p = subprocess.run([str(exe), "[head_tree_replay]"], capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    n = sum(1 for r in runs for t in r["trees"] if t[1] is not None)
+    assert n >= 40 and f"head tree replay: {n} trees checked" in p.stdout, p.stdout[-2000:]
+    assert "runtime error" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr[-4000:]
+
+
+def test_head_tree_seeded_sampling_repeats(head_tree_bundles):
+    """Sampled head trees (point-mass drafts, recursive rejection over siblings) repeat run to run
+    with a seed."""
+    b = head_tree_bundles["scatter"]
+    args = (b, "hello", "--draft", "head", "--tree", "--no-guard", "--max-new-tokens", 24, "--temperature", 0.8,
+            "--seed", 5, "--threads", 1)
+    a, again = cpp_json(*args), cpp_json(*args)
+    assert a["token_ids"] == again["token_ids"]
+    counts = ("drafted", "accepted", "target_calls", "draft_calls", "accepted_histogram")
+    assert {k: a["stats"][k] for k in counts} == {k: again["stats"][k] for k in counts}
+    st = a["stats"]
+    # (tree_rounds counts greedy rounds only) trees ran: more drafts per round than the chain's k
+    assert st["drafter"] == "head" and st["drafted"] > 4 * sum(st["k_histogram"].values()) > 0
+
+
 def python_cli_error(*args) -> str:
     p = subprocess.run([sys.executable, "-m", "specedge", "generate", *map(str, args)], capture_output=True, text=True,
                        timeout=300, cwd=REPO)

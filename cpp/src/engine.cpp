@@ -396,9 +396,6 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   if (cfg.speculative && cfg.spec_tokens) check_call_size(cfg.spec_tokens);
   if (cfg.tree && cfg.speculative && (drafter_ || ngram_ || head_) && !target_->takes_trees())
     fail_arg("tree verification needs a target graph that takes trees: export the bundle with --tree");
-  if (cfg.tree && cfg.speculative && head_)
-    fail_arg("tree verification with a draft head does not run in the C/C++ runtime yet (Python's runs it): "
-             "drop --tree or use --draft model|ngram");
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);
@@ -474,8 +471,11 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     int kk = std::min({speculative ? ctl.next_k() : 0, cfg.max_new_tokens - int(out.size()) - 1, room - 1});
     // a tree round (tree_round.cpp) when asked for and the guard still finds trees paying
     std::optional<TreeRound> tr;
-    if (kk >= 1 && cfg.tree && ctl.use_tree)
-      tr = tree_round(tokens, kk, std::min(tree_nodes(*costs, kk), room), params, rng);
+    if (kk >= 1 && cfg.tree && ctl.use_tree) {
+      int nodes = std::min(tree_nodes(*costs, kk), room);
+      if (tree_nodes_override) nodes = tree_nodes_override(kk, nodes);
+      tr = tree_round(tokens, kk, nodes, params, rng);
+    }
     if (tr) {
       fresh = tr->tokens;
       t_draft += tr->draft_s;

@@ -165,6 +165,10 @@ class Engine {
   int vocab() const { return vocab_; }
   std::string drafter_kind() const { return ngram_ ? "ngram" : (drafter_ ? "model" : (head_ ? "head" : "none")); }
   HeadDrafter* head_drafter() const { return head_.get(); }  // draft "head" only (tests observe it)
+  // Tests only: called with (k, nodes) before each tree round, returns the nodes to use instead.
+  // A tree's size follows the measured cost model (timing noise), so a replay of a recorded Python
+  // run gives each round the size Python's had.
+  std::function<int(int, int)> tree_nodes_override;
   void calibrate(int repeats = 3);
 
  private:

@@ -128,4 +128,27 @@ std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, i
   return out;
 }
 
+std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes) {
+  std::optional<Tree> tree;
+  const int n = int(history.size());
+  if (k >= 1 && nodes >= 2 && n >= 2) k = std::min(k, head_->max_seq() - (n - 1));
+  if (k < 1 || nodes < 2 || n < 2) {  // no target features yet, or no head slots left: a chain round
+    if (observe_tree) observe_tree(history, nullptr);
+    return tree;
+  }
+  const float* row = catch_up(history);
+  int slot = n - 1;
+  auto step = [&](int32_t tok) {
+    const float* hidden = nullptr;
+    const float* lg = head_->run_head(&tok, 1, slot, nullptr, hidden_.data(), &hidden);
+    std::copy(hidden, hidden + hidden_.size(), hidden_.begin());
+    ++slot;
+    ++calls_;
+    return lg;
+  };
+  tree = chain_tree(history.back(), row, vd_, step, k, nodes, d2t_.data());
+  if (observe_tree) observe_tree(history, &*tree);
+  return tree;
+}
+
 }  // namespace specedge

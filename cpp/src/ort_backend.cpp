@@ -363,6 +363,13 @@ void OrtBackend::keep_path(int position, const std::vector<int>& path) {
     for (const auto& [src, dst] : moves)
       std::memcpy(row + size_t(position + dst) * slot, row + size_t(position + src) * slot, slot);
   }
+  // the target's feature rows kept for a head drafter are in tree order after a tree call, like the
+  // K/V: the accepted path's rows go to its slots too (ort.py keep_path), so the head's next
+  // catch-up reads committed token j's features at row j
+  if (s.keep_feat)
+    for (const auto& [src, dst] : moves)
+      std::memcpy(s.feat_store.data() + size_t(position + dst) * s.TF, s.feat_store.data() + size_t(position + src) * s.TF,
+                  size_t(s.TF) * sizeof(float));
 }
 
 }  // namespace specedge

@@ -222,7 +222,7 @@ std::vector<int> top_ids(const std::vector<double>& p, int n) {
 }
 
 Tree chain_tree(int32_t root, const float* first_row, int V, const std::function<const float*(int32_t)>& step, int k,
-                int nodes) {
+                int nodes, const int32_t* ids) {
   int extra = std::max(0, nodes - 1 - k);
   const float* row = first_row;
   std::vector<int32_t> chain;
@@ -242,11 +242,12 @@ Tree chain_tree(int32_t root, const float* first_row, int V, const std::function
       double total = pairwise_sum(p.data(), p.size());
       for (double& x : p) x /= total;
       for (int t : top_ids(p, extra + 1))
-        if (t != best) alts.push_back({reach * p[size_t(t)], j, t});
+        if (t != best) alts.push_back({reach * p[size_t(t)], j, ids ? ids[t] : int32_t(t)});
       reach *= p[size_t(best)];
     }
-    chain.push_back(best);
-    if (j < k - 1) row = step(best);
+    const int32_t tok = ids ? ids[best] : int32_t(best);
+    chain.push_back(tok);
+    if (j < k - 1) row = step(tok);
   }
   std::vector<int32_t> tokens{root};
   std::vector<int> parents{-1};

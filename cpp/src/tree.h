@@ -68,9 +68,11 @@ std::vector<int> top_ids(const std::vector<double>& p, int n);
 double pairwise_sum(const double* a, size_t n);
 // The greedy chain of k drafts plus ranked runner-up leaf siblings (drafters/base.py chain_tree):
 // first_row: the draft's logits [V] after `root`; step(token) feeds a chain token and returns the
-// next row [V] (called k - 1 times); at most `nodes` nodes.
+// next row [V] (called k - 1 times); at most `nodes` nodes. ids: maps a row index to a target id
+// (a head's draft vocabulary, d2t, V entries; the tie rule then compares mapped ids, as Python's);
+// nullptr: the same.
 Tree chain_tree(int32_t root, const float* first_row, int V, const std::function<const float*(int32_t)>& step, int k,
-                int nodes);
+                int nodes, const int32_t* ids = nullptr);
 
 // tree_size.py: the extra cost a tree call may have over the chain call of k + 1 tokens, the most
 // nodes (the host buffers' reserved call size), and how far past the largest measured size it grows.

@@ -1,6 +1,6 @@
 // One speculative round with a token tree (specedge/runtime/tree_round.py; docs/design.md, "Tree
 // calls"), and the drafters' tree proposals (drafters/ngram.py propose_paths / propose_tree,
-// drafters/model.py propose_tree): the drafter proposes a Tree, the target scores all its nodes in
+// drafters/model.py propose_tree; the head's is HeadDrafter::propose_tree): the drafter proposes a Tree, the target scores all its nodes in
 // ONE call with the ancestor mask, verification keeps one root path plus the target's token
 // (tree.h), and the target's backend moves that path's K/V into contiguous slots (keep_path), so
 // the next call sees an ordinary cache.
@@ -84,7 +84,9 @@ std::optional<Tree> ngram_tree(NgramDrafter& d, const std::vector<int32_t>& hist
 std::optional<Engine::TreeRound> Engine::tree_round(const std::vector<int32_t>& tokens, int k, int nodes,
                                                     const SamplingParams& params, Rng& rng) {
   double t0 = now();
-  std::optional<Tree> tree = drafter_ ? drafter_->propose_tree(tokens, k, nodes) : ngram_tree(*ngram_, tokens, k, nodes, vocab_);
+  std::optional<Tree> tree = drafter_ ? drafter_->propose_tree(tokens, k, nodes)
+                             : head_  ? head_->propose_tree(tokens, k, nodes)
+                                      : ngram_tree(*ngram_, tokens, k, nodes, vocab_);
   double t1 = now();
   if (!tree) return std::nullopt;  // no tree: the chain round runs
   TreeRound r;
@@ -120,7 +122,9 @@ std::optional<Engine::TreeRound> Engine::tree_round(const std::vector<int32_t>& 
     path = std::move(verdict.first);
     r.tokens = std::move(verdict.second);
   }
-  // the commit (cache.py keep_path): the root + the accepted nodes, == position + tokens emitted
+  // the commit (cache.py keep_path): the root + the accepted nodes, == position + tokens emitted;
+  // the backend moves their K/V and, kept for a head, their feature rows (the head's next catch-up
+  // reads row j for committed token j)
   std::vector<int32_t> kept;
   for (int i : path) kept.push_back(tree->tokens[size_t(i)]);
   target_->keep_path(position, path);

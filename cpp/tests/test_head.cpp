@@ -2,7 +2,8 @@
 // bundle with target features and a trained head, and scatter_self/ (tests/test_cpp.py makes them);
 // without them they are skipped with a message. The hidden case [head_replay] replays a trace of
 // the Python head drafter's proposals ($SPECEDGE_HEAD_TRACE, written by tests/test_cpp.py) and
-// checks every proposal.
+// checks every proposal; [head_tree_replay] does the same with the Python head's trees
+// ($SPECEDGE_HEAD_TREE_TRACE).
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch.h"
@@ -204,6 +206,62 @@ TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_r
     CHECK(r.stats.prefix_reused_tokens == run["prefix_reused_tokens"].get<int64_t>());
   }
   std::cout << "head replay: " << checked << " proposals checked\n";
+}
+
+TEST_CASE("head drafter: every tree of a recorded Python trace", "[.][head_tree_replay]") {
+  const char* path = std::getenv("SPECEDGE_HEAD_TREE_TRACE");
+  REQUIRE(path != nullptr);
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json trace = nlohmann::json::parse(ss.str());
+  Engine e(trace["bundle"].get<std::string>(), head_options());
+  size_t checked = 0;
+  for (const auto& run : trace["runs"]) {
+    // (history, tokens, parents; empty tokens: no tree)
+    std::vector<std::tuple<std::vector<int32_t>, std::vector<int32_t>, std::vector<int>>> got;
+    // each round gets the tree size Python's had (sizes follow measured costs: timing noise)
+    const auto& want = run["trees"];
+    size_t round = 0;
+    e.tree_nodes_override = [&](int k, int nodes) {
+      REQUIRE(round < want.size());
+      CHECK(k == want[round][2].get<int>());
+      CHECK(nodes >= k + 1);
+      return want[round++][3].get<int>();
+    };
+    e.head_drafter()->observe_tree = [&](const std::vector<int32_t>& h, const Tree* t) {
+      if (t) got.emplace_back(h, t->tokens, t->parents);
+      else got.emplace_back(h, std::vector<int32_t>{}, std::vector<int>{});
+    };
+    GenConfig g;
+    g.max_new_tokens = run["max_new_tokens"].get<int>();
+    g.spec_tokens = run["spec_tokens"].get<int>();
+    g.guard = false;
+    g.tree = true;
+    GenResult r = e.generate(e.encode(run["prompt"].get<std::string>()), g, nullptr);
+    e.head_drafter()->observe_tree = nullptr;
+    e.tree_nodes_override = nullptr;
+    INFO("prompt: " << run["prompt"].get<std::string>());
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("tree " << i);
+      CHECK(std::get<0>(got[i]) == want[i][0].get<std::vector<int32_t>>());
+      if (want[i][1].is_null()) {
+        CHECK(std::get<1>(got[i]).empty());
+        continue;
+      }
+      CHECK(std::get<1>(got[i]) == want[i][1][0].get<std::vector<int32_t>>());
+      CHECK(std::get<2>(got[i]) == want[i][1][1].get<std::vector<int>>());
+      ++checked;
+    }
+    CHECK(r.token_ids == run["token_ids"].get<std::vector<int32_t>>());
+    CHECK(r.stats.drafted == run["drafted"].get<int64_t>());
+    CHECK(r.stats.accepted == run["accepted"].get<int64_t>());
+    CHECK(r.stats.draft_calls == run["draft_calls"].get<int64_t>());
+    CHECK(r.stats.tree_rounds == run["tree_rounds"].get<int64_t>());
+    CHECK(round == want.size());
+  }
+  std::cout << "head tree replay: " << checked << " trees checked\n";
 }
 
 TEST_CASE("head drafter: through the C API (draft \"head\")") {
