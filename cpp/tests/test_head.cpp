@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -170,6 +171,44 @@ TEST_CASE("head drafter: refusals, each one sentence") {
   std::vector<int32_t> drafts = h.propose({5, 6, 7, 8}, 3, greedy, rng, nullptr);
   CHECK(drafts.size() == 3);
   CHECK(h.calls() == 3);  // one catch-up call (3 slots, one chunk) + 2 chained steps
+}
+
+TEST_CASE("head drafter: a tree is its greedy chain plus ranked runner-ups in its vocabulary") {
+  NEED_TINY(b, "head_scatter");
+  Manifest m = load_manifest(b);
+  BackendOptions bo;
+  bo.threads = 1;
+  OrtBackend head(m, m.head, bo), target(m, m.target, bo);
+  REQUIRE(target.keep_features());
+  std::vector<int32_t> d2t = read_draft_vocab(m);
+  std::set<int32_t> allowed(d2t.begin(), d2t.end());
+  const int V = int(m.target.vocab_size);
+  CacheTracker tc(&target, m.prefill_chunk);
+  const int32_t ids[] = {5, 6, 7, 9, 11};
+  tc.feed(ids, 5);
+  HeadDrafter h(&head, &tc, d2t, V, 16);
+  const std::vector<int32_t> history{5, 6, 7, 9, 11, 8};
+  SamplingParams greedy;
+  Rng rng(1);
+  std::vector<int32_t> chain = h.propose(history, 4, greedy, rng, nullptr);
+  int64_t calls = h.calls();
+  std::optional<Tree> t = h.propose_tree(history, 4, 10);
+  REQUIRE(t);
+  CHECK(h.calls() - calls == 4);  // the chain's calls (a catch-up plus k - 1 steps), no more
+  REQUIRE(t->size() == 10);
+  CHECK(std::vector<int32_t>(t->tokens.begin(), t->tokens.begin() + 5) ==
+        std::vector<int32_t>{history.back(), chain[0], chain[1], chain[2], chain[3]});
+  CHECK(std::vector<int>(t->parents.begin(), t->parents.begin() + 5) == std::vector<int>{-1, 0, 1, 2, 3});
+  for (int i = 1; i < t->size(); ++i) CHECK(allowed.count(t->tokens[size_t(i)]) == 1);  // mapped through d2t
+  for (int i = 5; i < t->size(); ++i) {  // leaf siblings of chain nodes, each unlike the chain token at its depth
+    CHECK(t->parents[size_t(i)] < 4);
+    CHECK(t->children(i).empty());
+    CHECK(t->tokens[size_t(i)] != t->tokens[size_t(t->parents[size_t(i)] + 1)]);
+  }
+  CHECK(h.propose_tree(history, 4, 3)->size() == 3);  // cut to the nodes asked for
+  CHECK(!h.propose_tree(history, 4, 1));
+  CHECK(!h.propose_tree(history, 0, 8));
+  CHECK(!h.propose_tree({5}, 4, 8));  // no target features yet
 }
 
 TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_replay]") {
