@@ -366,10 +366,11 @@ void OrtBackend::keep_path(int position, const std::vector<int>& path) {
   // the target's feature rows kept for a head drafter are in tree order after a tree call, like the
   // K/V: the accepted path's rows go to its slots too (ort.py keep_path), so the head's next
   // catch-up reads committed token j's features at row j
-  if (s.keep_feat)
+  if (s.keep_feat) {
+    float* rows = s.feat_store.data();
     for (const auto& [src, dst] : moves)
-      std::memcpy(s.feat_store.data() + size_t(position + dst) * s.TF, s.feat_store.data() + size_t(position + src) * s.TF,
-                  size_t(s.TF) * sizeof(float));
+      std::memcpy(rows + size_t(position + dst) * s.TF, rows + size_t(position + src) * s.TF, size_t(s.TF) * sizeof(float));
+  }
 }
 
 }  // namespace specedge
