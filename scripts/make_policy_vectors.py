@@ -26,7 +26,7 @@ from specedge.runtime.policy import CostModel, SpecController  # noqa: E402
 OUT = ROOT / "tests" / "data" / "policy_vectors.json"
 CONSTANTS = ("EMA_WEIGHT", "SPIKE_CLAMP", "PRIOR_ACCEPTED", "PRIOR_REJECTED", "DECAY", "WINDOW", "MIN_ROUNDS",
              "KEEP", "SHRINK_MIN", "BACKOFF_START", "BACKOFF_MAX", "LOCAL_WEIGHT",
-             "PROBE_ROUNDS")
+             "PROBE_ROUNDS", "TREE_RETRY_START", "TREE_RETRY_MAX")
 
 # name, seed, controller settings, initial costs, the simulated request
 CASES = [
@@ -87,6 +87,15 @@ CASES = [
     ("trees_without_guard_stay_on", 20, dict(k=3, guard=False), ({1: 0.010, 4: 0.012, 16: 0.03}, 0.001),
      dict(phases=[(120, 0.4)], target=(0.010, 0.0012), draft=0.001,
           tree=dict(nodes=16, boost=0.0, branch=0.0))),
+    # short requests sharing one cost model: trees the guard turned off stay off in the next requests
+    # (carry_chain) for a span of chain rounds that doubles with each turn-off in a row
+    ("trees_turned_off_stay_off_across_requests", 21, dict(k=4), ({1: 0.010, 5: 0.012, 20: 0.030}, 0.0005),
+     dict(phases=[(600, 0.7)], target=(0.010, 0.001), draft=0.0005, request_events=15,
+          tree=dict(nodes=20, boost=0.0, branch=0.05))),
+    # ... and a request whose trees pay again (the tree call got cheap) clears the carried verdict
+    ("carried_tree_verdict_cleared_when_trees_pay", 22, dict(k=4), ({1: 0.010, 5: 0.012, 9: 0.013}, 0.0005),
+     dict(phases=[(200, 0.5)], target=(0.010, 0.0003), draft=0.0005, request_events=15,
+          tree=dict(nodes=9, boost=0.3, branch=0.9), start_carry=(40, 64))),
 ]
 
 
@@ -98,7 +107,9 @@ def q(x: float) -> float:
 def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
     rng = random.Random(seed)
     target_costs, draft_cost = costs
-    ctl = SpecController(costs=CostModel(dict(target_costs), draft_cost), **settings)
+    carry_chain, tree_backoff = req.get("start_carry", (0, 0))
+    ctl = SpecController(costs=CostModel(dict(target_costs), draft_cost, carry_chain=carry_chain,
+                                         tree_backoff=tree_backoff), **settings)
     t1, per_token = req["target"]
     events, next_k = [], []
 
@@ -172,6 +183,8 @@ def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
             "draft_cost": ctl.costs.draft,
             "carry_fallback": ctl.costs.carry_fallback,
             "carry_backoff": ctl.costs.carry_backoff,
+            "carry_chain": ctl.costs.carry_chain,
+            "tree_backoff": ctl.costs.tree_backoff,
             "local_costs": {str(t): c for t, c in sorted(ctl.local.items())},
             "local_draft": ctl.local_draft,
             "tree_rounds": ctl.tree_rounds,
@@ -187,7 +200,9 @@ def build() -> dict:
         s = {"k": settings["k"], "adaptive": settings.get("adaptive", False), "guard": settings.get("guard", True),
              "learn": settings.get("learn", True)}
         cases.append({"name": name, **s,
-                      "costs": {"target": {str(t): c for t, c in costs[0].items()}, "draft": costs[1]},
+                      "costs": {"target": {str(t): c for t, c in costs[0].items()}, "draft": costs[1],
+                                "carry_chain": req.get("start_carry", (0, 0))[0],
+                                "tree_backoff": req.get("start_carry", (0, 0))[1]},
                       **simulate(seed, settings, costs, req)})
     return {
         "about": "Speculation policy vectors (docs/design.md, 'The speculation policy'): replay each case's events "

@@ -19,7 +19,8 @@ CASES = {c["name"]: c for c in VECTORS["cases"]}
 
 
 def replay(case: dict, **overrides) -> tuple[SpecController, list[int]]:
-    costs = CostModel({int(t): c for t, c in case["costs"]["target"].items()}, case["costs"]["draft"])
+    costs = CostModel({int(t): c for t, c in case["costs"]["target"].items()}, case["costs"]["draft"],
+                      carry_chain=case["costs"]["carry_chain"], tree_backoff=case["costs"]["tree_backoff"])
     ctl = SpecController(case["k"], costs, adaptive=case["adaptive"], guard=case["guard"], learn=case["learn"],
                          **overrides)
     got = []
@@ -54,6 +55,7 @@ def test_policy_vectors(name):
     assert {str(t): c for t, c in sorted(ctl.costs.target.items())} == final["target_costs"]
     assert ctl.costs.draft == final["draft_cost"]
     assert (ctl.costs.carry_fallback, ctl.costs.carry_backoff) == (final["carry_fallback"], final["carry_backoff"])
+    assert (ctl.costs.carry_chain, ctl.costs.tree_backoff) == (final["carry_chain"], final["tree_backoff"])
     assert ctl.probes == final["probes"]
     assert {str(t): c for t, c in sorted(ctl.local.items())} == final["local_costs"]
     assert ctl.local_draft == final["local_draft"]
@@ -347,3 +349,49 @@ def test_trees_that_gain_no_more_than_the_chain_are_turned_off():
     assert tree > chain and worth.use_tree and worth.to_dict()["tree_rounds"] == policy.MIN_ROUNDS
     assert unguarded.use_tree
     assert "tree_rounds" not in SpecController(4, costs()).to_dict()  # chains: the C++ keys only
+
+
+def _per_request(case: dict) -> list[list]:
+    """Each request's events (a 'request' event starts the next one)."""
+    out = [[]]
+    for e in case["events"]:
+        if "request" in e:
+            out.append([])
+        else:
+            out[-1].append(e)
+    return out
+
+
+def _ran_trees(events: list) -> bool:
+    return any(len(e.get("round", ())) == 8 for e in events)
+
+
+def test_trees_turned_off_stay_off_in_the_next_requests_then_are_retried():
+    case = CASES["trees_turned_off_stay_off_across_requests"]
+    trees = [_ran_trees(r) for r in _per_request(case)]
+    assert trees[0] and not trees[1] and not trees[2]  # the verdict of request 0 carried
+    retried = [i for i, t in enumerate(trees) if t and i > 0]
+    assert retried, trees  # tried again once TREE_RETRY_START chain rounds had run
+    assert trees.count(True) < len(trees) / 2
+    # each turn-off in a row doubles the span: the later retries come further apart
+    assert case["final"]["tree_backoff"] >= 2 * policy.TREE_RETRY_START
+    assert case["final"]["use_tree"] is False and case["final"]["carry_chain"] > 0
+
+
+def test_a_carried_tree_verdict_is_cleared_by_a_request_whose_trees_pay():
+    case = CASES["carried_tree_verdict_cleared_when_trees_pay"]
+    assert case["costs"]["carry_chain"] > 0
+    trees = [_ran_trees(r) for r in _per_request(case)]
+    assert not trees[0] and trees[-1]  # carried off at first, then trees that pay
+    assert (case["final"]["carry_chain"], case["final"]["tree_backoff"]) == (0, 0)
+    assert case["final"]["use_tree"] is True
+
+
+def test_a_sampled_request_does_not_carry_tree_verdicts_into_the_shared_costs():
+    costs = CostModel({1: 0.010, 5: 0.012, 20: 0.030}, 0.0005)
+    ctl = SpecController(4, costs.copy(), learn=True)
+    for _ in range(policy.MIN_ROUNDS):
+        ctl.record_round(4, 1, 0.002, 0.030, 19, 20, 4, 1)
+    assert not ctl.use_tree and ctl.costs.carry_chain == policy.TREE_RETRY_START
+    assert costs.carry_chain == 0  # a copy (a seeded sampled request's costs) leaves the shared model alone
+    assert CostModel(carry_chain=3, tree_backoff=64).copy().carry_chain == 3

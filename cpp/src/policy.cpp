@@ -53,6 +53,7 @@ SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, 
       fallback_left_ = costs_->carry_fallback;
       carried_ = true;
     }
+    if (costs_->carry_chain > 0) use_tree = false;  // an earlier request found trees slower than the chain
   }
 }
 
@@ -167,7 +168,16 @@ void SpecController::judge_tree(int n_accepted, int chain_accepted) {
   gain_weight = gain_weight * policy::kDecay + 1;
   if (guard_ && use_tree && tree_rounds >= policy::kMinRounds) {
     auto [tree, chain] = tree_vs_chain();
-    if (tree < chain) use_tree = false;
+    if (tree < chain) {
+      use_tree = false;
+      if (learn_) {
+        int doubled = std::min(2 * costs_->tree_backoff, policy::kTreeRetryMax);
+        costs_->tree_backoff = doubled ? doubled : policy::kTreeRetryStart;
+        costs_->carry_chain = costs_->tree_backoff;
+      }
+    } else if (learn_ && tree_rounds == policy::kMinRounds) {
+      costs_->tree_backoff = 0;  // trees pay again: the next turn-off starts afresh
+    }
   }
 }
 
@@ -188,6 +198,7 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   }
   ++since_plain_;
   after_plain_ = false;
+  if (guard_ && learn_ && !use_tree && costs_->carry_chain > 0) --costs_->carry_chain;
   acc_ = acc_ * policy::kDecay + n_accepted;
   rej_ = rej_ * policy::kDecay + (n_accepted < depth ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;

@@ -27,6 +27,8 @@ constexpr int kBackoffMax = 256;          // ... up to this
 constexpr double kLocalWeight = 0.25;     // weight of a new measurement in the request's own step times
                                           // (unclamped: their mean, spikes included, is what it pays)
 constexpr int kProbeRounds = 16;          // rounds without a 1-token step after which one is taken
+constexpr int kTreeRetryStart = 32;       // chain rounds, across requests, before trees are tried again, doubling ...
+constexpr int kTreeRetryMax = 512;        // ... up to this
 }  // namespace policy
 
 // Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.).
@@ -41,6 +43,9 @@ struct CostModel {
   // if they were one long request: the target-only tokens left of it and the backoff after it.
   // Cleared by a request that finds speculation paying.
   int carry_fallback = 0, carry_backoff = 0;
+  // Trees the guard turned off stay off across requests the same way: the chain rounds left before
+  // trees are tried again, and the span after the next turn-off. Cleared by a request whose trees pay.
+  int carry_chain = 0, tree_backoff = 0;
   double target_cost(int t) const;
   void observe_target(int t, double s);
   void observe_draft(double s);

@@ -37,6 +37,8 @@ TEST_CASE("policy constants are the specified ones") {
   CHECK(c["BACKOFF_MAX"].get<int>() == policy::kBackoffMax);
   CHECK(c["LOCAL_WEIGHT"].get<double>() == policy::kLocalWeight);
   CHECK(c["PROBE_ROUNDS"].get<int>() == policy::kProbeRounds);
+  CHECK(c["TREE_RETRY_START"].get<int>() == policy::kTreeRetryStart);
+  CHECK(c["TREE_RETRY_MAX"].get<int>() == policy::kTreeRetryMax);
 }
 
 TEST_CASE("policy vectors: the same k decisions as the Python policy") {
@@ -48,6 +50,8 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     CostModel costs;
     for (const auto& [t, s] : c["costs"]["target"].items()) costs.target[std::stoi(t)] = s.get<double>();
     costs.draft = c["costs"]["draft"].get<double>();
+    costs.carry_chain = c["costs"]["carry_chain"].get<int>();
+    costs.tree_backoff = c["costs"]["tree_backoff"].get<int>();
     auto make = [&] {
       return SpecController(c["k"].get<int>(), &costs, c["guard"].get<bool>(), c["learn"].get<bool>(),
                             c["adaptive"].get<bool>());
@@ -88,6 +92,8 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
     CHECK(costs.draft == Approx(f["draft_cost"].get<double>()).epsilon(1e-12));
     CHECK(costs.carry_fallback == f["carry_fallback"].get<int>());
     CHECK(costs.carry_backoff == f["carry_backoff"].get<int>());
+    CHECK(costs.carry_chain == f["carry_chain"].get<int>());
+    CHECK(costs.tree_backoff == f["tree_backoff"].get<int>());
     REQUIRE(costs.target.size() == f["target_costs"].size());
     for (const auto& [t, s] : f["target_costs"].items())
       CHECK(costs.target.at(std::stoi(t)) == Approx(s.get<double>()).epsilon(1e-12));

@@ -30,6 +30,7 @@ BACKOFF_START, BACKOFF_MAX = 16, 256  # target-only tokens after a fallback, dou
 LOCAL_WEIGHT = 0.25  # weight of a new measurement in the request's own step times (unclamped:
 # their mean, spikes included, is what the request pays)
 PROBE_ROUNDS = 16  # rounds without a 1-token step after which one is taken to time c(1) afresh
+TREE_RETRY_START, TREE_RETRY_MAX = 32, 512  # chain rounds, across requests, before trees are tried again, doubling
 
 
 @dataclass
@@ -46,6 +47,11 @@ class CostModel:
     # finds speculation paying.
     carry_fallback: int = 0
     carry_backoff: int = 0
+    # Trees the guard turned off go on off across requests the same way: the chain rounds left
+    # before trees are tried again (every round of a request whose trees are off counts), and the
+    # span after the next turn-off. Cleared by a request whose trees pay.
+    carry_chain: int = 0
+    tree_backoff: int = 0
 
     def target_cost(self, t: int) -> float:
         """Seconds for a target call of t tokens; linear between the sizes measured."""
@@ -81,7 +87,8 @@ class CostModel:
         self.draft = self._ema(self.draft, seconds_per_token)
 
     def copy(self) -> CostModel:
-        return CostModel(dict(self.target), self.draft, self.alpha, self.carry_fallback, self.carry_backoff)
+        return CostModel(dict(self.target), self.draft, self.alpha, self.carry_fallback, self.carry_backoff,
+                         self.carry_chain, self.tree_backoff)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -123,7 +130,10 @@ class SpecController:
     its tokens the chain alone (the tree's first line) would have given (`chain_accepted`), so
     after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
     c(call) and c(k + 1), and turns trees off for the rest of the request (`use_tree`) when the
-    chain would have been faster.
+    chain would have been faster. Like a hopeless draft's fallback, that verdict goes on across
+    requests through the shared CostModel (`carry_chain`: TREE_RETRY_START chain rounds, doubling
+    up to TREE_RETRY_MAX on each turn-off in a row), so short requests do not each pay MIN_ROUNDS
+    losing tree rounds to learn it again; a request whose trees pay clears it.
     """
 
     def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
@@ -164,6 +174,8 @@ class SpecController:
                 self.fallbacks += 1
                 self.fallback_left = costs.carry_fallback
                 self.carried = True
+            if costs.carry_chain > 0:
+                self.use_tree = False  # an earlier request found trees slower than the chain
 
     @property
     def alpha(self) -> float:
@@ -276,6 +288,11 @@ class SpecController:
             tree, chain = self.tree_vs_chain()
             if tree < chain:
                 self.use_tree = False
+                if self.learn:
+                    self.costs.tree_backoff = min(2 * self.costs.tree_backoff, TREE_RETRY_MAX) or TREE_RETRY_START
+                    self.costs.carry_chain = self.costs.tree_backoff
+            elif self.learn and self.tree_rounds == self.min_rounds:
+                self.costs.tree_backoff = 0  # trees pay again: the next turn-off starts afresh
 
     def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
                      call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
@@ -296,6 +313,8 @@ class SpecController:
             self.local[call] = self._local_ema(self.local.get(call), verify_s)
         self.since_plain += 1
         self.after_plain = False
+        if self.guard and self.learn and not self.use_tree and self.costs.carry_chain > 0:
+            self.costs.carry_chain -= 1
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
         self.rej = self.rej * self.decay + (1 if n_accepted < depth else 0)
