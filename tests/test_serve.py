@@ -616,3 +616,64 @@ def test_ray_serve_two_replicas(bundle):
         proc.wait(120)
         reader.join(60)
     assert proc.returncode == 0, "".join(lines)[-3000:]
+
+
+class _FakeStream:
+    def __init__(self, ids):
+        self.result = f"result of {ids}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __iter__(self):
+        yield "piece"
+
+
+class _FakePipeline:
+    """What the Scheduler uses of a pipeline: stream() and the target's reusable()."""
+
+    class generator:  # noqa: N801 - mirrors Pipeline.generator.target
+        class target:  # noqa: N801
+            @staticmethod
+            def reusable(ids):
+                return 0
+
+    def stream(self, token_ids, **kw):
+        return _FakeStream(token_ids)
+
+
+def test_a_replica_is_free_when_its_requester_hears_the_end():
+    """Ray's router (and any client) sends a replica its next request as soon as the last one
+    answered; with --queue 0 that request must be taken, not refused as a full queue (the race
+    that gave test_ray_serve_two_replicas a 429 under load)."""
+    from specedge.serve.worker import Job
+
+    sched = Scheduler([_FakePipeline()], 0)
+    sched.start()
+    outcomes, done = [], threading.Event()
+
+    def chain(n):
+        def emit(ev):
+            if ev[0] == "piece":
+                return
+            outcomes.append(ev)
+            if n < 50:
+                try:  # from the replica thread, the moment the final event is out
+                    sched.submit(Job([n + 1], {}, chain(n + 1)))
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    outcomes.append(("refused", e))
+                    done.set()
+            else:
+                done.set()
+        return emit
+
+    try:
+        sched.submit(Job([0], {}, chain(0)))
+        assert done.wait(60)
+        assert [o[0] for o in outcomes] == ["done"] * 51, outcomes[-1]
+        assert outcomes[-1][1] == "result of [50]"
+    finally:
+        sched.close()

@@ -71,16 +71,21 @@ class Replica:
             if job is None:
                 return
             t0 = time.monotonic()
+            final = ("error", ApiError(500, "internal error: the request ended without a result", type="server_error",
+                                       kind="internal"))
             try:
-                self._run(job)
+                final = self._run(job)
             finally:
+                # idle before the requester hears the end: a client (or Ray's router, which sends a
+                # replica its next request as soon as the last one answered) must find it free
                 self._scheduler._finished(self, time.monotonic() - t0)
+                job.emit(final)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> tuple:
+        """Runs the job, emitting its pieces; returns its final event (done, error or cancelled)."""
         job.started = time.monotonic()
         if job.cancel.is_set():
-            job.emit(("cancelled", None))
-            return
+            return ("cancelled", None)
         try:
             stream = self.pipe.stream(token_ids=job.token_ids, **job.kwargs)
             with stream:
@@ -90,14 +95,13 @@ class Replica:
                         job.emit(("piece", piece))
                         first = False
                     if job.cancel.is_set():  # checked once per round: the stream yields per round
-                        job.emit(("cancelled", None))
-                        return
-            job.emit(("done", stream.result))
+                        return ("cancelled", None)
+            return ("done", stream.result)
         except ValueError as e:  # the app validated the request; a pipeline refusal is still the client's
-            job.emit(("error", ApiError(400, str(e).splitlines()[0])))
+            return ("error", ApiError(400, str(e).splitlines()[0]))
         except Exception as e:  # noqa: BLE001 - answered as a 500 without a traceback, logged by the app
-            job.emit(("error", ApiError(500, f"internal error: {type(e).__name__}", type="server_error",
-                                        kind="internal")))
+            return ("error", ApiError(500, f"internal error: {type(e).__name__}", type="server_error",
+                                      kind="internal"))
 
 
 class Scheduler:
