@@ -1,0 +1,115 @@
+"""What limits a draft head's acceptance: data mix, optimizer steps, lm_head initialisation (issue 14).
+
+    python scripts/head_experiment.py BUNDLE WORKDIR prep DOC_TOKENS
+    python scripts/head_experiment.py BUNDLE WORKDIR train '{"name": ..., "data": "data_DOC_TOKENS", ...}'
+
+BUNDLE: exported with --features. `prep` saves the held-out set of scripts/head_diagnose.py (the
+target's own answers to its 12 prompts, neither training prompts nor the bench suite) and
+train-draft's data (specedge/training/data.py: answers to every prompt of prompts.py, 160 tokens
+each, plus DOC_TOKENS of pydoc text) under WORKDIR. `train` trains one variant with train.py's
+loss and batches (keys: doc_limit: doc tokens kept, in order; init: "scratch" or "target" (lm_head
+rows and final norm copied from the target's); opt_steps; lr; batch; seq_len; draft_vocab; unroll;
+eval_every; save) and appends held-out chain statistics (head_diagnose's path (a), teacher-forced,
+k = 4) every eval_every steps to WORKDIR/exp_log.jsonl. Results: benchmarks/results/head/experiment.jsonl.
+"""
+import json, sys, time
+from pathlib import Path
+import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "scripts"))
+import torch
+from specedge.manifest import load_manifest
+from specedge.training.data import build_data, save_data, load_data, target_rows, Distilled
+from specedge.training import train as T
+from specedge.models.eagle_head import head_for_target
+import head_diagnose as HD
+
+B, W = Path(sys.argv[1]), Path(sys.argv[2])
+
+def prep(doc_tokens):
+    m = load_manifest(B, verify="size")
+    t0 = time.time()
+    seqs = HD.held_out_sequences(B, 96, 2)
+    f, l = target_rows(m, [s for _, _, s in seqs], 2, lambda d, t: None)
+    np.savez(W / "heldout.npz", **{f"seq{i}": np.asarray(s) for i, (_, _, s) in enumerate(seqs)},
+             **{f"plen{i}": np.asarray(len(p)) for i, (_, p, _) in enumerate(seqs)},
+             **{f"f{i}": x for i, x in enumerate(f)}, **{f"l{i}": x for i, x in enumerate(l)}, n=np.asarray(len(seqs)))
+    print("heldout", time.time() - t0, flush=True)
+    d = build_data(B, m, answer_tokens=160, doc_tokens=doc_tokens, seq_len=256, threads=2,
+                   say=lambda st, a, b: print(st, a, b, flush=True) if a % 10 == 0 or a == b else None)
+    save_data(d, W / f"data_{doc_tokens}", {"doc_tokens": doc_tokens})
+    print("data", d.num_tokens, time.time() - t0, flush=True)
+
+def heldout_eval(head, k=4):
+    z = np.load(W / "heldout.npz")
+    rows = []
+    head.eval()
+    for i in range(int(z["n"])):
+        seq, plen, f, lab = z[f"seq{i}"], int(z[f"plen{i}"]), z[f"f{i}"], z[f"l{i}"]
+        L = len(seq)
+        ids = torch.tensor([seq[1:]]); fe = torch.from_numpy(f[: L - 1].astype(np.float32))[None]
+        with torch.no_grad():
+            outs = head.forward_unrolled(ids, fe, k)
+        preds = [head.d2t[o[0].argmax(-1)].numpy() for o in outs]
+        for j in range(plen - 1, L - 1 - k):
+            rows.append([preds[s][j + s] == lab[j + s + 1] for s in range(k)])
+    head.train()
+    return HD.chain_stats(np.asarray(rows, dtype=bool), k)
+
+def train(cfg):
+    name = cfg["name"]; doc_limit = cfg.get("doc_limit"); init = cfg.get("init", "scratch")
+    lr = cfg.get("lr", 2e-3); steps_opt = cfg["opt_steps"]; ev = cfg.get("eval_every", 40)
+    batch = cfg.get("batch", 4); seq_len = cfg.get("seq_len", 256); dv = cfg.get("draft_vocab", 8192)
+    unroll = cfg.get("unroll", 3); warm = cfg.get("warmup", 20)
+    torch.manual_seed(0); torch.set_num_threads(2)
+    m = load_manifest(B, verify="size")
+    z = np.load(W / cfg["data"] / "data.npz"); meta = json.loads((W / cfg["data"] / "data.json").read_text())
+    off = z["offsets"]; cut = lambda a: [a[off[i]:off[i+1]] for i in range(off.size - 1)]
+    data = Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), meta["sources"])
+    if doc_limit is not None:
+        keep, used = [], 0
+        for i, s in enumerate(data.sources):
+            if s.startswith("doc:"):
+                if used >= doc_limit: continue
+                used += data.tokens[i].size
+            keep.append(i)
+        data = Distilled(*[[x[i] for i in keep] for x in (data.tokens, data.features, data.labels, data.sources)])
+    vocab = min(m.tokenizer_vocab_size, m.target.vocab_size)
+    d2t = T.draft_vocabulary(data, dv, vocab, m.eos_token_ids)
+    target = T._target_module(m)
+    head = head_for_target(target, int(m.target.features["dim"]), d2t.size)
+    head.d2t.copy_(torch.from_numpy(d2t))
+    if init == "target":
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.lm_head.weight[torch.from_numpy(d2t)])
+            head.norm.weight.copy_(target.norm.weight)
+    del target
+    head.set_feature_scale(T.feature_rms(data, len(m.target.features["layers"])))
+    t2d = np.full(vocab, -100, dtype=np.int64); t2d[d2t] = np.arange(d2t.size)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    wins = T._windows(data, seq_len)
+    print(name, "data tokens", data.num_tokens, "windows", len(wins), flush=True)
+    t0 = time.time(); acc_ema = None
+    for step in range(steps_opt):
+        epoch, pos = divmod(step * batch, len(wins))
+        order = np.random.RandomState(epoch).permutation(len(wins))
+        pick = [wins[order[(pos + b) % len(wins)]] for b in range(batch)]
+        ids, feats, dl, lab = T._batch(data, pick, t2d, seq_len)
+        w = min(1.0, (step + 1) / warm)
+        for g in opt.param_groups: g["lr"] = lr * w * max(0.05, 1 - step / steps_opt)
+        loss, hits, n = T._loss(head, ids, feats, dl, lab, unroll, head.d2t)
+        opt.zero_grad(set_to_none=True); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
+        a = hits / max(n, 1); acc_ema = a if acc_ema is None else 0.9 * acc_ema + 0.1 * a
+        if (step + 1) % ev == 0 or step + 1 == steps_opt:
+            st = heldout_eval(head)
+            rec = {"name": name, "step": step + 1, "epoch": round(step * batch / len(wins), 2), "loss": round(float(loss), 3),
+                   "train_top1": round(acc_ema, 3), "held": st, "s": round(time.time() - t0)}
+            print(json.dumps(rec), flush=True)
+            with open(W / "exp_log.jsonl", "a") as fh: fh.write(json.dumps(rec) + "\n")
+    if cfg.get("save"):
+        torch.save({"head": head.state_dict(), "d2t": head.d2t}, W / f"{name}.pt")
+
+if __name__ == "__main__":
+    if sys.argv[3] == "prep": prep(int(sys.argv[4]))
+    else: train(json.loads(sys.argv[4]))
