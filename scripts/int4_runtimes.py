@@ -93,17 +93,20 @@ def worker_py(spec: dict) -> None:
     _serve(gen)
 
 
+# The C structs grow at their ends (specedge.h); every mirror here keeps room after the fields it
+# names, so a library newer than this script never writes past a Python-owned struct.
 class _OpenOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("spec_tokens", ctypes.c_int),
                 ("draft", ctypes.c_char_p), ("verify", ctypes.c_char_p), ("allow_spinning", ctypes.c_int),
-                ("warmup", ctypes.c_int)]
+                ("warmup", ctypes.c_int), ("_rest", ctypes.c_byte * 256)]
 
 
 class _GenParams(ctypes.Structure):
     _fields_ = [("max_new_tokens", ctypes.c_int), ("temperature", ctypes.c_double), ("top_k", ctypes.c_int),
                 ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("has_seed", ctypes.c_int),
                 ("stop", ctypes.c_void_p), ("n_stop", ctypes.c_size_t), ("spec_tokens", ctypes.c_int),
-                ("speculative", ctypes.c_int), ("guard", ctypes.c_int), ("adaptive_k", ctypes.c_int)]
+                ("speculative", ctypes.c_int), ("guard", ctypes.c_int), ("adaptive_k", ctypes.c_int), ("tree", ctypes.c_int),
+                ("_rest", ctypes.c_byte * 256)]
 
 
 class _Stats(ctypes.Structure):  # the leading fields of specedge_stats, then room for the rest
@@ -221,6 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts-per-category", type=int, default=None, help="first N of each category (default all)")
+    ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
     ap.add_argument("--lib", default=str(REPO / "cpp" / "build" / "libspecedge.so"), help="the C library")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter with onnxruntime-genai")
     ap.add_argument("--ortgenai-int4", default=str(REPO / "specedge-bench" / "peers-cache" / "ortgenai-int4"),
@@ -247,6 +251,12 @@ def main(argv=None) -> int:
     manifest = load_manifest(Path(args.bundle), verify="size")
     tok = Tokenizer(manifest)
     suite = select_prompts(load_prompts(), args.prompts_per_category)
+    if args.categories:
+        wanted = [c for c in args.categories.split(",") if c]
+        unknown = sorted(set(wanted) - {p["category"] for p in suite})
+        if unknown:
+            ap.error(f"unknown prompt categories: {', '.join(unknown)}")
+        suite = [p for p in suite if p["category"] in wanted]
     prompts = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])} for p in suite]
     eos = list(manifest.eos_token_ids)
     k = manifest.spec_tokens

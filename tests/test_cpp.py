@@ -905,3 +905,19 @@ def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
     assert_usage_error(p, "a draft head runs on the ort-cpu backend, with an ort-cpu target (not tensorrt/tensorrt)")
     assert "a draft head runs on the ort-cpu backend, with an ort-cpu target (not" in python_cli_error(
         good, "hi", "--draft", "head", "--backend", "ort-cuda")
+
+
+def test_int4_runtimes_script_drives_the_built_library(tiny_bundle_factory, tmp_path):
+    """scripts/int4_runtimes.py's C worker (ctypes mirrors of specedge.h, tests/test_int4_runtimes.py)
+    against the library built here: it runs every prompt of a category without dying, and its
+    greedy ids equal the Python runtime's (both target-only and with the n-gram drafter)."""
+    out = tmp_path / "rt.json"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "int4_runtimes.py"), str(tiny_bundle_factory(draft="ngram", max_seq=512)),
+                        "--configs", "py,cpp,cpp+ngram", "--prompts-per-category", "1", "--categories", "code,chat,grounded",
+                        "--max-new-tokens", "24",
+                        "--threads", "1", "--lib", str(BUILD / "libspecedge.so"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    # the tiny tokenizer makes the summarization prompts longer than a tiny bundle's context
+    assert summary["cpp"]["same_tokens_as_py"] == 3 and summary["cpp+ngram"]["same_tokens_as_py"] == 3
