@@ -259,3 +259,21 @@ def test_gpu_path_copies_move_the_same_slots_as_numpy(max_seq, batch, path):
     assert (arena[pad] == 0xAB).all()
     with pytest.raises(ValueError, match="is not a move back inside a cache of"):
         path_copies(cache, max_seq - 2, [(3, 1)])
+
+
+def test_tree_refused_on_a_backend_without_tree_calls_names_the_backend_not_the_export(tiny_bundle_factory):
+    """A bundle exported with --tree on a backend that runs no tree calls (TensorRT's engines take
+    no mask): the refusal must not tell the user to re-export with --tree, which they did."""
+    from specedge.runtime.api import load
+
+    pipe = load(tiny_bundle_factory(family="llama", draft="ngram", max_seq=128, tree=True), threads=1, verify="size")
+    backend = pipe.generator.target.backend
+    backend.takes_trees = False  # what the tensorrt backend reports for the same bundle
+    backend.name = "tensorrt"
+    with pytest.raises(ValueError) as e:
+        pipe.generate(token_ids=REPEATS, max_new_tokens=4, tree=True)
+    assert str(e.value) == ("tree verification is not available on the tensorrt backend, although the bundle's "
+                            "target graph takes trees: use the ort-cpu or torch backend, or leave tree off")
+    assert "export the bundle with --tree" not in str(e.value)
+    # chains still run on it
+    assert len(pipe.generate(token_ids=REPEATS, max_new_tokens=4).token_ids) == 4

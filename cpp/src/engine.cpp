@@ -394,8 +394,11 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +
              std::to_string(max_seq) + " (prompt + at least one new token must fit)");
   if (cfg.speculative && cfg.spec_tokens) check_call_size(cfg.spec_tokens);
-  if (cfg.tree && cfg.speculative && (drafter_ || ngram_ || head_) && !target_->takes_trees())
-    fail_arg("tree verification needs a target graph that takes trees: export the bundle with --tree");
+  if (cfg.tree && cfg.speculative && (drafter_ || ngram_ || head_) && !target_->takes_trees()) {
+    bool graph_takes = false;
+    for (const auto& g : m_.target.graphs) graph_takes = graph_takes || g.tree;
+    fail_arg(tree_refusal(graph_takes, target_->name()));
+  }
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);

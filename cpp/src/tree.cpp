@@ -282,6 +282,13 @@ int tree_nodes(const CostModel& costs, int k, double slack, int limit) {
   return n;
 }
 
+std::string tree_refusal(bool graph_takes_trees, const std::string& backend) {
+  if (graph_takes_trees)
+    return "tree verification is not available on the " + backend +
+           " backend, although the bundle's target graph takes trees: use the ort-cpu backend, or leave tree off";
+  return "tree verification needs a target graph that takes trees: export the bundle with --tree";
+}
+
 // ---------------------------------------------------------------------------- backends
 
 void Backend::check_tree_call(int t, int position, const uint8_t* mask) const {

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -81,5 +82,9 @@ constexpr int kTreeGrowth = 2;
 int max_tree_nodes();
 // Nodes (root included) of the largest tree whose call costs at most (1 + slack) c(k + 1); >= k + 1.
 int tree_nodes(const CostModel& costs, int k, double slack = kTreeSlack, int limit = -1);
+
+// Why a tree request cannot run on a target backend that takes no tree calls: a bundle exported
+// without --tree, or (graph_takes_trees) a backend that runs none on a graph that does.
+std::string tree_refusal(bool graph_takes_trees, const std::string& backend);
 
 }  // namespace specedge

@@ -110,6 +110,15 @@ TEST_CASE("tree: tree_nodes grows with cheap calls only, capped past the largest
   CHECK_THROWS_AS(tree_nodes(flat, 0), Error);
 }
 
+TEST_CASE("tree: a refused tree request says whether exporting with --tree would help") {
+  CHECK(tree_refusal(false, "ort-cpu") ==
+        "tree verification needs a target graph that takes trees: export the bundle with --tree");
+  // a bundle exported with --tree on a backend that runs no tree calls: re-exporting cannot help
+  CHECK(tree_refusal(true, "tensorrt") ==
+        "tree verification is not available on the tensorrt backend, although the bundle's target graph takes "
+        "trees: use the ort-cpu backend, or leave tree off");
+}
+
 TEST_CASE("tree: n-gram paths are the latest matches' continuations, longest n-gram first") {
   NgramDrafter d({2, 1});
   // "1 2" is followed by 3, then 4, then 5 (latest first); "2" alone also by 9

@@ -38,6 +38,16 @@ clock = time.perf_counter
 # ----------------------------------------------------------------------------- config / result
 
 
+def tree_refusal(backend) -> str:
+    """Why a tree request cannot run on this target backend: a bundle exported without --tree, or
+    a backend that runs no tree calls on a bundle whose graph takes them (re-exporting would not help)."""
+    graphs = getattr(getattr(backend, "spec", None), "graphs", None) or ()
+    if any(getattr(g, "tree", False) for g in graphs):
+        return (f"tree verification is not available on the {backend.name} backend, although the bundle's target "
+                "graph takes trees: use the ort-cpu or torch backend, or leave tree off")
+    return "tree verification needs a target graph that takes trees: export the bundle with --tree"
+
+
 @dataclass
 class GenerationConfig:
     """Everything one request can set. `spec_tokens=None` takes the bundle's k."""
@@ -183,7 +193,7 @@ class Generator:
         if not isinstance(cfg.tree, bool):
             raise ValueError(f"tree must be True or False, got {cfg.tree!r}")
         if cfg.tree and cfg.speculative and self.drafter is not None and not self.target.backend.takes_trees:
-            raise ValueError("tree verification needs a target graph that takes trees: export the bundle with --tree")
+            raise ValueError(tree_refusal(self.target.backend))
 
     def _request(self, prompt: list[int], cfg: GenerationConfig) -> _Request:
         params = cfg.sampling
