@@ -79,14 +79,19 @@ class Stepper:
 
     def time_ms(self, t: int, reps: int = 30) -> float:
         self.run([1] * t, POS)  # binds the inputs of this shape
-        for _ in range(5):
-            self.step()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            self.step()
-            ts.append(time.perf_counter() - t0)
-        return 1000 * float(np.median(ts))
+        return median_step_ms(self.step, reps)
+
+
+def median_step_ms(step, reps: int = 30, warmup: int = 5) -> float:
+    """Median wall milliseconds of one `step()` over `reps` timed calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        step()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t0)
+    return 1000 * float(np.median(ts))
 
 
 def batch_invariance(path: str, m, ids: list[int]) -> dict:
