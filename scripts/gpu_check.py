@@ -25,9 +25,10 @@ the default model (fp32 target, n-gram draft) into a temporary folder, `specedge
 opens it with backend "torch" at fp16 (and with compile=True under --pipeline-compile: two
 inductor compilations, over two minutes on an H200 host), and `Pipeline.generate`
 decodes greedily target-only and speculatively: the same token ids, the decode tok/s and the
-sizes the backend captured. Per step it also reports where the time goes: GPU time of
-one graph replay (CUDA events) against the wall time of a whole step, and the kernels an eager
-forward launches (torch.profiler).
+sizes the backend captured; then (--tree-prompts, 8 by default: 2 per category) tree against
+chain verification over the bench prompts with every tree size captured (check_trees). Per step it also reports where
+the time goes: GPU time of one graph replay (CUDA events) against the wall time of a whole step,
+and the kernels an eager forward launches (torch.profiler).
 
 Writes OUT/gpu_check.json and prints a short table last. Exit 0 when every exactness check passes
 (or no GPU: nothing to check), 1 otherwise.
@@ -419,12 +420,99 @@ def check_pipeline(args, report, save) -> None:
                 row["traceback"] = traceback.format_exc(limit=8)
                 log(f"pipeline {key}: {row['error']}")
             save()
+        if args.tree_prompts > 0:
+            try:
+                row = res["trees"] = check_trees(bundle, args.device, "float16" if args.device == "cuda" else "float32",
+                                                 args.tokens, args.tree_prompts)
+                ch, tr = row["chain"], row["tree"]
+                log(f"pipeline trees: {row['prompts']} prompts, chain {ch['tokens_per_s']:.1f} tok/s "
+                    f"({ch['tokens_per_call']:.2f} tokens/call), tree {tr['tokens_per_s']:.1f} tok/s "
+                    f"({tr['tokens_per_call']:.2f}), trees of up to {row['tree_nodes_at_end']} nodes at the end; "
+                    f"outputs equal target-only: {row['ok']}")
+            except Exception as e:  # noqa: BLE001 - report, go on
+                res["trees"] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                "traceback": traceback.format_exc(limit=8)}
+                log(f"pipeline trees: {res['trees']['error']}")
+            save()
     except subprocess.TimeoutExpired:
         res["error"] = f"export-models took over {args.export_timeout} s"
         log(res["error"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         save()
+
+
+def check_trees(bundle, device: str, dtype: str, tokens: int, n_prompts: int, cuda_graphs: bool = True) -> dict:
+    """Tree against chain verification on the torch backend (issue 15's GPU table): the first
+    n_prompts prompts of the bench suite (round-robin over its categories, chat template, greedy),
+    each decoded target-only, with the bundle's drafter as a chain, and as trees, back to back.
+    Every call size a tree may take is captured as a CUDA graph (a tree larger than the captured
+    sizes would run eagerly and the cost model would keep trees small for that reason alone), so
+    the size chooser sees what the device charges for a wider call. Returns per configuration the
+    decode tok/s and tokens per target call (totals), per category tree ÷ chain, the tree size the
+    learned costs allow at the end, those costs, and whether every output equals target-only's."""
+    from specedge.bench.runner import load_prompts
+    from specedge.bench.stats import decode_target_calls
+    from specedge.runtime.api import load
+    from specedge.runtime.tree_size import MAX_TREE_NODES, tree_nodes
+
+    suite = load_prompts()
+    by_cat: dict[str, list] = {}
+    for p in suite:
+        by_cat.setdefault(p["category"], []).append(p)
+    order = [ps[i] for i in range(max(len(ps) for ps in by_cat.values())) for ps in by_cat.values() if i < len(ps)]
+    prompts = order[:n_prompts]
+    opts = {"dtype": dtype, "device": device, "cuda_graphs": cuda_graphs,
+            "graph_sizes": tuple(range(1, MAX_TREE_NODES + 1))}
+    t0 = time.perf_counter()
+    pipe = load(bundle, backend="torch", verify="size", backend_options=opts)
+    out = {"load_seconds": time.perf_counter() - t0, "prompts": len(prompts), "tokens": tokens,
+           "drafter": pipe.generator.drafter.kind if pipe.generator.drafter else None}
+    configs = {"target-only": {"speculative": False}, "chain": {}, "tree": {"tree": True}}
+    recs: dict[str, list] = {c: [] for c in configs}
+    try:
+        pipe.generate(messages=prompts[0]["messages"], max_new_tokens=8)  # warm
+        for i, p in enumerate(prompts):
+            names = list(configs)
+            for c in names[i % 3:] + names[:i % 3]:  # rotated: drift hits every configuration alike
+                r = pipe.generate(messages=p["messages"], max_new_tokens=tokens, **configs[c])
+                st = r.stats
+                calls = decode_target_calls(len(r.token_ids), st.get("accepted") or 0, st.get("target_calls") or 0)
+                recs[c].append({"category": p["category"], "ids": list(r.token_ids), "decode_s": st["decode_s"],
+                                "tokens": len(r.token_ids), "calls": calls,
+                                "tree_rounds": st.get("tree_rounds", 0), "trees_off": bool(st.get("trees_off"))})
+        k = pipe.generator.spec_tokens
+        out["tree_nodes_at_end"] = tree_nodes(pipe.generator.costs, k)
+        out["k"] = k
+        out["costs_ms"] = {str(t): round(1000 * c, 3) for t, c in sorted(pipe.generator.costs.target.items())}
+    finally:
+        pipe.close()
+
+    def total(rs):
+        toks = sum(max(r["tokens"] - 1, 0) for r in rs)
+        secs = sum(r["decode_s"] for r in rs)
+        calls = sum(r["calls"] for r in rs)
+        return {"tokens_per_s": toks / secs if secs else None, "tokens_per_call": (toks / calls) if calls else None}
+
+    want = [r["ids"] for r in recs["target-only"]]
+    for c, rs in recs.items():
+        row = out[c] = total(rs)
+        row["equal_to_target_only"] = [r["ids"] for r in rs] == want
+        if c == "tree":
+            row["tree_rounds"] = sum(r["tree_rounds"] for r in rs)
+            row["requests_with_trees_off"] = sum(r["trees_off"] for r in rs)
+    ch, tr = out["chain"], out["tree"]
+    if ch["tokens_per_s"] and tr["tokens_per_s"]:
+        out["tree_vs_chain_tokens_per_s"] = tr["tokens_per_s"] / ch["tokens_per_s"]
+    if ch["tokens_per_call"] and tr["tokens_per_call"]:
+        out["tree_vs_chain_tokens_per_call"] = tr["tokens_per_call"] / ch["tokens_per_call"]
+    out["per_category_tree_vs_chain"] = {}
+    for cat in sorted({r["category"] for r in recs["chain"]}):
+        a = total([r for r in recs["tree"] if r["category"] == cat])["tokens_per_s"]
+        b = total([r for r in recs["chain"] if r["category"] == cat])["tokens_per_s"]
+        out["per_category_tree_vs_chain"][cat] = a / b if a and b else None
+    out["ok"] = all(out[c]["equal_to_target_only"] for c in configs)
+    return out
 
 
 def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name, copy_bw=None, eager=True, profile=False):
@@ -499,6 +587,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pipeline", action="store_true", help="skip the export + Pipeline check")
     ap.add_argument("--export-timeout", type=int, default=150, help="seconds export-models may take")
     ap.add_argument("--pipeline-compile", action="store_true", help="also load the pipeline with compile=True (slow)")
+    ap.add_argument("--tree-prompts", type=int, default=8,
+                    help="bench prompts for the pipeline's tree vs chain table (0: skip it)")
     ap.add_argument("--bundle", default=os.environ.get("SPECEDGE_BUNDLE") or None,
                     help="a bundle (fp16) for the ort-cuda / ort-trt / tensorrt backends")
     ap.add_argument("--build-engines", action="store_true", help="build TensorRT engines for --bundle if missing")
@@ -689,6 +779,13 @@ def main(argv=None) -> int:
             continue
         if "error" in row:
             print(f"pipeline {key}: {row['error']}")
+            continue
+        if key == "trees":
+            ch, tr = row["chain"], row["tree"]
+            print(f"pipeline trees ({row['drafter']}, {row['prompts']} prompts): chain {ch['tokens_per_s']:.1f} tok/s, "
+                  f"{ch['tokens_per_call']:.2f} tokens/call; tree {tr['tokens_per_s']:.1f} tok/s, "
+                  f"{tr['tokens_per_call']:.2f} tokens/call; tree nodes at the end {row['tree_nodes_at_end']}; "
+                  f"equal ids {row['ok']}")
             continue
         print(f"pipeline {key:<19} load {row['load_seconds']:.0f} s; target-only {row['target']['tokens_per_s']:.1f} tok/s, "
               f"speculative {row['speculative']['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x, "

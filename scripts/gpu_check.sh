@@ -4,8 +4,9 @@
 # default model (fp16 and bf16, 128 new tokens; fp16 once more with torch.compile), where a step's
 # time goes, and the user's path (export-models, then load() + generate on the torch backend).
 # Prints a short table last; writes ${OUT:-gpu_out}/gpu_check.json (and pytest_gpu.log).
-# About 6 minutes on an H200 (budget: 8): tests ~50 s, model load 20 s, fp16/bf16 ~35 s each,
-# the compiled variant ~100 s, export ~70 s, the pipeline ~20 s. scripts/gpu_check.py --help
+# About 6.5 minutes on an H200 (budget: 8): tests ~50 s, model load 20 s, fp16/bf16 ~35 s each,
+# the compiled variant ~100 s, export ~70 s, the pipeline ~20 s, its tree vs chain table ~30 s
+# (estimated: not yet run on a GPU; --tree-prompts 0 skips it). scripts/gpu_check.py --help
 # lists the options (--no-compile, --no-pipeline, --pipeline-compile, --dtypes, --bundle ...).
 #
 #   scripts/gpu_check.sh [--bundle BUNDLE] [--build-engines] [--tokens N] [--k K]
@@ -70,4 +71,4 @@ set -e
 echo "gpu_check: pytest -m gpu exit code $rc_tests"
 
 # 2. exactness and timings; the table is the last thing printed
-timeout 360 "$PY" scripts/gpu_check.py --out "$OUT_DIR" --pytest-rc "$rc_tests" "$@"
+timeout 380 "$PY" scripts/gpu_check.py --out "$OUT_DIR" --pytest-rc "$rc_tests" "$@"

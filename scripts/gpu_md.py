@@ -90,6 +90,18 @@ def run_table(name: str, r: dict) -> list[str]:
                              f"{row['speculative']['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x, "
                              f"{row['speculative']['tokens']} tokens to EOS); same ids: **{row['equal_ids']}**; "
                              f"captured sizes T = {row['captured']}.")
+        tr = pl.get("trees")
+        if isinstance(tr, dict) and tr.get("error"):
+            lines.append(f"- pipeline trees: error: {tr['error']}")
+        elif isinstance(tr, dict) and "tree" in tr:
+            cats = ", ".join(f"{c} {fmt(v, '.3f')}x" for c, v in tr.get("per_category_tree_vs_chain", {}).items())
+            lines.append(f"- pipeline trees ({tr['drafter']}, {tr['prompts']} bench prompts, every tree size captured): "
+                         f"chain {tr['chain']['tokens_per_s']:.1f} tok/s, {tr['chain']['tokens_per_call']:.2f} tokens/call; "
+                         f"tree {tr['tree']['tokens_per_s']:.1f} tok/s, {tr['tree']['tokens_per_call']:.2f} tokens/call "
+                         f"(tree ÷ chain {fmt(tr.get('tree_vs_chain_tokens_per_s'), '.3f')}x tok/s, "
+                         f"{fmt(tr.get('tree_vs_chain_tokens_per_call'), '.3f')}x tokens/call; per category {cats}); "
+                         f"trees of up to {tr['tree_nodes_at_end']} nodes at the end; same ids as target-only: "
+                         f"**{tr['ok']}**.")
     for note in r.get("notes", []):
         lines.append(f"- note: {note}")
     lines.append("")

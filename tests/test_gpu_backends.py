@@ -843,3 +843,39 @@ def test_gpu_check_script_logic_runs_on_cpu(tmp_path):
     assert all(t["same_tokens"] for t in res["timings"].values())
     assert any("RANDOM weights" in n for n in report["notes"]) and report["ok"] is True
     assert "torch-fp32         speculative   yes" in p.stdout and p.stdout.rstrip().endswith("gpu_check.json")
+
+
+def test_gpu_check_tree_table_runs_on_cpu(load_script, tiny_bundle_factory):
+    """gpu_check's tree vs chain table (issue 15's GPU figures) only runs on a borrowed GPU: its
+    logic runs here on the torch backend on CPU, so a broken table fails CI, not the lease."""
+    pytest.importorskip("torch")
+    gc = load_script("gpu_check")
+    bundle = tiny_bundle_factory(family="llama", draft="ngram", max_seq=512)
+    row = gc.check_trees(bundle, "cpu", "float32", tokens=12, n_prompts=3, cuda_graphs=False)
+    assert row["ok"] and row["prompts"] == 3 and row["drafter"] == "ngram"
+    for c in ("target-only", "chain", "tree"):
+        assert row[c]["equal_to_target_only"] and row[c]["tokens_per_s"] > 0 and row[c]["tokens_per_call"] >= 1
+    assert row["target-only"]["tokens_per_call"] == 1.0
+    assert set(row["per_category_tree_vs_chain"]) == {"code", "chat", "grounded"}
+    assert row["tree_nodes_at_end"] >= row["k"] + 1 and "1" in row["costs_ms"]
+    assert row["tree"]["tree_rounds"] > 0  # trees were verified, not only chains
+
+
+def test_gpu_md_renders_the_tree_table(load_script):
+    """BENCHMARKS.md's GPU section is written from gpu_check.json by scripts/gpu_md.py: a run with
+    the pipeline's tree table gets its line (a run from before the table gets none)."""
+    import copy
+    from pathlib import Path
+
+    md = load_script("gpu_md")
+    run = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/gpu/h200_run3.json").read_text())
+    assert not any("pipeline trees" in line for line in md.run_table("h200_run3.json", run))
+    run = copy.deepcopy(run)
+    run["pipeline"]["trees"] = {
+        "drafter": "ngram", "prompts": 8, "ok": True, "tree_nodes_at_end": 12,
+        "chain": {"tokens_per_s": 250.0, "tokens_per_call": 1.8}, "tree": {"tokens_per_s": 280.0, "tokens_per_call": 2.2},
+        "tree_vs_chain_tokens_per_s": 1.12, "tree_vs_chain_tokens_per_call": 2.2 / 1.8,
+        "per_category_tree_vs_chain": {"chat": 1.1, "code": 1.05}}
+    (line,) = [x for x in md.run_table("h200_run3.json", run) if "pipeline trees" in x]
+    assert "tree 280.0 tok/s, 2.20 tokens/call" in line and "1.120x tok/s" in line and "chat 1.100x" in line
+    assert "up to 12 nodes" in line and "**True**" in line
