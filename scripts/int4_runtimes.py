@@ -120,8 +120,15 @@ class _Stats(ctypes.Structure):  # the leading fields of specedge_stats, then ro
                 ("_rest", ctypes.c_byte * 1024)]
 
 
+ABI_VERSION = 1  # the specedge.h layouts these mirrors follow (SPECEDGE_ABI_VERSION)
+
+
 def worker_cpp(spec: dict) -> None:
     lib = ctypes.CDLL(spec["lib"])
+    if not hasattr(lib, "specedge_abi_version") or lib.specedge_abi_version() != ABI_VERSION:
+        got = lib.specedge_abi_version() if hasattr(lib, "specedge_abi_version") else "none (older than 1)"
+        raise SystemExit(f"{spec['lib']} has ABI version {got}; this script's struct mirrors are version "
+                         f"{ABI_VERSION}: update them from cpp/include/specedge.h")
     lib.specedge_last_error.restype = ctypes.c_char_p
     lib.specedge_result_tokens.restype = ctypes.POINTER(ctypes.c_int32)
     opts = spec["options"]

@@ -921,3 +921,18 @@ def test_int4_runtimes_script_drives_the_built_library(tiny_bundle_factory, tmp_
     summary = json.loads(out.read_text())["summary"]
     # the tiny tokenizer makes the summarization prompts longer than a tiny bundle's context
     assert summary["cpp"]["same_tokens_as_py"] == 3 and summary["cpp+ngram"]["same_tokens_as_py"] == 3
+
+
+def test_the_library_reports_its_abi_version_and_carries_it_in_its_soname():
+    """specedge_abi_version() is the header's SPECEDGE_ABI_VERSION, and CMake made the soname from it:
+    a program built against one struct layout never loads a library with another."""
+    import ctypes
+    import re
+
+    want = int(re.search(r"#define SPECEDGE_ABI_VERSION (\d+)", (REPO / "cpp/include/specedge.h").read_text()).group(1))
+    lib = ctypes.CDLL(str(BUILD / "libspecedge.so"))
+    assert lib.specedge_abi_version() == want
+    assert (BUILD / "libspecedge.so").resolve() == (BUILD / f"libspecedge.so.{want}").resolve()
+    p = subprocess.run(["readelf", "-d", str(BUILD / "libspecedge.so")], capture_output=True, text=True)
+    if p.returncode == 0:  # binutils present
+        assert f"Library soname: [libspecedge.so.{want}]" in p.stdout

@@ -55,3 +55,9 @@ def test_ctypes_mirrors_match_the_header(load_script, mirror, struct, whole):
         assert named[:-1] == header, f"{mirror} mirrors {named[:-1]}, specedge.h has {header}"
     else:
         assert named[:-1] == header[:len(named) - 1]
+
+
+def test_mirrors_follow_the_headers_abi_version(load_script):
+    """The script refuses a library of another ABI version: its mirrors follow one layout."""
+    want = int(re.search(r"#define SPECEDGE_ABI_VERSION (\d+)", HEADER.read_text()).group(1))
+    assert load_script("int4_runtimes").ABI_VERSION == want

@@ -33,6 +33,13 @@ extern "C" {
 #endif
 
 #define SPECEDGE_VERSION "0.1.0"
+/* The binary interface: the soname is libspecedge.so.<SPECEDGE_ABI_VERSION>. It changes whenever a
+ * declaration below changes (a struct's fields above all: the library writes and reads whole
+ * structs in the caller's memory), so a program never loads a library with other layouts than its
+ * own; cpp/abi.json records each version's declarations (scripts/c_abi.py). Programs that open the
+ * library by hand (dlopen, ctypes) compare specedge_abi_version() with the version they were
+ * written for. */
+#define SPECEDGE_ABI_VERSION 1
 #define SPECEDGE_MAX_SPEC_TOKENS 16 /* the largest k (draft tokens per round) */
 
 typedef enum specedge_status {
@@ -175,6 +182,7 @@ SPECEDGE_API void specedge_result_free(specedge_result* r); /* NULL is allowed *
 SPECEDGE_API const char* specedge_last_error(void);  /* "" when the last call succeeded */
 SPECEDGE_API const char* specedge_status_name(specedge_status s);
 SPECEDGE_API const char* specedge_version(void);
+SPECEDGE_API int specedge_abi_version(void); /* the library's SPECEDGE_ABI_VERSION */
 /* Facts about the loaded bundle. */
 SPECEDGE_API int specedge_max_seq(const specedge_model* model);
 SPECEDGE_API int specedge_vocab_size(const specedge_model* model);

@@ -332,6 +332,8 @@ const char* specedge_status_name(specedge_status s) {
 
 const char* specedge_version(void) { return SPECEDGE_VERSION; }
 
+int specedge_abi_version(void) { return SPECEDGE_ABI_VERSION; }
+
 int specedge_max_seq(const specedge_model* m) { return m ? m->engine->manifest().max_seq : 0; }
 int specedge_vocab_size(const specedge_model* m) { return m ? m->engine->vocab() : 0; }
 const char* specedge_drafter_kind(const specedge_model* m) { return m ? m->drafter.c_str() : ""; }
