@@ -1,6 +1,7 @@
 """What limits a draft head's acceptance: data mix, optimizer steps, lm_head initialisation (issue 14).
 
     python scripts/head_experiment.py BUNDLE WORKDIR prep DOC_TOKENS
+    python scripts/head_experiment.py BUNDLE WORKDIR prep_sampled data_DOC_TOKENS N TEMPERATURE
     python scripts/head_experiment.py BUNDLE WORKDIR train '{"name": ..., "data": "data_DOC_TOKENS", ...}'
 
 BUNDLE: exported with --features. `prep` saves the held-out set of scripts/head_diagnose.py (the
@@ -10,7 +11,9 @@ each, plus DOC_TOKENS of pydoc text) under WORKDIR. `train` trains one variant w
 loss and batches (keys: doc_limit: doc tokens kept, in order; init: "scratch" or "target" (lm_head
 rows and final norm copied from the target's); opt_steps; lr; batch; seq_len; draft_vocab; unroll;
 eval_every; save) and appends held-out chain statistics (head_diagnose's path (a), teacher-forced,
-k = 4) every eval_every steps to WORKDIR/exp_log.jsonl. Results: benchmarks/results/head/experiment.jsonl.
+k = 4) every eval_every steps to WORKDIR/exp_log.jsonl. `prep_sampled` adds N answers per prompt
+sampled at TEMPERATURE to the greedy answers of a prepared data folder (more contexts, the same
+greedy labels). Results: benchmarks/results/head/experiment.jsonl.
 """
 import json, sys, time
 from pathlib import Path
@@ -39,6 +42,37 @@ def prep(doc_tokens):
                    say=lambda st, a, b: print(st, a, b, flush=True) if a % 10 == 0 or a == b else None)
     save_data(d, W / f"data_{doc_tokens}", {"doc_tokens": doc_tokens})
     print("data", d.num_tokens, time.time() - t0, flush=True)
+
+def prep_sampled(src, n, temperature):
+    """WORKDIR/data_sampled{n}: the answers of WORKDIR/SRC (greedy, train-draft's) plus n more per
+    prompt sampled at `temperature` (seed = prompt index * 100 + j), every sequence labelled with the
+    target's greedy choice at each position as train-draft does: more contexts, the same teacher."""
+    from specedge.runtime.api import load
+    from specedge.training.prompts import distill_prompts
+    m = load_manifest(B, verify="size")
+    z = np.load(W / src / "data.npz"); meta = json.loads((W / src / "data.json").read_text())
+    off = z["offsets"]; cut = lambda a: [a[off[i]:off[i+1]] for i in range(off.size - 1)]
+    base = Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), meta["sources"])
+    keep = [i for i, s in enumerate(base.sources) if s.startswith("answer:")]
+    t0 = time.time()
+    pipe = load(B, threads=2, warmup=False)
+    seqs = []
+    try:
+        for i, (cat, msg) in enumerate(distill_prompts()):
+            ids = pipe.tokenizer.encode_chat([{"role": "user", "content": msg}])
+            for j in range(n):
+                r = pipe.generate(token_ids=ids, max_new_tokens=160, temperature=temperature, seed=100 * i + j)
+                seqs.append((f"answer:{cat}", list(ids) + list(r.token_ids)))
+            if i % 10 == 0:
+                print("sampled", i, len(seqs), round(time.time() - t0), flush=True)
+    finally:
+        pipe.close()
+    f, l = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
+    d = Distilled([base.tokens[i] for i in keep] + [np.asarray(q, dtype=np.int64) for _, q in seqs],
+                  [base.features[i] for i in keep] + f, [base.labels[i] for i in keep] + l,
+                  [base.sources[i] for i in keep] + [c for c, _ in seqs])
+    save_data(d, W / f"data_sampled{n}", {"from": src, "sampled_per_prompt": n, "temperature": temperature})
+    print("data", d.num_tokens, round(time.time() - t0), flush=True)
 
 def heldout_eval(head, k=4):
     z = np.load(W / "heldout.npz")
@@ -112,4 +146,5 @@ def train(cfg):
 
 if __name__ == "__main__":
     if sys.argv[3] == "prep": prep(int(sys.argv[4]))
+    elif sys.argv[3] == "prep_sampled": prep_sampled(sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
     else: train(json.loads(sys.argv[4]))
