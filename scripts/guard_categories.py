@@ -1,8 +1,8 @@
 """Does the speculation guard keep every drafter within 3% of target-only, per prompt category?
 
-For each bundle given, one pipeline per drafter the bundle has (n-gram always, its draft model when
-it has one); every prompt of the bench suite (specedge/bench/prompts.json, chat template, greedy,
---max-new-tokens) is decoded target-only and with each drafter back to back, the order rotated per
+For each bundle given, one pipeline per drafter the bundle has (n-gram always, its draft model and
+its trained draft head when it has them); every prompt of the bench suite
+(specedge/bench/prompts.json, chat template, greedy, --max-new-tokens) is decoded target-only and with each drafter back to back, the order rotated per
 prompt and the whole suite --repeats times, so machine-load drift hits every configuration alike
 (each configuration in its own run, minutes apart, is what made the peers table's 0.87x on code).
 Target-only runs on the n-gram pipeline with speculation off: the same sessions.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specedge.bench.runner import load_average, load_prompts, select_prompts  # noqa: E402
+from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 from specedge.runtime.invariant import wants_invariant_steps  # noqa: E402
 
@@ -32,13 +32,16 @@ GUARD_KEYS = ("fallbacks", "fallback_tokens", "k_shrinks", "target_calls", "draf
               "time_draft_s", "time_verify_s", "time_other_s")
 
 
-def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, threads: int, repeats: int) -> dict:
+def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, threads: int, repeats: int,
+                   categories: list[str] | None = None) -> dict:
     pipes = {"ngram": load(bundle, threads=threads, verify="size", draft="ngram", shared_pool=True)}
     if pipes["ngram"].manifest.draft.is_model:
         pipes["model"] = load(bundle, threads=threads, verify="size", draft="model", shared_pool=True)
+    if pipes["ngram"].manifest.head is not None:  # a trained draft head (train-draft)
+        pipes["head"] = load(bundle, threads=threads, verify="size", draft="head", shared_pool=True)
     tok = pipes["ngram"].tokenizer
     suite = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
-             for p in select_prompts(load_prompts(), prompts_per_category)]
+             for p in select_prompts(load_prompts(), prompts_per_category, categories)]
     # configuration name -> (pipeline, speculative)
     configs = {"target-only": (pipes["ngram"], False)}
     configs.update({f"speculative ({d})": (p, True) for d, p in pipes.items()})
@@ -111,17 +114,23 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts-per-category", type=int, default=None)
+    ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         print("error: --repeats must be at least 1", file=sys.stderr)
         return 2
+    cats = [c for c in (args.categories or "").split(",") if c] or None
+    for c in cats or ():
+        if c not in CATEGORIES:
+            print(f"error: unknown category {c!r}; categories: {', '.join(CATEGORIES)}", file=sys.stderr)
+            return 2
     res = {"schema": "specedge.bench.guard_categories/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "command": "python scripts/guard_categories.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average(),
            "bundles": []}
     for b in args.bundles:
         res["bundles"].append(measure_bundle(b, args.prompts_per_category, args.max_new_tokens, args.threads,
-                                             args.repeats))
+                                             args.repeats, cats))
         print(b, {n: c["min_vs_target_only"] for n, c in res["bundles"][-1]["configurations"].items()},
               file=sys.stderr, flush=True)
     res["load_avg_end"] = load_average()

@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     if not args.bundle:
         ap.error("the following arguments are required: bundle")
     sys.path.insert(0, str(REPO))
-    from specedge.bench.runner import load_average, load_prompts, select_prompts
+    from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts
     from specedge.manifest import load_manifest
     from specedge.runtime.api import Tokenizer
 
@@ -257,13 +257,11 @@ def main(argv=None) -> int:
             ap.error(f"unknown configuration {c!r}")
     manifest = load_manifest(Path(args.bundle), verify="size")
     tok = Tokenizer(manifest)
-    suite = select_prompts(load_prompts(), args.prompts_per_category)
-    if args.categories:
-        wanted = [c for c in args.categories.split(",") if c]
-        unknown = sorted(set(wanted) - {p["category"] for p in suite})
-        if unknown:
-            ap.error(f"unknown prompt categories: {', '.join(unknown)}")
-        suite = [p for p in suite if p["category"] in wanted]
+    wanted = [c for c in (args.categories or "").split(",") if c] or None
+    for c in wanted or ():
+        if c not in CATEGORIES:
+            ap.error(f"unknown category {c!r}; categories: {', '.join(CATEGORIES)}")
+    suite = select_prompts(load_prompts(), args.prompts_per_category, wanted)
     prompts = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])} for p in suite]
     eos = list(manifest.eos_token_ids)
     k = manifest.spec_tokens
