@@ -371,6 +371,8 @@ def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
     assert_user_error(cli("train-draft", trained, "--budget", "0"), "--budget must be more than 0")
     assert_user_error(cli("train-draft", trained, "--budget", "lots"), "--budget must be a number")
     assert_user_error(cli("train-draft", trained, "--device", "tpu"), "--device must be cpu or cuda")
+    assert_user_error(cli("train-draft", trained, "--sampled-answers", "-1"),
+                      "--sampled-answers must be an integer of at least 0")
     # a checkpoint of another target
     other = tmp_path / "ck"
     other.mkdir()
@@ -522,3 +524,33 @@ def test_export_models_draft_head_exports_and_trains(tiny_checkpoint_factory, tm
     bad = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", tmp_path / "c",
                           "--head-budget", "500"], capture_output=True, text=True, timeout=120)
     assert_user_error(bad, "--head-budget needs --draft head")
+
+
+def test_sampled_answers_add_seeded_target_written_contexts(feat_bundle):
+    """--sampled-answers N: besides each prompt's greedy answer, N answers sampled from the target,
+    the same for the same seed and other for another; the greedy answers stay what they were."""
+    from specedge.training.data import generate_answers
+    from specedge.training.prompts import distill_prompts
+
+    prompts = distill_prompts()[:3]
+    greedy = generate_answers(feat_bundle, prompts, 12, 1, lambda d, t: None)
+    a = generate_answers(feat_bundle, prompts, 12, 1, lambda d, t: None, sampled=2, seed=5)
+    b = generate_answers(feat_bundle, prompts, 12, 1, lambda d, t: None, sampled=2, seed=5)
+    c = generate_answers(feat_bundle, prompts, 12, 1, lambda d, t: None, sampled=2, seed=6)
+    assert len(greedy) == 3 and len(a) == 9 and a == b and a != c
+    assert [x for i, x in enumerate(a) if i % 3 == 0] == greedy  # prompt order: greedy, then its samples
+    assert all(a[i][0] == greedy[i // 3][0] for i in range(9))  # each sample keeps its prompt's category
+    assert {tuple(x[1]) for x in a[1:3]} != {tuple(greedy[0][1])}  # the samples are other answers
+
+
+def test_data_with_sampled_answers_is_not_reused_without_them(tmp_path):
+    """train-draft keeps its data next to the checkpoint and reuses it only for the same options:
+    data made with sampled answers is not taken for a run without them, or with another seed."""
+    from specedge.training.data import Distilled, load_data, save_data
+
+    d = Distilled([np.arange(4)], [np.zeros((4, 2), np.float16)], [np.arange(4)], ["answer:chat"])
+    meta = {"target_fingerprint": "x", "sampled_answers": 2, "sample_seed": 0}
+    save_data(d, tmp_path, meta)
+    assert load_data(tmp_path, meta) is not None
+    assert load_data(tmp_path, {**meta, "sampled_answers": 0, "sample_seed": None}) is None
+    assert load_data(tmp_path, {**meta, "sample_seed": 1}) is None

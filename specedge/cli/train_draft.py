@@ -36,6 +36,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--answer-tokens", type=int, default=d.answer_tokens,
                    help=f"tokens the target writes per prompt (default {d.answer_tokens})")
+    p.add_argument("--sampled-answers", type=int, default=d.sampled_answers,
+                   help=f"answers per prompt sampled from the target besides its greedy one: more training "
+                        f"contexts, each answer costs its generation time (default {d.sampled_answers})")
     p.add_argument("--doc-tokens", type=int, default=d.doc_tokens,
                    help=f"tokens of documentation text (default {d.doc_tokens})")
     p.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
@@ -85,7 +88,8 @@ def run(args) -> int:
 
     o = TrainOptions(budget=args.budget, seed=args.seed, device=args.device, steps=args.steps,
                      draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
-                     answer_tokens=args.answer_tokens, doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
+                     answer_tokens=args.answer_tokens, sampled_answers=args.sampled_answers,
+                     doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
                      threads=args.threads, checkpoint=args.checkpoint, resume=not args.no_resume)
     bars = _Bars(args.quiet or args.json)
     try:

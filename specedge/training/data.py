@@ -2,8 +2,9 @@
 and greedy choices at every position.
 
 Sequences come from two sources on the machine: the target's answers to the prompts of
-`prompts.py` (generated with the bundle's own runtime, greedy, so the head learns the target's
-continuations), and plain documentation text (pydoc). Each sequence is then run through the
+`prompts.py` (generated with the bundle's own runtime: one greedy answer per prompt, so the head
+learns the target's continuations, and optionally more answers sampled from the target, which give
+more contexts to learn the same greedy choices in), and plain documentation text (pydoc). Each sequence is then run through the
 target graph in prefill chunks on ONNX Runtime, which returns, per position, the features the
 runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argmax is the label:
 the token the target itself would choose there. Features are stored in fp16 (half the memory;
@@ -35,8 +36,16 @@ class Distilled:
         return int(sum(t.size for t in self.tokens))
 
 
-def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, say) -> list[tuple[str, list[int]]]:
-    """(category, prompt + answer ids) for each prompt, answered greedily by the bundle's runtime."""
+# temperature of the extra sampled answers: the target's own distribution, sharpened a little so
+# the answers stay on topic; the labels stay the target's greedy choices whatever the context
+SAMPLE_TEMPERATURE = 0.8
+
+
+def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0,
+                     seed: int = 0) -> list[tuple[str, list[int]]]:
+    """(category, prompt + answer ids) for each prompt, answered greedily by the bundle's runtime,
+    plus `sampled` answers per prompt sampled at SAMPLE_TEMPERATURE (seeded per prompt and answer
+    from `seed`): more contexts the target itself writes, for the same teacher."""
     from ..runtime.api import load
 
     out = []
@@ -51,6 +60,10 @@ def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, 
                 continue
             r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens)
             out.append((cat, list(ids) + list(r.token_ids)))
+            for j in range(sampled):
+                r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens, temperature=SAMPLE_TEMPERATURE,
+                                  seed=(seed * 1_000_003 + i * 101 + j) % (1 << 62))
+                out.append((cat, list(ids) + list(r.token_ids)))
             say(i + 1, len(prompts))
     finally:
         pipe.close()
@@ -104,14 +117,16 @@ def doc_piece_len(manifest, seq_len: int) -> int:
 
 
 def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
-               threads: int | None, max_prompts: int | None = None, say=lambda stage, done, total: None) -> Distilled:
+               threads: int | None, max_prompts: int | None = None, sampled_answers: int = 0, seed: int = 0,
+               say=lambda stage, done, total: None) -> Distilled:
     from ..runtime.api import Tokenizer
 
     prompts = distill_prompts()[: max_prompts or None]
     seqs: list[tuple[str, list[int]]] = []
     if answer_tokens > 0 and prompts:
         seqs += [(f"answer:{c}", ids) for c, ids in
-                 generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t))]
+                 generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
+                                  sampled=sampled_answers, seed=seed)]
     if doc_tokens > 0:
         seqs += doc_sequences(Tokenizer(manifest), doc_tokens, doc_piece_len(manifest, seq_len))
     seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]

@@ -50,6 +50,7 @@ class TrainOptions:
     lr: float = 2e-3
     warmup: int = 20
     answer_tokens: int = 160  # new tokens the target writes per prompt
+    sampled_answers: int = 0  # answers per prompt sampled from the target besides the greedy one
     doc_tokens: int = 24_000  # tokens of documentation text
     max_prompts: int | None = None  # None: every prompt of prompts.py
     threads: int | None = None
@@ -78,7 +79,7 @@ def _check_options(o: TrainOptions) -> None:
     if o.device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda, got '{o.device}'")
     for name, lo in (("steps", 1), ("draft_vocab", 2), ("seq_len", 8), ("batch", 1), ("warmup", 0),
-                     ("answer_tokens", 0), ("doc_tokens", 0)):
+                     ("answer_tokens", 0), ("doc_tokens", 0), ("sampled_answers", 0)):
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
@@ -231,12 +232,14 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                             "differs): remove it or pass --no-resume")
 
     data_meta = {"target_fingerprint": fp, "answer_tokens": o.answer_tokens, "doc_tokens": o.doc_tokens,
-                 "seq_len": o.seq_len, "max_prompts": o.max_prompts, "doc_piece": doc_piece_len(m, o.seq_len)}
+                 "seq_len": o.seq_len, "max_prompts": o.max_prompts, "doc_piece": doc_piece_len(m, o.seq_len),
+                 # sampled answers depend on the seed too
+                 "sampled_answers": o.sampled_answers, "sample_seed": o.seed if o.sampled_answers else None}
     data = load_data(ck_dir, data_meta)  # the same target and data options make the same data
     if data is None:
         data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
-                          threads=o.threads, max_prompts=o.max_prompts,
-                          say=lambda stage, d, t: say(stage, d, t, None))
+                          threads=o.threads, max_prompts=o.max_prompts, sampled_answers=o.sampled_answers,
+                          seed=o.seed, say=lambda stage, d, t: say(stage, d, t, None))
         save_data(data, ck_dir, data_meta)
     if not data.tokens:
         raise UserError("no training data could be made (every prompt is longer than the bundle's max_seq)")
