@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from abc import ABC, abstractmethod
 import os
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def session(path: str, profile: str | None = None) -> ort.InferenceSession:
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-class Graph:
+class Graph(ABC):
     """One graph, its cache bound in place as both input and output."""
 
     def __init__(self, path: str, past: list[tuple[str, str]], shape: tuple, profile: str | None = None):
@@ -72,8 +73,9 @@ class Graph:
             self.io.bind_ortvalue_input(past_name, v)
             self.io.bind_ortvalue_output(present_name, v)
 
+    @abstractmethod
     def feed(self, t: int, pos: int) -> None:
-        raise NotImplementedError
+        """Bind the inputs of a T-token step at position `pos` (each graph names them its own way)."""
 
     def step(self) -> None:
         self.s.run_with_iobinding(self.io)
