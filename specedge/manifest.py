@@ -50,6 +50,9 @@ class GraphSpec:
     # the graph takes tree calls (contract.TREE_INPUT, docs/design.md "Tree calls"); optional in
     # both schema versions, absent = chains only, so older bundles and readers are unaffected
     tree: bool = False
+    # custom-op libraries the graph needs loaded into its session (custom_ops.py): optional,
+    # absent = standard and com.microsoft ops only; today only "specedge_ops" (--int4-kernel specedge)
+    custom_ops: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -58,6 +61,7 @@ class GraphSpec:
             "backends": list(self.backends),
             "external_data": list(self.external_data),
             **({"tree": True} if self.tree else {}),
+            **({"custom_ops": list(self.custom_ops)} if self.custom_ops else {}),
         }
 
 
@@ -325,9 +329,24 @@ def _model(d: dict, role: str) -> ModelSpec:
                 backends=[str(b) for b in _req(g, "backends", list, where + ".graphs")],
                 external_data=[str(x) for x in g.get("external_data", [])],
                 tree=_graph_tree_flag(g, where + ".graphs"),
+                custom_ops=_graph_custom_ops(g, where + ".graphs"),
             )
         )
     return m
+
+
+def _graph_custom_ops(g: dict, where: str) -> list[str]:
+    """A graph entry's optional `custom_ops`: names of libraries specedge knows (custom_ops.py)."""
+    from .custom_ops import LIBRARY
+
+    ops = g.get("custom_ops", [])
+    if not isinstance(ops, list) or not all(isinstance(x, str) for x in ops):
+        raise BundleError(f"the manifest's 'custom_ops' in {where} must be a list of library names, got {ops!r}")
+    unknown = [x for x in ops if x != LIBRARY]
+    if unknown:
+        raise BundleError(f"the manifest's 'custom_ops' in {where} names '{unknown[0]}', which this specedge "
+                          f"does not provide (it has '{LIBRARY}'): the bundle needs a newer specedge")
+    return list(ops)
 
 
 def _graph_tree_flag(g: dict, where: str) -> bool:

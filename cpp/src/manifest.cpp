@@ -186,6 +186,19 @@ ModelSpec model(const json& d, const std::string& role) {
         fail_bundle("the manifest's 'tree' in " + where + ".graphs must be true or false, got " + g["tree"].dump());
       gs.tree = g["tree"].get<bool>();
     }
+    if (g.contains("custom_ops")) {
+      const json& ops = g["custom_ops"];
+      if (!ops.is_array())
+        fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " + ops.dump());
+      for (const json& x : ops) {
+        if (!x.is_string())
+          fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " + ops.dump());
+        if (x.get<std::string>() != "specedge_ops")
+          fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs names '" + x.get<std::string>() +
+                      "', which this specedge does not provide (it has 'specedge_ops'): the bundle needs a newer specedge");
+        gs.custom_ops.push_back(x.get<std::string>());
+      }
+    }
     m.graphs.push_back(gs);
   }
   return m;

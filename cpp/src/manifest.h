@@ -27,6 +27,9 @@ struct GraphSpec {
   // the graph takes tree calls (input tree_mask, docs/design.md "Tree calls"); this runtime runs
   // chains on it, binding the lower-triangular mask
   bool tree = false;
+  // custom-op libraries the graph needs loaded into its session; only "specedge_ops"
+  // (libspecedge_ops.so beside libspecedge, or $SPECEDGE_OPS_LIB) is known
+  std::vector<std::string> custom_ops;
 };
 
 struct ModelSpec {

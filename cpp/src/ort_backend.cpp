@@ -1,6 +1,9 @@
 #include "ort_backend.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -177,6 +180,33 @@ struct OrtBackend::Impl {
   }
 };
 
+namespace {
+// libspecedge_ops.so: $SPECEDGE_OPS_LIB, else beside the library this code is linked into (the
+// build folder, or PREFIX/lib after cmake --install). Python looks in the same places.
+std::string find_ops_library(const std::string& role, const std::string& graph) {
+  std::vector<std::string> tried;
+  if (const char* env = std::getenv("SPECEDGE_OPS_LIB"); env && *env) {
+    tried.push_back(env);
+  } else {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<const void*>(&find_ops_library), &info) && info.dli_fname) {
+      std::string self = info.dli_fname;
+      const size_t slash = self.rfind('/');
+      tried.push_back((slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/libspecedge_ops.so");
+    }
+  }
+  for (const auto& p : tried)
+    if (FILE* f = std::fopen(p.c_str(), "rb")) {
+      std::fclose(f);
+      return p;
+    }
+  fail_backend("the " + role + " graph '" + graph + "' uses specedge's CPU kernels, but libspecedge_ops.so was not found" +
+               (tried.empty() ? std::string() : " (looked at " + tried[0] + ")") +
+               ": build it with the C++ runtime (cmake --build), set SPECEDGE_OPS_LIB to its path, or re-export the "
+               "bundle without --int4-kernel specedge");
+}
+}  // namespace
+
 OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
     : Backend(m, spec), impl_(new Impl) {
   if (spec.kind == "ngram") fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run");
@@ -197,8 +227,10 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   const GraphSpec& g = spec.graph_for(opts.backend);
   s.tree = g.tree;
   std::string path = m.path(g.path);
+  const std::string ops_library = g.custom_ops.empty() ? std::string() : find_ops_library(spec.role, g.path);
   auto make_session = [&](Ort::Env& e, const SessionThreading& t) {
     Ort::SessionOptions so;
+    if (!ops_library.empty()) so.RegisterCustomOpsLibrary(ops_library.c_str());
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
     so.SetLogSeverityLevel(3);

@@ -33,6 +33,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .specedge_kernel import DOMAIN as Q41_DOMAIN
+from .specedge_kernel import KERNELS, pack_q41
+from .specedge_kernel import OP as Q41_OP
+
 QK = 32  # values per block (Q4_K: per sub-block)
 _Q4_0, _Q4_1, _Q8_0, _Q4_K = 2, 3, 8, 12  # GGMLQuantizationType values
 TYPE_NAMES = {_Q4_0: "Q4_0", _Q4_1: "Q4_1", _Q8_0: "Q8_0", _Q4_K: "Q4_K"}
@@ -343,9 +347,11 @@ class ExactReport:
     unmatched: list = field(default_factory=list)  # node names left for re-quantization
     helper_nodes: set = field(default_factory=set)  # fp32 MatMuls we added (not to quantize)
     skipped_types: dict = field(default_factory=dict)
+    kernel_matmuls: int = 0  # of them, run by ai.specedge.MatMulQ41
 
     def to_json(self) -> dict:
         return {"exact_matmuls": self.exact, "exact_block_size": QK,
+                **({"specedge_kernel_matmuls": self.kernel_matmuls} if self.kernel_matmuls else {}),
                 "source_types": dict(sorted(self.source_types.items())),
                 "exact_storage": dict(sorted(self.storage.items())),
                 "gguf_types_not_exact": dict(sorted(self.skipped_types.items()))}
@@ -379,13 +385,17 @@ def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
 
 def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: int,
                   accuracy_level: int, say=None, min_form: str = "correction",
-                  blocksum: str = "reduce") -> ExactReport:
+                  blocksum: str = "reduce", kernel: str = "matmulnbits") -> ExactReport:
     """Replace every MatMul whose constant weight is a (permuted, concatenated) set of GGUF rows by
     an exact MatMulNBits (+ the block-min correction for affine types). In place.
 
     min_form "float_zp" stores the block mins as float zero points instead of the correction
     nodes where it can (see float_zero_points; fewer nodes, not bit-exact). blocksum: how the
-    correction sums each block of 32 inputs (BLOCKSUM_FORMS)."""
+    correction sums each block of 32 inputs (BLOCKSUM_FORMS). kernel "specedge": 4-bit affine
+    weights (Q4_1, and Q4_K where its scales fit fp16) become one ai.specedge.MatMulQ41 node each
+    (specedge_kernel.py), which needs libspecedge_ops at run time; the others stay as above."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if min_form not in MIN_FORMS:
         raise ValueError(f"min_form must be one of {', '.join(MIN_FORMS)}, got {min_form!r}")
     if blocksum not in BLOCKSUM_FORMS:
@@ -406,6 +416,7 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
     replaced: dict[int, list[onnx.NodeProto]] = {}  # node index -> its replacement
     taken: set[str] = set()
     names = {n.name for n in g.node}
+    q41_weights: set[str] = set()
 
     def uniq(base: str) -> str:
         name, i = base, 1
@@ -424,8 +435,17 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
                 w = None if rows is None else to_nbits(rows, storage_bits(rows, precision_bits))
             except ValueError:  # codes that do not fit (cannot happen for the types above)
                 w = None
+            q41 = None
+            if w is not None and kernel == "specedge" and w.bits == 4 and rows.mins is not None \
+                    and int(rows.bits.max()) <= 4:
+                q41 = pack_q41(rows.codes, rows.scales, rows.mins)
             if w is None:
                 done[bname] = None
+            elif q41 is not None:
+                pn = uniq(f"{bname}_gguf_q41")
+                new_inits.append(numpy_helper.from_array(q41, pn))
+                done[bname] = ([pn], None, 4, sorted(set(types)), "4-bit+mins (specedge MatMulQ41)")
+                q41_weights.add(pn)
             else:
                 qn, sn = uniq(f"{bname}_gguf_q{w.bits}"), uniq(f"{bname}_gguf_scales")
                 new_inits += [numpy_helper.from_array(w.packed, qn), numpy_helper.from_array(w.scales, sn)]
@@ -451,9 +471,12 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
         base = (node.name or bname).replace("/", "_")
         y = node.output[0]
         mm_out = y if mn is None else uniq(f"{y}_gguf_nbits")
-        nodes = [helper.make_node("MatMulNBits", [a, *ins], [mm_out], name=uniq(f"{base}_gguf_exact"),
-                                  domain="com.microsoft", K=k, N=n, bits=bits, block_size=QK,
-                                  accuracy_level=accuracy_level)]
+        if ins[0] in q41_weights:
+            nodes = [helper.make_node(Q41_OP, [a, ins[0]], [y], name=uniq(f"{base}_gguf_q41"), domain=Q41_DOMAIN)]
+        else:
+            nodes = [helper.make_node("MatMulNBits", [a, *ins], [mm_out], name=uniq(f"{base}_gguf_exact"),
+                                      domain="com.microsoft", K=k, N=n, bits=bits, block_size=QK,
+                                      accuracy_level=accuracy_level)]
         if mn is not None:
             if a not in blocksums:
                 if blocksum == "matmul":
@@ -488,8 +511,10 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
     keep = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(keep)
-    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    for domain in {nd.domain for nd in g.node} & {"com.microsoft", Q41_DOMAIN}:
+        if not any(o.domain == domain for o in proto.opset_import):
+            proto.opset_import.append(helper.make_opsetid(domain, 1))
+    rep.kernel_matmuls = sum(nd.op_type == Q41_OP and nd.domain == Q41_DOMAIN for nd in g.node)
     return rep
 
 

@@ -30,6 +30,7 @@ from ..manifest import (
 )
 from .extras import require_export_extra
 from .output import OutputPlan, export_record, plan_output, source_identity
+from .specedge_kernel import KERNELS, custom_op_libraries
 
 MIN_MAX_SEQ = 16
 DEFAULT_MAX_SEQ = 2048
@@ -80,6 +81,10 @@ class ExportOptions:
     features: bool = False
     # every model graph also takes tree calls (contract.TREE_INPUT; the manifest's graph `tree`)
     tree: bool = False
+    # which kernel runs an int4 graph's GGUF Q4_1 weights: "matmulnbits" (ONNX Runtime's, plus a
+    # block-min correction) or "specedge" (ai.specedge.MatMulQ41 from libspecedge_ops, ~1.35x
+    # faster steps; the graph then needs the library: GraphSpec.custom_ops)
+    int4_kernel: str = "matmulnbits"
 
 
 def validate_options(o: ExportOptions) -> None:
@@ -99,6 +104,11 @@ def validate_options(o: ExportOptions) -> None:
         raise UserError(f"--prefill-chunk must be at least 1, got {o.prefill_chunk}")
     graph_flavours(o.graphs, o.kv_mode, o.precision)
     graph_flavours(o.graphs, o.kv_mode, o.draft_precision)
+    if o.int4_kernel not in KERNELS:
+        raise UserError(f"--int4-kernel must be one of {', '.join(KERNELS)}, got '{o.int4_kernel}'")
+    if o.int4_kernel != "matmulnbits" and "int4" not in (o.precision, o.draft_precision if _draft_kind(o) == "self" else None):
+        raise UserError("--int4-kernel specedge applies to int4 graphs, and this export has none: "
+                        "add --precision int4 (or a self-draft with --draft-precision int4)")
     if o.block_size not in (16, 32, 64, 128, 256):
         raise UserError(f"--block-size must be 16, 32, 64, 128 or 256, got {o.block_size}")
 
@@ -136,7 +146,8 @@ def recorded_options(opts: ExportOptions) -> dict:
             "max_seq": opts.max_seq, "spec_tokens": opts.spec_tokens, "kv_update": opts.kv_mode,
             "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
             "graphs": opts.graphs, **({"features": True} if opts.features else {}),
-            **({"tree": True} if opts.tree else {})}
+            **({"tree": True} if opts.tree else {}),
+            **({"int4_kernel": opts.int4_kernel} if opts.int4_kernel != "matmulnbits" else {})}
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -381,8 +392,9 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
             with progress.stage(f"quantizing {role} ({precision}, block {opts.block_size})", total=1) as st:
                 work = onnx.ModelProto()
                 work.CopyFrom(proto)
+                kernel = opts.int4_kernel if precision == "int4" and flavour == "ort" else "matmulnbits"
                 proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size, gguf=gguf,
-                                         say=lambda m: st.update(0, m), info=qinfo)
+                                         say=lambda m: st.update(0, m), info=qinfo, kernel=kernel)
                 st.update(1)
         else:
             share_tied_embedding(proto)
@@ -391,8 +403,10 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         with progress.stage(f"writing {role} ({flavour} graph)", total=1) as st:
             save_with_external_data(proto, path)
             st.update(1)
-        graphs.append(GraphSpec(flavour, rel, _backends_for(flavour, flavours, precision), [rel + ".data"],
-                                tree=opts.tree))
+        ops = custom_op_libraries(proto)
+        # MatMulQ41 is a CPU kernel: under ort-cuda every call would copy its tensors to the host
+        backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision)
+        graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops))
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:

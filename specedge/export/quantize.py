@@ -18,21 +18,23 @@ ACCURACY_LEVEL = 4
 def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
                      accuracy_level: int = ACCURACY_LEVEL, *, gguf: str | None = None, say=None,
                      info: dict | None = None, min_form: str = "correction",
-                     blocksum: str = "reduce") -> onnx.ModelProto:
+                     blocksum: str = "reduce", kernel: str = "matmulnbits") -> onnx.ModelProto:
     """Weight-only quantization of every MatMul with a constant weight (lm_head included).
 
     With `gguf` (the checkpoint's GGUF file), weights that came from its Q4_0/Q4_1/Q4_K/Q8_0
     tensors are stored exactly as the file holds them (gguf_exact.py); the other MatMuls are
     re-quantized by onnxruntime's quantizer (symmetric, `block_size`). `info`, when given, is
     filled with how each weight was quantized (recorded in the manifest). `min_form`: how block
-    mins are stored, `blocksum` how the correction sums blocks (gguf_exact.rewrite_exact)."""
+    mins are stored, `blocksum` how the correction sums blocks, `kernel` which kernel runs 4-bit
+    affine weights (gguf_exact.rewrite_exact)."""
     say = say or (lambda msg: None)
     exact = None
     if gguf is not None:
         from .gguf_exact import rewrite_exact, row_index
 
         index = row_index(gguf, say=say)
-        exact = rewrite_exact(proto, index, bits, accuracy_level, say=say, min_form=min_form, blocksum=blocksum)
+        exact = rewrite_exact(proto, index, bits, accuracy_level, say=say, min_form=min_form, blocksum=blocksum,
+                              kernel=kernel)
     inits = {t.name for t in proto.graph.initializer}
     keep = exact.helper_nodes if exact is not None else set()
     rest = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep]
@@ -47,7 +49,8 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
                                  accuracy_level=accuracy_level, nodes_to_exclude=sorted(keep))
         q.process()
         out = q.model.model
-    total = sum(n.op_type == "MatMulNBits" for n in out.graph.node)
+    # MatMulQ41 (the specedge int4 kernel) replaces MatMulNBits for GGUF-exact Q4_1 weights.
+    total = sum(n.op_type in ("MatMulNBits", "MatMulQ41") for n in out.graph.node)
     if not total:
         raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
     if info is not None:
@@ -74,7 +77,9 @@ def describe(precision: str, info: dict) -> str:
     n, m = info["exact_matmuls"], info.get("requantized_matmuls", 0)
     types = ", ".join(info.get("source_types", {}))
     tail = f"; {m} re-quantized to {precision}" if m else ""
-    return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail})"
+    k = info.get("specedge_kernel_matmuls", 0)
+    kern = f"; {k} run by the specedge int4 kernel MatMulQ41" if k else ""
+    return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail}{kern})"
 
 
 def share_tied_embedding(proto: onnx.ModelProto) -> bool:

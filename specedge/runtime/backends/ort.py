@@ -234,6 +234,13 @@ class OrtBackend(Backend):
         self.takes_trees = bool(getattr(graph, "tree", False))
         self._mask_for = 0  # the T whose lower triangle the mask buffer holds (0: none, or a tree's)
         self.graph_path = manifest.path(graph.path)
+        if graph.custom_ops:
+            from ...custom_ops import CustomOpsError, register
+
+            try:
+                register(so, graph.custom_ops)
+            except CustomOpsError as e:
+                raise BackendError(f"the {spec.role} graph '{graph.path}': {e}") from None
         try:
             self.session = ort.InferenceSession(str(self.graph_path), so, providers=names, provider_options=popts)
         except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)

@@ -1,0 +1,69 @@
+"""specedge's own ONNX Runtime CPU kernels (cpp/ops/specedge_ops.cpp, built as libspecedge_ops.so
+with the C++ runtime): where the library is, and how a session loads it.
+
+A graph that uses them names the library in its manifest entry (`GraphSpec.custom_ops`); today
+that is an int4 graph exported with `--int4-kernel specedge`, whose GGUF Q4_1 weights run in
+ai.specedge.MatMulQ41 instead of MatMulNBits plus a block-min correction (docs/design.md
+"The specedge int4 kernel")."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+DOMAIN = "ai.specedge"
+LIBRARY = "specedge_ops"  # the name a manifest records
+ENV = "SPECEDGE_OPS_LIB"
+_FILE = "libspecedge_ops.so"
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class CustomOpsError(Exception):
+    """The library a graph needs cannot be found or loaded; one sentence for the user."""
+
+
+def candidates() -> list[Path]:
+    """Where the library is looked for, in order: $SPECEDGE_OPS_LIB, the C++ build of this checkout
+    ($SPECEDGE_CPP_BUILD or cpp/build), then an installed copy beside Python's prefix."""
+    out = []
+    if os.environ.get(ENV):
+        return [Path(os.environ[ENV])]
+    build = os.environ.get("SPECEDGE_CPP_BUILD")
+    if build:
+        out.append(Path(build) / _FILE)
+    out += [_REPO / "cpp" / "build" / _FILE, Path(sys.prefix) / "lib" / _FILE, Path("/usr/local/lib") / _FILE]
+    return out
+
+
+def library_path(name: str = LIBRARY) -> Path:
+    """The file of custom-op library `name`, or CustomOpsError saying how to get it."""
+    if name != LIBRARY:
+        raise CustomOpsError(f"the graph needs custom-op library '{name}', which this specedge does not know "
+                             f"(it knows '{LIBRARY}')")
+    for p in candidates():
+        if p.is_file():
+            return p
+    where = ", ".join(str(p) for p in candidates())
+    raise CustomOpsError(f"the graph uses specedge's CPU kernels, but {_FILE} was not found (looked in {where}): "
+                         f"build it with the C++ runtime (bash scripts/cpp_setup.sh && cmake -S cpp -B cpp/build "
+                         f"&& cmake --build cpp/build), or set {ENV} to its path, or re-export the bundle "
+                         f"without --int4-kernel specedge")
+
+
+def isa(path: Path | None = None) -> str:
+    """Which code path the kernels take on this CPU: "avx512vnni" or "portable"."""
+    lib = ctypes.CDLL(str(path or library_path()))
+    lib.specedge_ops_isa.restype = ctypes.c_char_p
+    return lib.specedge_ops_isa().decode()
+
+
+def register(session_options, names: list[str]) -> None:
+    """Load every library in `names` into onnxruntime SessionOptions."""
+    for name in names:
+        path = library_path(name)
+        try:
+            session_options.register_custom_ops_library(str(path))
+        except Exception as e:  # onnxruntime raises its own Fail type
+            raise CustomOpsError(f"cannot load the custom-op library {path}: {str(e).splitlines()[0]}") from None
