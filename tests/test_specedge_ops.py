@@ -230,3 +230,37 @@ def test_cli_refuses_the_kernel_without_an_int4_graph(tiny_checkpoint_factory, t
         "error: --int4-kernel specedge applies to int4 graphs, and this export has none: add --precision int4 "
         "(or a self-draft with --draft-precision int4)")
     assert not (tmp_path / "o").exists()
+
+
+CPP_GENERATE = Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build")) \
+    / "specedge_generate"
+
+
+@pytest.mark.skipif(not CPP_GENERATE.is_file(), reason=f"C++ runtime not built ({CPP_GENERATE})")
+def test_cpp_runtime_reads_custom_ops_and_loads_the_library(tiny_bundle_factory, tmp_path):
+    """The C++ runtime follows the same manifest rules: it loads the named library (found beside
+    libspecedge or at $SPECEDGE_OPS_LIB), refuses unknown ones and says how to get a missing one."""
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle_factory(draft="ngram"), bundle)
+    data = json.loads((bundle / "manifest.json").read_text())
+
+    def generate(value, env_lib=None):
+        data["models"]["target"]["graphs"][0]["custom_ops"] = value
+        (bundle / "manifest.json").write_text(json.dumps(data))
+        env = {k: v for k, v in os.environ.items() if k != custom_ops.ENV}
+        if env_lib:
+            env[custom_ops.ENV] = env_lib
+        return subprocess.run([str(CPP_GENERATE), str(bundle), "def add(a, b):", "--max-new-tokens", "4",
+                               "--json"], capture_output=True, text=True, timeout=300, env=env)
+
+    ok = generate(["specedge_ops"])
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["token_ids"]) >= 1
+    bad = generate(["libevil"])
+    assert bad.returncode != 0 and "names 'libevil', which this specedge does not provide" in bad.stderr
+    bad = generate("specedge_ops")
+    assert bad.returncode != 0 and "'custom_ops' in models.target.graphs must be a list of library names" in bad.stderr
+    missing = generate(["specedge_ops"], env_lib=str(tmp_path / "nowhere.so"))
+    assert missing.returncode != 0
+    assert "libspecedge_ops.so was not found (looked at " + str(tmp_path / "nowhere.so") in missing.stderr
+    assert "re-export the bundle without --int4-kernel specedge" in missing.stderr
