@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--int4-kernel", default="matmulnbits", choices=KERNELS,
                    help="what runs an int4 graph's GGUF Q4_1 weights: ONNX Runtime's MatMulNBits plus a block-min "
-                   "correction (default), or specedge's own CPU kernel (libspecedge_ops, built with the C++ runtime; "
-                   "steps ~1.35x faster, ort-cpu only)")
+                   "correction (default matmulnbits), or specedge's own CPU kernel (libspecedge_ops, built with the "
+                   "C++ runtime; int4 steps ~0.7x the time, ort-cpu only)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
