@@ -6,7 +6,7 @@
 // A times a GGUF Q4_1 weight, w[n, 32b + j] = d[n, b]·q[n, 32b + j] + m[n, b] (q in 0..15; d, m fp16). ONNX Runtime's MatMulNBits cannot hold m (a uint8
 // zero point cannot, a float one runs a 12x slower path), so the exported graph otherwise adds a
 // block-sum correction of four nodes per weight; this kernel reads d, m and the codes together
-// (0.625 bytes per weight, the GGUF's own size) and needs no correction (docs/design.md "int4 kernel").
+// (0.625 bytes per weight, the GGUF's own size) and needs no correction (docs/design.md "The specedge int4 kernel").
 //
 // Arithmetic, the same for every row whatever the number of rows (batch invariance, which exact
 // speculation needs): A is quantized per block of 32 to int8 like MatMulNBits' accuracy level 4
