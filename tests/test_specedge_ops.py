@@ -264,3 +264,32 @@ def test_cpp_runtime_reads_custom_ops_and_loads_the_library(tiny_bundle_factory,
     assert missing.returncode != 0
     assert "libspecedge_ops.so was not found (looked at " + str(tmp_path / "nowhere.so") in missing.stderr
     assert "re-export the bundle without --int4-kernel specedge" in missing.stderr
+
+
+@pytest.mark.slow
+@needs_lib
+def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
+    """The real default model exported with --int4-kernel specedge: every Q4_1 weight runs in
+    MatMulQ41, greedy speculation (n-gram, invariant steps) equals target-only decoding, and the
+    C++ runtime gives Python's tokens."""
+    from specedge.runtime.api import load
+
+    out = tmp_path / "q41"
+    p = subprocess.run(["export-models", "--precision", "int4", "--draft", "ngram", "--int4-kernel", "specedge",
+                        "--out", str(out), "--quiet", "--json"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    g = m["models"]["target"]["graphs"][0]
+    assert g["custom_ops"] == ["specedge_ops"] and g["backends"] == ["ort-cpu"]
+    assert m["models"]["target"]["quantization"]["specedge_kernel_matmuls"] == 30 * 4  # q|k|v, o, gate|up, down per layer
+    prompts = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
+    with load(out, threads=2) as pipe:
+        spec = [pipe.generate(q, max_new_tokens=32, speculative=True).token_ids for q in prompts]
+        plain = [pipe.generate(q, max_new_tokens=32, speculative=False).token_ids for q in prompts]
+    assert spec == plain
+    if CPP_GENERATE.is_file():
+        for q, ids in zip(prompts, spec):
+            r = subprocess.run([str(CPP_GENERATE), str(out), q, "--json", "--max-new-tokens", "32", "--threads", "2"],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["token_ids"] == ids, q
