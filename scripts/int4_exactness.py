@@ -1,7 +1,9 @@
 """Is greedy speculation exact on a bundle's target? For each of the bench suite's 20 prompts
 (specedge/bench/prompts.json, chat template, greedy, --max-new-tokens), decode target-only and
 speculatively with each drafter the bundle has, with the target's single-token steps plain
-(T = 1) and batch-invariant (T = 2, runtime/invariant.py), and compare every speculative output
+(T = 1) and batch-invariant (T = 2, runtime/invariant.py), or as the bundle chooses (auto: plain
+steps on a graph marked batch_invariant and confirmed at load, padded ones on other quantized
+targets), and compare every speculative output
 token for token with the target-only output of the same mode. Also reports decode tokens/s per
 configuration and prompt category (one run, 2 threads, guard on: what an application gets), so
 the guard's figure (every drafter >= 0.97x target-only per category) comes from the same run.
@@ -52,23 +54,24 @@ def main(argv=None):
     ap.add_argument("bundle")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--modes", default="plain,invariant", help="subset of plain,invariant")
+    ap.add_argument("--modes", default="plain,invariant", help="subset of plain,invariant,auto")
     args = ap.parse_args(argv)
     out = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
            "load_avg_start": os.getloadavg()[0], "modes": {}}
     suite = None
     for mode in args.modes.split(","):
-        inv = {"plain": False, "invariant": True}[mode]
+        inv = {"plain": False, "invariant": True, "auto": None}[mode]
         drafters = ["ngram"]
         probe = load(args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft="ngram",
                      shared_pool=True)
+        res_steps = "padded (T = 2)" if probe.target.describe().get("invariant_steps") else "plain (T = 1)"
         if probe.manifest.draft.is_model:
             drafters.append("model")
         if suite is None:
             suite = [{"id": p["id"], "category": p["category"], "ids": probe.tokenizer.encode_chat(p["messages"])}
                      for p in load_prompts()]
         ref = decode(probe, suite, args.max_new_tokens, False)
-        res = {"target-only": {"tokens_per_s": tps(ref), "per_category": {}}}
+        res = {"single_token_steps": res_steps, "target-only": {"tokens_per_s": tps(ref), "per_category": {}}}
         cats = sorted({p["category"] for p in suite})
         for c in cats:
             res["target-only"]["per_category"][c] = tps(ref, c)

@@ -53,6 +53,10 @@ class GraphSpec:
     # custom-op libraries the graph needs loaded into its session (custom_ops.py): optional,
     # absent = standard and com.microsoft ops only; today only "specedge_ops" (--int4-kernel specedge)
     custom_ops: list[str] = field(default_factory=list)
+    # every output row is computed the same whatever the number of tokens T of the call
+    # (specedge_kernel.batch_invariant), so single-token steps need no padding for exact
+    # speculation (runtime/invariant.py); optional, absent = false
+    batch_invariant: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +66,7 @@ class GraphSpec:
             "external_data": list(self.external_data),
             **({"tree": True} if self.tree else {}),
             **({"custom_ops": list(self.custom_ops)} if self.custom_ops else {}),
+            **({"batch_invariant": True} if self.batch_invariant else {}),
         }
 
 
@@ -330,9 +335,17 @@ def _model(d: dict, role: str) -> ModelSpec:
                 external_data=[str(x) for x in g.get("external_data", [])],
                 tree=_graph_tree_flag(g, where + ".graphs"),
                 custom_ops=_graph_custom_ops(g, where + ".graphs"),
+                batch_invariant=_graph_flag(g, "batch_invariant", where + ".graphs"),
             )
         )
     return m
+
+
+def _graph_flag(g: dict, name: str, where: str) -> bool:
+    v = g.get(name, False)
+    if not isinstance(v, bool):
+        raise BundleError(f"the manifest's '{name}' in {where} must be true or false, got {v!r}")
+    return v
 
 
 def _graph_custom_ops(g: dict, where: str) -> list[str]:
@@ -351,10 +364,7 @@ def _graph_custom_ops(g: dict, where: str) -> list[str]:
 
 def _graph_tree_flag(g: dict, where: str) -> bool:
     """A graph entry's optional `tree` flag (absent: the graph takes chains only)."""
-    tree = g.get("tree", False)
-    if not isinstance(tree, bool):
-        raise BundleError(f"the manifest's 'tree' in {where} must be true or false, got {tree!r}")
-    return tree
+    return _graph_flag(g, "tree", where)
 
 
 def parse_manifest(obj: Any) -> Manifest:

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "ops_common.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define SPECEDGE_OPS_X86 1
@@ -248,18 +250,7 @@ bool HaveAvx512Vnni() {
 }
 #endif
 
-// SPECEDGE_OPS_ISA=portable forces the portable path (tests compare the two).
-bool UseAvx512() {
-#ifdef SPECEDGE_OPS_X86
-  static const bool use = [] {
-    const char* isa = std::getenv("SPECEDGE_OPS_ISA");
-    return HaveAvx512Vnni() && !(isa && std::string(isa) == "portable");
-  }();
-  return use;
-#else
-  return false;
-#endif
-}
+using specedge_ops::UseAvx512;
 
 void MatMulQ41(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& a, const Ort::Custom::Tensor<uint8_t>& w,
                Ort::Custom::Tensor<float>& y) {
@@ -297,6 +288,19 @@ void MatMulQ41(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& a, const
 
 }  // namespace
 
+// SPECEDGE_OPS_ISA=portable forces the portable paths (tests compare them with the AVX-512 ones).
+bool specedge_ops::UseAvx512() {
+#ifdef SPECEDGE_OPS_X86
+  static const bool use = [] {
+    const char* isa = std::getenv("SPECEDGE_OPS_ISA");
+    return HaveAvx512Vnni() && !(isa && std::string(isa) == "portable");
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
 extern "C" {
 
 // Which path MatMulQ41 takes on this machine: "avx512vnni" or "portable".
@@ -314,6 +318,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     if (!domain) {
       domain = Ort::CustomOpDomain{"ai.specedge"};
       domain.Add(op.get());
+      specedge_ops::AddGroupQueryAttention(domain);
     }
     Ort::UnownedSessionOptions(options).Add(domain);
   } catch (const std::exception& e) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -68,6 +70,22 @@ int CacheTracker::reuse(const std::vector<int32_t>& prompt, bool keep_last) {
 
 bool wants_invariant_steps(const std::string& precision) {
   return precision == "int4" || precision == "int8" || precision == "fp16" || precision == "bf16";
+}
+
+// A graph marked batch_invariant, confirmed on this machine: a T = 1 call gives row 0 of a T = 2
+// call bit for bit (runtime/invariant.py rows_independent_of_t; slots 0 and 1 are overwritten by
+// any prefill). The kernels a CPU dispatches to are only known at run time, hence the check.
+bool batch_invariant_here(const GraphSpec& g, Backend& target) {
+  if (!g.batch_invariant || target.max_seq() < 2) return false;
+  const int32_t one = 0, two[2] = {0, 0};
+  const size_t v = size_t(target.vocab_size());
+  const float* single = target.run(&one, 1, 0);
+  const std::vector<float> row(single, single + v);
+  const float* pair = target.run(two, 2, 0);
+  if (std::memcmp(row.data(), pair, v * sizeof(float)) == 0) return true;
+  std::fprintf(stderr, "specedge: warning: the target graph is marked batch-invariant, but on this machine a "
+                       "single-token call's row differs from a verification row: single-token steps run as 2 tokens\n");
+  return false;
 }
 
 // ONNX Runtime rounds a T = 1 call differently from a row of a T >= 2 call, which on quantized
@@ -259,7 +277,8 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
     ngram_ = std::make_unique<NgramDrafter>(m_.draft.kind == "ngram" ? m_.draft.ngram_sizes : std::vector<int>{3, 2, 1});
   }
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
-  tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision));
+  tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision) &&
+                               !batch_invariant_here(m_.target.graph_for(bo.backend), *target_));
   if (drafter_ && m_.draft.self_draft_of == "target") drafter_->set_kv_donor(tcache_.get());
   if (head_backend)
     head_ = std::make_unique<HeadDrafter>(head_backend, tcache_.get(), read_draft_vocab(m_), vocab_, m_.prefill_chunk);

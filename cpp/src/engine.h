@@ -54,6 +54,8 @@ class CacheTracker {
 
 // The default of runtime/invariant.py's wants_invariant_steps: on for int4/int8/fp16/bf16 targets.
 bool wants_invariant_steps(const std::string& precision);
+// The target's graph is marked batch_invariant and this machine's kernels confirm it (two calls).
+bool batch_invariant_here(const GraphSpec& g, Backend& target);
 
 // Earlier occurrences of an n-gram remembered for tree proposals (ngram.py MATCHES_KEPT).
 constexpr size_t kMatchesKept = 8;

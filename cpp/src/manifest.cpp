@@ -181,10 +181,12 @@ ModelSpec model(const json& d, const std::string& role) {
         gs.external_data.push_back(x.get<std::string>());
       }
     }
-    if (g.contains("tree")) {
-      if (!g["tree"].is_boolean())
-        fail_bundle("the manifest's 'tree' in " + where + ".graphs must be true or false, got " + g["tree"].dump());
-      gs.tree = g["tree"].get<bool>();
+    for (auto [name, flag] : {std::pair<const char*, bool*>{"tree", &gs.tree}, {"batch_invariant", &gs.batch_invariant}}) {
+      if (!g.contains(name)) continue;
+      if (!g[name].is_boolean())
+        fail_bundle(std::string("the manifest's '") + name + "' in " + where + ".graphs must be true or false, got " +
+                    g[name].dump());
+      *flag = g[name].get<bool>();
     }
     if (g.contains("custom_ops")) {
       const json& ops = g["custom_ops"];

@@ -30,6 +30,9 @@ struct GraphSpec {
   // custom-op libraries the graph needs loaded into its session; only "specedge_ops"
   // (libspecedge_ops.so beside libspecedge, or $SPECEDGE_OPS_LIB) is known
   std::vector<std::string> custom_ops;
+  // every output row is computed the same whatever the call's T (specedge's own kernels): exact
+  // speculation needs no padded single-token steps, once the engine has confirmed it on this machine
+  bool batch_invariant = false;
 };
 
 struct ModelSpec {

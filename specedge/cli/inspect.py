@@ -168,9 +168,15 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
         lines.append(f"{spec.role:<7}      {spec.family}  {spec.kind}  {spec.precision}{extra}")
         lines.append(f"  weights    {weights}")
         if spec.role == "target":
-            lines.append("  steps      " + ("batch-invariant: single-token steps run as 2 tokens, so greedy speculation "
-                                          "equals target-only exactly" if wants_invariant_steps(spec.precision) else
-                                          "plain single-token steps (fp32: verification rows agree to ~1e-5)"))
+            if any(g.batch_invariant for g in spec.graphs):
+                steps = ("batch-invariant graph: single-token steps run as 1 token and give a verification row's "
+                         "bits, so greedy speculation equals target-only exactly (checked when a pipeline loads)")
+            elif wants_invariant_steps(spec.precision):
+                steps = ("batch-invariant: single-token steps run as 2 tokens, so greedy speculation equals "
+                         "target-only exactly")
+            else:
+                steps = "plain single-token steps (fp32: verification rows agree to ~1e-5)"
+            lines.append("  steps      " + steps)
         if spec.features:
             lines.append(f"  features   {FEATURES_OUTPUT} [B, T, {spec.features['dim']}]: the outputs of layers "
                          f"{', '.join(str(i) for i in spec.features['layers'])}, for a draft head")

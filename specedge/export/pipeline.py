@@ -30,7 +30,7 @@ from ..manifest import (
 )
 from .extras import require_export_extra
 from .output import OutputPlan, export_record, plan_output, source_identity
-from .specedge_kernel import KERNELS, custom_op_libraries
+from .specedge_kernel import KERNELS, batch_invariant, custom_op_libraries
 
 MIN_MAX_SEQ = 16
 DEFAULT_MAX_SEQ = 2048
@@ -406,7 +406,8 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         ops = custom_op_libraries(proto)
         # MatMulQ41 is a CPU kernel: under ort-cuda every call would copy its tensors to the host
         backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision)
-        graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops))
+        graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops,
+                                batch_invariant=batch_invariant(proto)))
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:

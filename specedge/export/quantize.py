@@ -49,6 +49,12 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
                                  accuracy_level=accuracy_level, nodes_to_exclude=sorted(keep))
         q.process()
         out = q.model.model
+    attention = 0
+    if kernel == "specedge":
+        from .specedge_kernel import use_specedge_attention
+
+        # the kernel's attention: same contract, rows independent of T (no padded steps needed)
+        attention = use_specedge_attention(out)
     # MatMulQ41 (the specedge int4 kernel) replaces MatMulNBits for GGUF-exact Q4_1 weights.
     total = sum(n.op_type in ("MatMulNBits", "MatMulQ41") for n in out.graph.node)
     if not total:
@@ -66,6 +72,8 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
             info["requantized"] = {"bits": bits, "block_size": block_size, "symmetric": True,
                                    "tool": "onnxruntime MatMulNBitsQuantizer"}
         info["accuracy_level"] = accuracy_level
+        if attention:
+            info["specedge_attention"] = attention
     return out
 
 
@@ -79,6 +87,8 @@ def describe(precision: str, info: dict) -> str:
     tail = f"; {m} re-quantized to {precision}" if m else ""
     k = info.get("specedge_kernel_matmuls", 0)
     kern = f"; {k} run by the specedge int4 kernel MatMulQ41" if k else ""
+    a = info.get("specedge_attention", 0)
+    kern += f"; {a} attention layers on specedge's batch-invariant GroupQueryAttention" if a else ""
     return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail}{kern})"
 
 

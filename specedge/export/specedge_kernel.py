@@ -82,3 +82,63 @@ def reference(a: np.ndarray, packed: np.ndarray) -> np.ndarray:
 def custom_op_libraries(proto) -> list[str]:
     """The custom-op libraries an ONNX graph needs (its manifest entry's `custom_ops`)."""
     return [LIBRARY] if any(n.domain == DOMAIN for n in proto.graph.node) else []
+
+
+ATTENTION_OP = "GroupQueryAttention"  # ai.specedge's: com.microsoft's contract, rows independent of T
+
+# (domain, op) of nodes whose rows depend on how many rows a call has (an M = 1 path that sums
+# in another order than M >= 2 on ONNX Runtime's CPU kernels): a graph holding any of them
+# needs padded single-token steps for exact speculation (runtime/invariant.py).
+_BATCH_VARIANT = {("com.microsoft", "GroupQueryAttention"), ("com.microsoft", "MultiHeadAttention"),
+                  ("com.microsoft", "Attention"), ("", "Attention"), ("", "MatMul"), ("", "Gemm")}
+
+
+def _head_size(graph, past: str) -> int | None:
+    for v in graph.input:
+        if v.name == past:
+            dims = v.type.tensor_type.shape.dim
+            return dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+    return None
+
+
+def use_specedge_attention(proto) -> int:
+    """Swap each com.microsoft GroupQueryAttention that ai.specedge.GroupQueryAttention
+    (cpp/ops/gqa_attention.cpp) supports for it: fp32 K/V read from a graph input, no softcap,
+    rotate-half rotary, a head size that is a multiple of 16. Same inputs, outputs and
+    attributes; in place. Returns how many were swapped."""
+    from onnx import TensorProto
+
+    g = proto.graph
+    kv_fp32 = {v.name for v in g.input if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    n = 0
+    for node in g.node:
+        if (node.domain, node.op_type) != ("com.microsoft", "GroupQueryAttention") or len(node.input) < 5:
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        head = _head_size(g, node.input[3])
+        if node.input[3] not in kv_fp32 or head is None or head % 16 or \
+                ("softcap" in attrs and attrs["softcap"].f != 0) or \
+                ("rotary_interleaved" in attrs and attrs["rotary_interleaved"].i != 0):
+            continue
+        node.domain = DOMAIN
+        n += 1
+    if n and not any(o.domain == DOMAIN for o in proto.opset_import):
+        from onnx import helper
+
+        proto.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return n
+
+
+def batch_invariant(proto) -> bool:
+    """Whether every row of the graph's output is computed the same whatever the number of rows
+    (T) of the call, judged by its ops: no ONNX Runtime attention or fp32 MatMul/Gemm (M = 1
+    paths), and MatMulNBits only at accuracy level 4 (int8 activations per row). The runtimes
+    check it once more on the machine they run on before they rely on it."""
+    for node in proto.graph.node:
+        if (node.domain, node.op_type) in _BATCH_VARIANT:
+            return False
+        if node.op_type == "MatMulNBits":
+            level = next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+            if level != 4:
+                return False
+    return True

@@ -34,7 +34,7 @@ from .drafters.head import HeadDrafter, read_draft_vocab
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result, check_prompt
-from .invariant import InvariantSteps, wants_invariant_steps
+from .invariant import InvariantSteps, rows_independent_of_t, wants_invariant_steps
 from .ort_version import check_onnxruntime_version
 from .policy import CostModel
 
@@ -485,6 +485,25 @@ def _accepts(klass, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def _batch_invariant(manifest: Manifest, backend_name: str, target) -> bool:
+    """A target graph marked batch-invariant, whose single-token rows this machine's kernels
+    confirm (invariant.rows_independent_of_t): its steps need no padding to stay exact."""
+    try:
+        marked = manifest.target.graph_for(backend_name).batch_invariant
+    except BundleError:
+        return False
+    if not marked:
+        return False
+    if rows_independent_of_t(target):
+        return True
+    import warnings
+
+    warnings.warn("the target graph is marked batch-invariant, but on this machine a single-token call's row differs "
+                  "from a verification row: single-token steps run as 2 tokens to stay exact", RuntimeWarning,
+                  stacklevel=3)
+    return False
+
+
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
          spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
@@ -512,7 +531,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     progress: called with the name of each loading step (for a progress display).
     invariant_steps: run the target's single-token steps as two-token calls, so that they round
       exactly like verification rows and greedy speculation equals target-only decoding bit for
-      bit (runtime/invariant.py); None = on for int4/int8/fp16/bf16 targets, off for fp32.
+      bit (runtime/invariant.py); None = on for int4/int8/fp16/bf16 targets, off for fp32 and
+      for a target graph marked batch-invariant whose rows this machine confirms (one T = 1 and
+      one T = 2 call at load).
     """
     say = progress or (lambda step: None)
     if verify not in ("full", "size", "none"):
@@ -566,7 +587,10 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
 
     say(f"target session ({tname})")
     target = make(tname, manifest.target)
-    if wants_invariant_steps(manifest.target.precision) if invariant_steps is None else invariant_steps:
+    if invariant_steps is None:
+        invariant_steps = (wants_invariant_steps(manifest.target.precision)
+                           and not _batch_invariant(manifest, tname, target))
+    if invariant_steps:
         target = InvariantSteps(target)
     dbackend = None
     try:

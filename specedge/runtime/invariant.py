@@ -23,7 +23,7 @@ import numpy as np
 
 from .backends import Backend
 
-__all__ = ["InvariantSteps", "PAD_TOKEN", "wants_invariant_steps"]
+__all__ = ["InvariantSteps", "PAD_TOKEN", "rows_independent_of_t", "wants_invariant_steps"]
 
 PAD_TOKEN = 0  # any id works: its row is dropped and its K/V slot is masked, then overwritten
 
@@ -35,6 +35,19 @@ def wants_invariant_steps(precision: str) -> bool:
     """The default for a target of this precision: on for quantized and half-precision targets
     (gaps that flip greedy picks), off for fp32 (a 1e-5 gap; 20/20 prompts agree without it)."""
     return precision in QUANTIZED
+
+
+def rows_independent_of_t(backend: Backend, token: int = PAD_TOKEN) -> bool:
+    """Whether a single-token call gives, on this machine, the very bits of row 0 of a two-token
+    call. A graph whose manifest entry says `batch_invariant` (specedge's own kernels, no ONNX
+    Runtime M = 1 paths) should; this is checked once when a pipeline loads, before padded steps
+    are turned off, since the kernels a CPU dispatches to are only known at run time. It writes
+    cache slots 0 and 1, which any prompt's prefill overwrites."""
+    if backend.max_seq < 2:
+        return False
+    one = np.array(backend.run(np.array([token], dtype=np.int64), 0)[0], copy=True)
+    two = backend.run(np.array([token, PAD_TOKEN], dtype=np.int64), 0)[0]
+    return bool(np.array_equal(one, two))
 
 
 class InvariantSteps:

@@ -1,0 +1,326 @@
+// ai.specedge.GroupQueryAttention: com.microsoft GroupQueryAttention's CPU contract as specedge's
+// graphs use it (fp32, past and present sharing one buffer, rotate-half rotary inside, optional
+// position_ids + attention_bias for tree calls, optional sliding window), with arithmetic per
+// query row that does not depend on how many rows the call has.
+//
+// Why: ONNX Runtime's GroupQueryAttention computes Q·Kᵀ and P·V with MLAS GEMMs whose M = 1 path
+// (a single-token step) sums in another order than M >= 2. In an int4 graph at accuracy level 4
+// that 1e-7 difference flips int8 activation roundings downstream and changes greedy picks, so
+// exact speculation had to run every single-token step as two tokens (runtime/invariant.py).
+// With this op (and MatMulQ41 / MatMulNBits at accuracy level 4, whose rows are already
+// independent of M) a graph's row i is bit for bit the same at every T, and T = 1 steps are exact.
+//
+// Per query row t of head h (slot = position + t, position = seqlens_k + 1 - T):
+//   keys s in [lo, slot], lo = slot - local_window_size when the window is on, else 0;
+//   score_s = dot(q, k_s) · scale (+ attention_bias[t, s]);  dot over 16 lanes (lane i takes
+//   dims i, i + 16, ...; fma chain), lanes then summed pairwise (8, 4, 2, 1);
+//   e_s = exp(score_s − max) with one fixed polynomial (0 below −87, so −inf gives 0);
+//   out = (Σ_s e_s · v_s, an fma chain in s order per dim) / (Σ_s e_s, in s order).
+// The AVX-512 path and the portable path compute the same bits.
+#include "ops_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define SPECEDGE_OPS_X86 1
+#endif
+
+namespace specedge_ops {
+namespace {
+
+constexpr int kLanes = 16;
+constexpr float kExpFloor = -87.0f;  // below: e^x is taken as 0 (also for −inf scores)
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+float ExpScalar(float x) {
+  if (!(x >= kExpFloor)) return 0.f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
+  p = std::fma(p, r, 1.f);
+  p = std::fma(p, r, 1.f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // n in [-126, 0]: a normal 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+float DotScalar(const float* a, const float* b, int64_t d) {
+  float lane[kLanes] = {};
+  for (int64_t c = 0; c < d; c += kLanes)
+    for (int i = 0; i < kLanes; ++i) lane[i] = std::fma(a[c + i], b[c + i], lane[i]);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) lane[i] = lane[i] + lane[i + w];
+  return lane[0];
+}
+
+struct Row {  // one (batch, head, query row) to attend
+  const float* q;   // [D], rotated
+  const float* k;   // cache of its kv head [S, D]
+  const float* v;
+  const float* bias;  // [total] or nullptr
+  float* out;         // [D]
+  int64_t lo, hi;     // keys lo..hi inclusive
+};
+
+void AttendPortable(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotScalar(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  for (int64_t s = 0; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (int64_t s = 0; s < n; ++s) sum = sum + e[s];
+  for (int64_t c = 0; c < d; ++c) {
+    float acc = 0.f;
+    for (int64_t s = 0; s < n; ++s) acc = std::fma(e[s], r.v[(r.lo + s) * d + c], acc);
+    r.out[c] = acc / sum;
+  }
+}
+
+#ifdef SPECEDGE_OPS_X86
+#define SPECEDGE_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
+
+SPECEDGE_AVX512 inline float DotAvx512(const float* a, const float* b, int64_t d) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc);
+  // lanes i + (i + 8), then + 4, + 2, + 1: DotScalar's order
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+}
+
+SPECEDGE_AVX512 inline __m512 ExpAvx512(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n + kLanes);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotAvx512(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  const __m512 vmx = _mm512_set1_ps(mx);
+  int64_t s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    _mm512_storeu_ps(e.data() + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e.data() + s), vmx)));
+  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (s = 0; s < n; ++s) sum = sum + e[s];
+  const __m512 vsum = _mm512_set1_ps(sum);
+  for (int64_t c = 0; c < d; c += kLanes) {
+    __m512 acc = _mm512_setzero_ps();
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) acc = _mm512_fmadd_ps(_mm512_set1_ps(e[s]), _mm512_loadu_ps(v + s * d), acc);
+    _mm512_storeu_ps(r.out + c, _mm512_div_ps(acc, vsum));
+  }
+}
+#endif
+
+// q or k rotated in place, rotate-half layout over the first `rot` dims.
+void Rotate(float* x, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+struct Task {
+  std::vector<Row> rows;
+  int64_t d;
+  float scale;
+  bool avx;
+};
+
+void RunRows(void* data, size_t i) {
+  const Task& t = *static_cast<const Task*>(data);
+  thread_local std::vector<float> e;
+#ifdef SPECEDGE_OPS_X86
+  if (t.avx) {
+    AttendAvx512(t.rows[i], t.d, t.scale, e);
+    return;
+  }
+#endif
+  AttendPortable(t.rows[i], t.d, t.scale, e);
+}
+
+struct GqaKernel {
+  int64_t heads, kv_heads, window, rotary;
+  float scale;
+
+  GqaKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    heads = ki.GetAttribute<int64_t>("num_heads");
+    kv_heads = ki.GetAttribute<int64_t>("kv_num_heads");
+    window = Attr<int64_t>(ki, "local_window_size", -1);
+    rotary = Attr<int64_t>(ki, "do_rotary", 0);
+    scale = Attr<float>(ki, "scale", 0.f);
+    if (Attr<int64_t>(ki, "rotary_interleaved", 0) != 0)
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: rotary_interleaved must be 0", ORT_INVALID_ARGUMENT);
+    if (Attr<float>(ki, "softcap", 0.f) != 0.f)
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: softcap is not supported", ORT_INVALID_ARGUMENT);
+    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: num_heads must be a multiple of kv_num_heads", ORT_INVALID_ARGUMENT);
+  }
+
+  template <typename T>
+  static T Attr(Ort::ConstKernelInfo& ki, const char* name, T fallback) {
+    try {
+      return ki.GetAttribute<T>(name);
+    } catch (const Ort::Exception&) {
+      return fallback;
+    }
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto input = [&](size_t i) { return i < ctx.GetInputCount() ? ctx.GetInput(i) : Ort::ConstValue{nullptr}; };
+    const Ort::ConstValue query = input(0), key = input(1), value = input(2), past_k = input(3), past_v = input(4),
+                          seqlens = input(5), cos = input(7), sin = input(8), position_ids = input(9), bias = input(10);
+    const std::vector<int64_t> qs = query.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> ps = past_k.GetTensorTypeAndShapeInfo().GetShape();
+    if (qs.size() != 3 || ps.size() != 4 || ps[1] != kv_heads)
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: query must be [B, T, hidden] and past_key [B, kv_heads, S, D]",
+                        ORT_INVALID_ARGUMENT);
+    const int64_t b_n = qs[0], t_n = qs[1], slots = ps[2], d = ps[3];
+    const bool packed = !key;
+    if (d % kLanes != 0)
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: head size must be a multiple of 16", ORT_INVALID_ARGUMENT);
+    if (qs[2] != (packed ? (heads + 2 * kv_heads) * d : heads * d))
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: query width does not match the heads", ORT_INVALID_ARGUMENT);
+    const int32_t* seq = seqlens.GetTensorData<int32_t>();
+    const float* q_in = query.GetTensorData<float>();
+    const float* k_in = packed ? q_in + heads * d : key.GetTensorData<float>();
+    const float* v_in = packed ? q_in + (heads + kv_heads) * d : value.GetTensorData<float>();
+    const int64_t stride = packed ? (heads + 2 * kv_heads) * d : heads * d;  // per token of q_in
+    const int64_t kv_stride = packed ? stride : kv_heads * d;
+
+    Ort::UnownedValue out = ctx.GetOutput(0, {b_n, t_n, heads * d});
+    Ort::UnownedValue pk = ctx.GetOutput(1, ps), pv = ctx.GetOutput(2, ps);
+    float* kc = pk.GetTensorMutableData<float>();
+    float* vc = pv.GetTensorMutableData<float>();
+    const size_t cache_bytes = static_cast<size_t>(b_n * kv_heads * slots * d) * sizeof(float);
+    // The contract binds present to past's memory; a caller that does not gets a copy first.
+    if (kc != past_k.GetTensorData<float>()) std::memcpy(kc, past_k.GetTensorData<float>(), cache_bytes);
+    if (vc != past_v.GetTensorData<float>()) std::memcpy(vc, past_v.GetTensorData<float>(), cache_bytes);
+
+    int64_t half = 0;
+    const float *cos_p = nullptr, *sin_p = nullptr;
+    if (rotary) {
+      if (!cos || !sin)
+        ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: do_rotary needs cos_cache and sin_cache", ORT_INVALID_ARGUMENT);
+      half = cos.GetTensorTypeAndShapeInfo().GetShape()[1];
+      if (2 * half > d) ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: rotary wider than a head", ORT_INVALID_ARGUMENT);
+      cos_p = cos.GetTensorData<float>();
+      sin_p = sin.GetTensorData<float>();
+    }
+    const int64_t rot_rows = rotary ? cos.GetTensorTypeAndShapeInfo().GetShape()[0] : 0;
+    const int64_t* pos_ids = position_ids ? position_ids.GetTensorData<int64_t>() : nullptr;
+    const float* bias_p = bias ? bias.GetTensorData<float>() : nullptr;
+    const int64_t bias_w = bias ? bias.GetTensorTypeAndShapeInfo().GetShape().back() : 0;
+
+    thread_local std::vector<float> qr;
+    qr.resize(static_cast<size_t>(b_n * t_n * heads * d));
+    std::vector<float> krow(d);
+    Task task{{}, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), UseAvx512()};
+    task.rows.reserve(static_cast<size_t>(b_n * heads * t_n));
+    for (int64_t b = 0; b < b_n; ++b) {
+      const int64_t position = static_cast<int64_t>(seq[b]) + 1 - t_n;
+      if (position < 0 || position + t_n > slots)
+        ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: seqlens_k puts the new tokens outside the cache",
+                          ORT_INVALID_ARGUMENT);
+      for (int64_t t = 0; t < t_n; ++t) {
+        const int64_t tok = b * t_n + t, slot = position + t;
+        const int64_t rpos = pos_ids ? pos_ids[tok] : slot;
+        if (rotary && (rpos < 0 || rpos >= rot_rows))
+          ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: position outside the rotary tables", ORT_INVALID_ARGUMENT);
+        for (int64_t h = 0; h < heads; ++h) {
+          float* q = qr.data() + (tok * heads + h) * d;
+          std::memcpy(q, q_in + tok * stride + h * d, d * sizeof(float));
+          if (rotary) Rotate(q, cos_p + rpos * half, sin_p + rpos * half, half);
+        }
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          std::memcpy(krow.data(), k_in + tok * kv_stride + g * d, d * sizeof(float));
+          if (rotary) Rotate(krow.data(), cos_p + rpos * half, sin_p + rpos * half, half);
+          const int64_t at = ((b * kv_heads + g) * slots + slot) * d;
+          std::memcpy(kc + at, krow.data(), d * sizeof(float));
+          std::memcpy(vc + at, v_in + tok * kv_stride + g * d, d * sizeof(float));
+        }
+      }
+      float* o = out.GetTensorMutableData<float>();
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / (heads / kv_heads);
+        for (int64_t t = 0; t < t_n; ++t) {
+          const int64_t tok = b * t_n + t, slot = position + t;
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, slot - window) : 0;
+          const float* row_bias = nullptr;
+          if (bias_p) {
+            if (bias_w < slot + 1)
+              ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: attention_bias narrower than the context", ORT_INVALID_ARGUMENT);
+            row_bias = bias_p + tok * bias_w;  // [B, 1, T, total]
+          }
+          task.rows.push_back(Row{qr.data() + (tok * heads + h) * d, kc + (b * kv_heads + g) * slots * d,
+                                  vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo, slot});
+        }
+      }
+    }
+    ctx.ParallelFor(RunRows, task.rows.size(), 0, &task);
+  }
+};
+
+struct GqaOp : Ort::CustomOpBase<GqaOp, GqaKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new GqaKernel(api, info); }
+  const char* GetName() const { return "GroupQueryAttention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 11; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i == 5 || i == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    if (i == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return (i == 1 || i == 2 || i >= 7) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+void AddGroupQueryAttention(Ort::CustomOpDomain& domain) {
+  static GqaOp op;
+  domain.Add(&op);
+}
+
+}  // namespace specedge_ops
