@@ -270,8 +270,9 @@ def test_cpp_runtime_reads_custom_ops_and_loads_the_library(tiny_bundle_factory,
 @needs_lib
 def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
     """The real default model exported with --int4-kernel specedge: every Q4_1 weight runs in
-    MatMulQ41, greedy speculation (n-gram, invariant steps) equals target-only decoding, and the
-    C++ runtime gives Python's tokens."""
+    MatMulQ41 and every attention layer in specedge's batch-invariant GroupQueryAttention, so the
+    pipeline runs plain single-token steps, greedy speculation (n-gram) equals target-only
+    decoding, and the C++ runtime gives Python's tokens."""
     from specedge.runtime.api import load
 
     out = tmp_path / "q41"
@@ -282,8 +283,10 @@ def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
     g = m["models"]["target"]["graphs"][0]
     assert g["custom_ops"] == ["specedge_ops"] and g["backends"] == ["ort-cpu"]
     assert m["models"]["target"]["quantization"]["specedge_kernel_matmuls"] == 30 * 4  # q|k|v, o, gate|up, down per layer
+    assert m["models"]["target"]["quantization"]["specedge_attention"] == 30 and g["batch_invariant"] is True
     prompts = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
     with load(out, threads=2) as pipe:
+        assert not pipe.target.describe().get("invariant_steps")  # confirmed at load: unpadded steps
         spec = [pipe.generate(q, max_new_tokens=32, speculative=True).token_ids for q in prompts]
         plain = [pipe.generate(q, max_new_tokens=32, speculative=False).token_ids for q in prompts]
     assert spec == plain

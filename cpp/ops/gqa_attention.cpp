@@ -11,7 +11,8 @@
 // independent of M) a graph's row i is bit for bit the same at every T, and T = 1 steps are exact.
 //
 // Per query row t of head h (slot = position + t, position = seqlens_k + 1 - T):
-//   keys s in [lo, slot], lo = slot - local_window_size when the window is on, else 0;
+//   keys s in [lo, slot], lo = slot − local_window_size + 1 when the window is on (the last
+//   local_window_size keys, as ONNX Runtime's op and specedge's torch reference take them), else 0;
 //   score_s = dot(q, k_s) · scale (+ attention_bias[t, s]);  dot over 16 lanes (lane i takes
 //   dims i, i + 16, ...; fma chain), lanes then summed pairwise (8, 4, 2, 1);
 //   e_s = exp(score_s − max) with one fixed polynomial (0 below −87, so −inf gives 0);
@@ -283,7 +284,7 @@ struct GqaKernel {
         const int64_t g = h / (heads / kv_heads);
         for (int64_t t = 0; t < t_n; ++t) {
           const int64_t tok = b * t_n + t, slot = position + t;
-          const int64_t lo = window > 0 ? std::max<int64_t>(0, slot - window) : 0;
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0;
           const float* row_bias = nullptr;
           if (bias_p) {
             if (bias_w < slot + 1)
