@@ -41,14 +41,16 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from int4_levers import POS, median_step_ms  # noqa: E402
 
+from specedge import custom_ops  # noqa: E402
 from specedge.manifest import load_manifest  # noqa: E402
 
 SCHEMA = "specedge.bench.int4_profile/1"
 SIZES = (1, 2, 5)
 
 
-def session(path: str, profile: str | None = None) -> ort.InferenceSession:
+def session(path: str, profile: str | None = None, libs: list[str] = ()) -> ort.InferenceSession:
     so = ort.SessionOptions()
+    custom_ops.register(so, list(libs))  # a --int4-kernel specedge graph needs libspecedge_ops
     so.intra_op_num_threads = 2
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
@@ -61,9 +63,10 @@ def session(path: str, profile: str | None = None) -> ort.InferenceSession:
 class Graph(ABC):
     """One graph, its cache bound in place as both input and output."""
 
-    def __init__(self, path: str, past: list[tuple[str, str]], shape: tuple, profile: str | None = None):
+    def __init__(self, path: str, past: list[tuple[str, str]], shape: tuple, profile: str | None = None,
+                 libs: list[str] = ()):
         self.path = path
-        self.s = session(path, profile)
+        self.s = session(path, profile, libs)
         self.io = self.s.io_binding()
         self.io.bind_output("logits")
         self._kv = []
@@ -92,7 +95,7 @@ class Ours(Graph):
         L = m.target.num_layers
         past = [(f"past_{kv}.{i}", f"present_{kv}.{i}") for kv in ("key", "value") for i in range(L)]
         super().__init__(str(Path(bundle) / g.path), past, (1, m.target.num_kv_heads, m.max_seq, m.target.head_dim),
-                         profile)
+                         profile, g.custom_ops)
 
     def feed(self, t: int, pos: int) -> None:
         self.io.bind_cpu_input("input_ids", np.ones((1, t), np.int64))

@@ -9,12 +9,13 @@ Configurations (each a persistent worker process, loaded and warmed once; for ev
 driver asks each of them in turn, the order rotated by one per prompt, so load drift hits all of
 them alike):
 
-  py            specedge's Python runtime, target-only (the bundle's default steps: batch-invariant
-                for int4, single-token steps run as T=2)
+  py            specedge's Python runtime, target-only (the bundle's default steps: single-token
+                steps run as T=2 on int4, unpadded on a graph marked batch_invariant and
+                confirmed at load: --int4-kernel specedge)
   py+ngram      the same with the n-gram drafter (guard on)
   py-plain      Python, target-only, plain T=1 steps (invariant_steps=False; not exact)
   cpp           the C/C++ runtime (libspecedge through ctypes: specedge_generate_tokens, the loop
-                entirely native), target-only (it pads single-token steps like Python)
+                entirely native), target-only (it pads single-token steps as Python does)
   cpp+ngram     the same with the n-gram drafter
   ortgenai      onnxruntime-genai's int4 build of the same model, target-only (--peer-python)
   ortgenai+ngram  its n-gram decoding (ngram_size 3, k draft tokens)
@@ -23,7 +24,8 @@ them alike):
 up to --max-new-tokens, stops at EOS. Decode tok/s per prompt = (new tokens − 1) / (last token
 time − first token time); per configuration the JSON keeps every prompt, the median of the
 per-prompt tok/s, the total (all decode tokens / all decode seconds) and the median per-prompt
-ratio to every other configuration. Greedy outputs are compared token for token with `py`.
+ratio to every other configuration, and for target-only configurations the achieved weight
+bandwidth (weight bytes per step x median tok/s). Greedy outputs are compared token for token with `py`.
 """
 
 from __future__ import annotations
@@ -121,6 +123,23 @@ class _Stats(ctypes.Structure):  # the leading fields of specedge_stats, then ro
 
 
 ABI_VERSION = 1  # the specedge.h layouts these mirrors follow (SPECEDGE_ABI_VERSION)
+
+
+TARGET_ONLY = ("py", "py-plain", "cpp")  # configurations that read every target weight once per token
+
+
+def add_bandwidth(summary: dict, bundle: str) -> None:
+    """Achieved weight bandwidth of the target-only configurations (gpt-fast's figure): the
+    target's weight bytes per step (manifest `weight_bytes`) x median tok/s. Speculative and
+    peer configurations get none: their bytes per token depend on the accepted drafts, and
+    onnxruntime-genai's graph reads other bytes (4-bit lm_head) that its files do not state."""
+    from specedge.manifest import load_manifest
+
+    wb = load_manifest(bundle, verify="none").target.weight_bytes
+    for c, r in summary.items():
+        if c in TARGET_ONLY and wb:
+            r["weight_bytes_per_token"] = wb
+            r["bandwidth_gb_s"] = round(wb * r["median_tokens_per_s"] / 1e9, 2)
 
 
 def worker_cpp(spec: dict) -> None:
@@ -313,6 +332,7 @@ def main(argv=None) -> int:
                                      if a["tokens_per_s"] and b["tokens_per_s"])
                 for o in names if o != c},
         }
+    add_bandwidth(summary, args.bundle)
     result = {"schema": SCHEMA, "command": "python scripts/int4_runtimes.py " + " ".join(argv or sys.argv[1:]),
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": args.threads,
               "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "greedy": True,
