@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
-from specedge.runtime.invariant import wants_invariant_steps  # noqa: E402
 
 GUARD_KEYS = ("fallbacks", "fallback_tokens", "k_shrinks", "target_calls", "drafted", "accepted",
               "time_draft_s", "time_verify_s", "time_other_s")
@@ -62,7 +61,8 @@ def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, thread
                 recs[name].append(rec)
     cats = sorted({p["category"] for p in suite})
     out = {"bundle": bundle, "target_precision": pipes["ngram"].manifest.target.precision,
-           "invariant_steps": wants_invariant_steps(pipes["ngram"].manifest.target.precision),
+           # padded single-token steps, as the pipeline chose them (a batch-invariant graph runs unpadded)
+           "invariant_steps": bool(pipes["ngram"].target.describe().get("invariant_steps")),
            "k": pipes["ngram"].manifest.spec_tokens, "prompts": len(suite), "repeats": repeats,
            "configurations": {}, "step_costs_ms": {}}
     for name in names:
