@@ -138,6 +138,13 @@ def node_counts(path: str) -> dict:
     return {"nodes": len(m.graph.node), "ops": dict(Counter(n.op_type for n in m.graph.node).most_common())}
 
 
+def _ops_isa() -> str | None:
+    try:
+        return custom_ops.isa()
+    except custom_ops.CustomOpsError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", help="an int4 bundle (export-models --precision int4)")
@@ -145,7 +152,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-seq", type=int, default=2048, help="onnxruntime-genai's cache slots (ours: the bundle's)")
     args = ap.parse_args()
+    isa = os.environ.get("SPECEDGE_OPS_ISA")
     out = {"schema": SCHEMA, "command": " ".join(["python", *sys.argv]), "onnxruntime": ort.__version__,
+           # the path specedge's kernels took (SPECEDGE_OPS_ISA=avx2|portable forces a narrower one)
+           "specedge_ops_isa": _ops_isa(), **({"SPECEDGE_OPS_ISA": isa} if isa else {}),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 2, "position": POS,
            "load_avg_start": list(os.getloadavg())}
     ours, genai = Ours(args.bundle), Genai(args.ortgenai, args.max_seq)

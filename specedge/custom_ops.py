@@ -53,7 +53,8 @@ def library_path(name: str = LIBRARY) -> Path:
 
 
 def isa(path: Path | None = None) -> str:
-    """Which code path the kernels take on this CPU: "avx512vnni" or "portable"."""
+    """Which code path the kernels take on this CPU: "avx512vnni", "avx2" or "portable"
+    ($SPECEDGE_OPS_ISA=avx2|portable forces a narrower one; every path gives the same bits)."""
     lib = ctypes.CDLL(str(path or library_path()))
     lib.specedge_ops_isa.restype = ctypes.c_char_p
     return lib.specedge_ops_isa().decode()

@@ -17,7 +17,7 @@
 //   dims i, i + 16, ...; fma chain), lanes then summed pairwise (8, 4, 2, 1);
 //   e_s = exp(score_s − max) with one fixed polynomial (0 below −87, so −inf gives 0);
 //   out = (Σ_s e_s · v_s, an fma chain in s order per dim) / (Σ_s e_s, in s order).
-// The AVX-512 path and the portable path compute the same bits.
+// The AVX-512, AVX2 and portable paths compute the same bits.
 #include "ops_common.h"
 
 #include <algorithm>
@@ -146,6 +146,60 @@ SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vec
     _mm512_storeu_ps(r.out + c, _mm512_div_ps(acc, vsum));
   }
 }
+#define SPECEDGE_AVX2 __attribute__((target("avx2,fma")))
+
+// The AVX-512 path's arithmetic on 8 lanes: the 16 dot-product lanes as two registers (lanes
+// 0..7 and 8..15), the exp polynomial and the P·V chains 8 dims at a time. Same bits.
+SPECEDGE_AVX2 inline float DotAvx2(const float* a, const float* b, int64_t d) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += kLanes) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
+  }
+  const __m256 a8 = _mm256_add_ps(lo, hi);
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+}
+
+SPECEDGE_AVX2 inline __m256 ExpAvx2(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+SPECEDGE_AVX2 void AttendAvx2(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n + 8);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotAvx2(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  const __m256 vmx = _mm256_set1_ps(mx);
+  int64_t s = 0;
+  for (; s + 8 <= n; s += 8)
+    _mm256_storeu_ps(e.data() + s, ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(e.data() + s), vmx)));
+  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (s = 0; s < n; ++s) sum = sum + e[s];
+  const __m256 vsum = _mm256_set1_ps(sum);
+  for (int64_t c = 0; c < d; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) acc = _mm256_fmadd_ps(_mm256_set1_ps(e[s]), _mm256_loadu_ps(v + s * d), acc);
+    _mm256_storeu_ps(r.out + c, _mm256_div_ps(acc, vsum));
+  }
+}
 #endif
 
 // q or k rotated in place, rotate-half layout over the first `rot` dims.
@@ -161,17 +215,15 @@ struct Task {
   std::vector<Row> rows;
   int64_t d;
   float scale;
-  bool avx;
+  Isa isa;
 };
 
 void RunRows(void* data, size_t i) {
   const Task& t = *static_cast<const Task*>(data);
   thread_local std::vector<float> e;
 #ifdef SPECEDGE_OPS_X86
-  if (t.avx) {
-    AttendAvx512(t.rows[i], t.d, t.scale, e);
-    return;
-  }
+  if (t.isa == Isa::kAvx512) return AttendAvx512(t.rows[i], t.d, t.scale, e);
+  if (t.isa == Isa::kAvx2) return AttendAvx2(t.rows[i], t.d, t.scale, e);
 #endif
   AttendPortable(t.rows[i], t.d, t.scale, e);
 }
@@ -254,7 +306,7 @@ struct GqaKernel {
     thread_local std::vector<float> qr;
     qr.resize(static_cast<size_t>(b_n * t_n * heads * d));
     std::vector<float> krow(d);
-    Task task{{}, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), UseAvx512()};
+    Task task{{}, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), ActiveIsa()};
     task.rows.reserve(static_cast<size_t>(b_n * heads * t_n));
     for (int64_t b = 0; b < b_n; ++b) {
       const int64_t position = static_cast<int64_t>(seq[b]) + 1 - t_n;

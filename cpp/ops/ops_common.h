@@ -9,9 +9,12 @@
 
 namespace specedge_ops {
 
-// True when the AVX-512 (VNNI) paths run; SPECEDGE_OPS_ISA=portable forces the portable ones,
-// which compute the same bits (tests/test_specedge_ops.py compares them).
-bool UseAvx512();
+// The code path the kernels take: the widest this CPU has (AVX-512 with VNNI, else AVX2 with FMA
+// and F16C, else portable C++), or a narrower one named by SPECEDGE_OPS_ISA (avx2 | portable).
+// Every path computes the same bits (tests/test_specedge_ops.py and test_specedge_attention.py).
+enum class Isa { kPortable, kAvx2, kAvx512 };
+Isa ActiveIsa();
+inline bool UseAvx512() { return ActiveIsa() == Isa::kAvx512; }
 
 // Adds ai.specedge.GroupQueryAttention (gqa_attention.cpp) to the domain.
 void AddGroupQueryAttention(Ort::CustomOpDomain& domain);

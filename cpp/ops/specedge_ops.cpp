@@ -242,15 +242,141 @@ void TaskAvx512(void* data, size_t task) {
 }
 static_assert(kGroupsPerTask == 2, "TaskAvx512 handles two groups per task");
 
+#define SPECEDGE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// QuantizeAvx512's arithmetic on 8 lanes (the same bits).
+SPECEDGE_AVX2 void QuantizeAvx2(const float* a, int64_t rows, int64_t k, Activations& act) {
+  const int64_t nb = k / kQK;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = a + r * k + b * kQK;
+      __m256 xs[4], mx = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        xs[i] = _mm256_loadu_ps(x + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_and_ps(xs[i], absmask));
+      }
+      alignas(32) float v[16], m8[8];
+      _mm256_store_ps(m8, mx);
+      float amax = 0.f;
+      for (float f : m8) amax = std::fmax(amax, f);
+      _mm256_store_ps(v, _mm256_add_ps(xs[0], xs[2]));  // pairs (j, j + 16), as PairwiseSum32
+      _mm256_store_ps(v + 8, _mm256_add_ps(xs[1], xs[3]));
+      for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; ++i) v[i] = v[i] + v[i + w];
+      const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      alignas(32) int32_t q32[kQK];
+      __m256i qs = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(xs[i], vinv));  // nearest even
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q32 + 8 * i), qi);
+        qs = _mm256_add_epi32(qs, qi);
+      }
+      int8_t* q = act.q.data() + r * k + b * kQK;
+      for (int j = 0; j < kQK; ++j) q[j] = static_cast<int8_t>(q32[j]);  // |q| <= 127
+      alignas(32) int32_t s8[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s8), qs);
+      int32_t qsum = 0;
+      for (int32_t x8 : s8) qsum += x8;
+      act.qsum[r * nb + b] = qsum;
+      act.scale[r * nb + b] = scale;
+      act.sum[r * nb + b] = v[0];
+    }
+}
+
+// vpdpbusd on AVX2: u8 x s8 products summed in fours per 32-bit lane. maddubs adds two products
+// into an int16 with saturation, which cannot happen here: codes are 0..15, so |sum| <= 2*15*128.
+SPECEDGE_AVX2 inline __m256i DotBytesAvx2(__m256i acc, __m256i w, __m256i a) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+}
+
+// TileAvx512's arithmetic with each group of 16 rows in two halves of 8 lanes.
+template <int R, int G>
+SPECEDGE_AVX2 inline void TileAvx2(const Job& j, int64_t g0, int64_t r0) {
+  const __m256i lo = _mm256_set1_epi8(0x0F);
+  const __m256 eight = _mm256_set1_ps(8.f);
+  __m256 acc[R][G][2];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < j.nb; ++b) {
+    const int32_t* a4[R];
+    __m256i dot[R][G][2];
+    for (int r = 0; r < R; ++r) {
+      const int64_t rb = (r0 + r) * j.nb + b;
+      a4[r] = reinterpret_cast<const int32_t*>(j.act->q.data() + rb * kQK);
+      const __m256i init = _mm256_set1_epi32(-8 * j.act->qsum[rb]);
+      for (int g = 0; g < G; ++g) dot[r][g][0] = dot[r][g][1] = init;
+    }
+    for (int h = 0; h < 4; ++h)
+      for (int g = 0; g < G; ++g)
+        for (int half = 0; half < 2; ++half) {
+          const __m256i v = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(j.w + ((g0 + g) * j.nb + b) * kBlock + 64 * h + 32 * half));
+          const __m256i wl = _mm256_and_si256(v, lo);
+          const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+          for (int r = 0; r < R; ++r) {
+            int32_t a_lo, a_hi;
+            std::memcpy(&a_lo, a4[r] + h, 4);
+            std::memcpy(&a_hi, a4[r] + h + 4, 4);
+            dot[r][g][half] = DotBytesAvx2(dot[r][g][half], wl, _mm256_set1_epi32(a_lo));
+            dot[r][g][half] = DotBytesAvx2(dot[r][g][half], wh, _mm256_set1_epi32(a_hi));
+          }
+        }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* blk = j.w + ((g0 + g) * j.nb + b) * kBlock;
+      for (int half = 0; half < 2; ++half) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256 + 16 * half)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 288 + 16 * half)));
+        const __m256 d8 = _mm256_mul_ps(d, eight);
+        for (int r = 0; r < R; ++r) {
+          const int64_t rb = (r0 + r) * j.nb + b;
+          const __m256 s = _mm256_set1_ps(j.act->sum[rb]);
+          __m256& a = acc[r][g][half];
+          a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(j.act->scale[rb])), _mm256_cvtepi32_ps(dot[r][g][half]), a);
+          a = _mm256_fmadd_ps(m, s, a);
+          a = _mm256_fmadd_ps(d8, s, a);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g)
+      for (int half = 0; half < 2; ++half)
+        _mm256_storeu_ps(j.out + (r0 + r) * j.n + (g0 + g) * kRows + 8 * half, acc[r][g][half]);
+}
+
+template <int G>
+SPECEDGE_AVX2 void GroupsAvx2(const Job& j, int64_t g0) {
+  int64_t r = 0;
+  for (; r + 2 <= j.rows; r += 2) TileAvx2<2, G>(j, g0, r);
+  if (r < j.rows) TileAvx2<1, G>(j, g0, r);
+}
+
+void TaskAvx2(void* data, size_t task) {
+  const Job& j = *static_cast<const Job*>(data);
+  const int64_t g0 = static_cast<int64_t>(task) * kGroupsPerTask;
+  if (j.n / kRows - g0 >= 2)
+    GroupsAvx2<2>(j, g0);
+  else
+    GroupsAvx2<1>(j, g0);
+}
+
 bool HaveAvx512Vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512vnni");
 }
+
+bool HaveAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 #endif
 
-using specedge_ops::UseAvx512;
+using specedge_ops::ActiveIsa;
+using specedge_ops::Isa;
 
 void MatMulQ41(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& a, const Ort::Custom::Tensor<uint8_t>& w,
                Ort::Custom::Tensor<float>& y) {
@@ -269,42 +395,53 @@ void MatMulQ41(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& a, const
   act.scale.resize(rows * nb);
   act.sum.resize(rows * nb);
   act.qsum.resize(rows * nb);
-  const bool avx = UseAvx512();
+  const Isa isa = ActiveIsa();
+  void (*fn)(void*, size_t) = TaskPortable;
 #ifdef SPECEDGE_OPS_X86
-  if (avx)
+  if (isa == Isa::kAvx512) {
     QuantizeAvx512(a.Data(), rows, k, act);
-  else
+    fn = TaskAvx512;
+  } else if (isa == Isa::kAvx2) {
+    QuantizeAvx2(a.Data(), rows, k, act);
+    fn = TaskAvx2;
+  } else
 #endif
     QuantizePortable(a.Data(), rows, k, act);
   Job job{w.Data(), &act, out, rows, n, nb};
   const size_t tasks = static_cast<size_t>((n / kRows + kGroupsPerTask - 1) / kGroupsPerTask);
-  void (*fn)(void*, size_t) = TaskPortable;
-#ifdef SPECEDGE_OPS_X86
-  if (avx) fn = TaskAvx512;
-#endif
   // a few contiguous batches: one ParallelFor task per row group costs more than it computes
   Ort::KernelContext(ctx).ParallelFor(fn, tasks, 4, &job);
 }
 
 }  // namespace
 
-// SPECEDGE_OPS_ISA=portable forces the portable paths (tests compare them with the AVX-512 ones).
-bool specedge_ops::UseAvx512() {
+specedge_ops::Isa specedge_ops::ActiveIsa() {
+  static const Isa isa = [] {
+    Isa best = Isa::kPortable;
 #ifdef SPECEDGE_OPS_X86
-  static const bool use = [] {
-    const char* isa = std::getenv("SPECEDGE_OPS_ISA");
-    return HaveAvx512Vnni() && !(isa && std::string(isa) == "portable");
-  }();
-  return use;
-#else
-  return false;
+    if (HaveAvx512Vnni())
+      best = Isa::kAvx512;
+    else if (HaveAvx2())
+      best = Isa::kAvx2;
 #endif
+    const char* want = std::getenv("SPECEDGE_OPS_ISA");
+    if (want && std::string(want) == "portable") return Isa::kPortable;
+    if (want && std::string(want) == "avx2" && best == Isa::kAvx512) return Isa::kAvx2;
+    return best;
+  }();
+  return isa;
 }
 
 extern "C" {
 
-// Which path MatMulQ41 takes on this machine: "avx512vnni" or "portable".
-__attribute__((visibility("default"))) const char* specedge_ops_isa() { return UseAvx512() ? "avx512vnni" : "portable"; }
+// Which path the kernels take on this machine: "avx512vnni", "avx2" or "portable".
+__attribute__((visibility("default"))) const char* specedge_ops_isa() {
+  switch (specedge_ops::ActiveIsa()) {
+    case specedge_ops::Isa::kAvx512: return "avx512vnni";
+    case specedge_ops::Isa::kAvx2: return "avx2";
+    default: return "portable";
+  }
+}
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* api_base) {
