@@ -3,8 +3,8 @@ with the C++ runtime): where the library is, and how a session loads it.
 
 A graph that uses them names the library in its manifest entry (`GraphSpec.custom_ops`); today
 that is an int4 graph exported with `--int4-kernel specedge`, whose GGUF Q4_1 weights run in
-ai.specedge.MatMulQ41 instead of MatMulNBits plus a block-min correction (docs/design.md
-"The specedge int4 kernel")."""
+ai.specedge.MatMulQ41 instead of MatMulNBits plus a block-min correction and whose attention runs
+in ai.specedge.GroupQueryAttention (docs/design.md "The specedge int4 kernel")."""
 
 from __future__ import annotations
 
@@ -60,11 +60,35 @@ def isa(path: Path | None = None) -> str:
     return lib.specedge_ops_isa().decode()
 
 
+SLOW_PATH_WARNING = ("specedge's CPU kernels run their portable path on this CPU (it has no AVX2): a step takes "
+                     "about 10x as long as with AVX2 or AVX-512; re-export the bundle without --int4-kernel specedge "
+                     "for ONNX Runtime's kernels")
+
+
 def register(session_options, names: list[str]) -> None:
-    """Load every library in `names` into onnxruntime SessionOptions."""
+    """Load every library in `names` into onnxruntime SessionOptions (warning once when the
+    kernels can only take their slow portable path here)."""
     for name in names:
         path = library_path(name)
+        _warn_if_portable(path)
         try:
             session_options.register_custom_ops_library(str(path))
         except Exception as e:  # onnxruntime raises its own Fail type
             raise CustomOpsError(f"cannot load the custom-op library {path}: {str(e).splitlines()[0]}") from None
+
+
+_warned: set[str] = set()
+
+
+def _warn_if_portable(path: Path) -> None:
+    if str(path) in _warned or os.environ.get("SPECEDGE_OPS_ISA") == "portable":  # asked for: no warning
+        return
+    _warned.add(str(path))
+    try:
+        slow = isa(path) == "portable"
+    except (OSError, AttributeError):  # a library too old to say; loading it reports what is wrong
+        return
+    if slow:
+        import warnings
+
+        warnings.warn(SLOW_PATH_WARNING, RuntimeWarning, stacklevel=3)

@@ -394,3 +394,22 @@ def test_cpp_runtime_steps_unpadded_with_python_tokens(tiny_bundle_factory, tmp_
     bad = generate()
     assert bad.returncode != 0
     assert "the manifest's 'batch_invariant' in models.target.graphs must be true or false, got \"yes\"" in bad.stderr
+
+
+@needs_lib
+def test_a_cpu_without_avx2_is_warned_once(monkeypatch):
+    """The portable path is ~10x slower: loading the library there warns once, saying what to do;
+    asking for it (SPECEDGE_OPS_ISA=portable) does not warn."""
+    import onnxruntime as ort
+
+    monkeypatch.delenv("SPECEDGE_OPS_ISA", raising=False)
+    monkeypatch.setattr(custom_ops, "isa", lambda path=None: "portable")
+    monkeypatch.setattr(custom_ops, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="portable path on this CPU .*re-export the bundle without --int4-kernel"):
+        custom_ops.register(ort.SessionOptions(), [custom_ops.LIBRARY])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        custom_ops.register(ort.SessionOptions(), [custom_ops.LIBRARY])  # once per library
+        monkeypatch.setattr(custom_ops, "_warned", set())
+        monkeypatch.setenv("SPECEDGE_OPS_ISA", "portable")
+        custom_ops.register(ort.SessionOptions(), [custom_ops.LIBRARY])

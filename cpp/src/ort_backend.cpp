@@ -183,6 +183,25 @@ struct OrtBackend::Impl {
 namespace {
 // libspecedge_ops.so: $SPECEDGE_OPS_LIB, else beside the library this code is linked into (the
 // build folder, or PREFIX/lib after cmake --install). Python looks in the same places.
+// The kernels' slow portable path (a CPU without AVX2) is worth one warning per process, as in
+// Python's custom_ops.register: a step takes ~10x as long.
+void warn_if_portable(const std::string& path) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    const char* forced = std::getenv("SPECEDGE_OPS_ISA");
+    if (forced && std::string(forced) == "portable") return;
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;  // ONNX Runtime's own load reports what is wrong
+    using IsaFn = const char* (*)();
+    auto fn = reinterpret_cast<IsaFn>(dlsym(lib, "specedge_ops_isa"));
+    if (fn && std::string(fn()) == "portable")
+      std::fprintf(stderr, "specedge: warning: specedge's CPU kernels run their portable path on this CPU (it has no "
+                           "AVX2): a step takes about 10x as long as with AVX2 or AVX-512; re-export the bundle without "
+                           "--int4-kernel specedge for ONNX Runtime's kernels\n");
+    dlclose(lib);
+  });
+}
+
 std::string find_ops_library(const std::string& role, const std::string& graph) {
   std::vector<std::string> tried;
   if (const char* env = std::getenv("SPECEDGE_OPS_LIB"); env && *env) {
@@ -198,6 +217,7 @@ std::string find_ops_library(const std::string& role, const std::string& graph) 
   for (const auto& p : tried)
     if (FILE* f = std::fopen(p.c_str(), "rb")) {
       std::fclose(f);
+      warn_if_portable(p);
       return p;
     }
   fail_backend("the " + role + " graph '" + graph + "' uses specedge's CPU kernels, but libspecedge_ops.so was not found" +
