@@ -10,6 +10,8 @@ accuracy levels, re-quantized int4 as the speed floor) and ONNX Runtime session 
 - nodes, weight bytes read per step, and an ONNX Runtime profile per op type.
 
     python scripts/int4_levers.py [BUNDLE] > benchmarks/results/int4_levers.json
+    python scripts/int4_levers.py [BUNDLE] --only "export default,specedge" > ...   (those variants only;
+        no session-option or profile runs)
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_default_model import PROMPT  # noqa: E402
 
+from specedge import custom_ops  # noqa: E402
 from specedge.export.quantize import quantize_weights, weight_bytes  # noqa: E402
+from specedge.export.specedge_kernel import custom_op_libraries  # noqa: E402
 from specedge.manifest import load_manifest  # noqa: E402
 
 POS = 100  # step position, as scripts/draft_precision.py
@@ -49,6 +53,8 @@ def session(path: str, opt: str = "all", spin: bool = True, profile: str | None 
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = profile
+    # a graph on specedge's kernels (--int4-kernel specedge) needs libspecedge_ops in its session
+    custom_ops.register(so, custom_op_libraries(onnx.load(path, load_external_data=False)))
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
@@ -128,7 +134,8 @@ def op_profile(path: str, m, prefix: str) -> dict:
 
 
 def main():
-    bundle = next((a for a in sys.argv[1:] if not a.startswith("--")), "bundles/smollm2-135m-instruct")
+    args = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--") and sys.argv[i] != "--only"]
+    bundle = args[0] if args else "bundles/smollm2-135m-instruct"
     m = load_manifest(bundle, verify="none")
     target = str(m.path(m.target.graph_for("ort-cpu").path))
     ids = Tokenizer.from_file(str(m.path("tokenizer.json"))).encode(PROMPT).ids
@@ -143,7 +150,13 @@ def main():
         "exact codes, float zero points, acc 4": dict(gguf=gguf, accuracy_level=4, min_form="float_zp"),
         "exact codes, float zero points, acc 1": dict(gguf=gguf, accuracy_level=1, min_form="float_zp"),
         "re-quantized symmetric int4, acc 4 (not exact: speed floor)": dict(accuracy_level=4),
+        "exact, specedge kernels (MatMulQ41 + batch-invariant attention), acc 4": dict(gguf=gguf, accuracy_level=4,
+                                                                                     kernel="specedge"),
     }
+    only = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--only"), None)
+    if only:
+        keys = [k.strip() for k in only.split(",")]
+        variants = {n: kw for n, kw in variants.items() if any(k in n for k in keys)}
     out = {"bundle": bundle, "load_avg_start": os.getloadavg()[0], "positions": len(ids), "step_position": POS,
            "verify_tokens": VERIFY_T, "fp32": {"t1_ms": round(ref_st.time_ms(1), 2),
                                                "t5_ms": round(ref_st.time_ms(VERIFY_T), 2),
@@ -177,6 +190,11 @@ def main():
                 "batch_invariance": batch_invariance(p, m, ids)}
             del st
             print(name, out["variants"][name], file=sys.stderr, flush=True)
+        if only:
+            out["only"] = only
+            out["load_avg_end"] = os.getloadavg()[0]
+            print(json.dumps(out, indent=2))
+            return
         default = paths["exact, correction nodes, acc 4 (export default)"]
         for opt in ("all", "extended", "basic"):
             for spin in (True, False):
