@@ -413,3 +413,39 @@ def test_a_cpu_without_avx2_is_warned_once(monkeypatch):
         monkeypatch.setattr(custom_ops, "_warned", set())
         monkeypatch.setenv("SPECEDGE_OPS_ISA", "portable")
         custom_ops.register(ort.SessionOptions(), [custom_ops.LIBRARY])
+
+
+@needs_lib
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_tree_verification_on_the_batch_invariant_graph_is_exact(tiny_bundle_factory, family):
+    """Tree calls (ancestor masks through attention_bias, depths through position_ids) on the
+    specedge attention: greedy tree speculation with unpadded steps equals target-only output
+    (gemma3: sliding-window layers, whose window the tree bias carries)."""
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(family=family, precision="int4", draft="ngram", max_seq=128, tree=True,
+                                 int4_kernel="specedge")
+    repeats = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
+    with load(bundle, threads=1, verify="size") as pipe:
+        assert not pipe.target.describe().get("invariant_steps")
+        want = pipe.generate(token_ids=repeats, max_new_tokens=48, speculative=False).token_ids
+        got = pipe.generate(token_ids=repeats, max_new_tokens=48, tree=True, guard=False)
+    assert got.token_ids == want
+    assert got.stats["target_calls"] < len(want) and got.stats["drafted"] > 0
+
+
+@needs_lib
+def test_inspect_says_how_steps_run_and_where_the_kernels_are(tiny_bundle_factory, monkeypatch):
+    from specedge.cli.inspect import format_report
+    from specedge.manifest import load_manifest
+
+    bundle = tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="specedge")
+    text = format_report(load_manifest(bundle, verify="none"), str(bundle))
+    assert "steps      batch-invariant graph: single-token steps run as 1 token" in text
+    assert f"kernels    specedge_ops: {custom_ops.library_path()}, {custom_ops.isa()} path on this CPU" in text
+    monkeypatch.setenv(custom_ops.ENV, "/nowhere/libspecedge_ops.so")
+    text = format_report(load_manifest(bundle, verify="none"), str(bundle))
+    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (build the C++ runtime, or set "
+            "SPECEDGE_OPS_LIB)") in text
+    plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="none"), "b")
+    assert "steps      batch-invariant: single-token steps run as 2 tokens" in plain and "kernels" not in plain

@@ -194,6 +194,8 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
         for g in spec.graphs:
             lines.append(f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})"
                          + (f"; tree calls ({TREE_INPUT} input)" if g.tree else ""))
+            if g.custom_ops:
+                lines.append(f"  kernels    {', '.join(g.custom_ops)}: {_kernel_path()}")
         lines.append("  inputs")
         lines += _table(compress_tensors(spec.inputs))
         lines.append("  outputs")
@@ -218,3 +220,19 @@ def run(args) -> int:
     else:
         print(format_report(m, str(args.bundle), args.verify))
     return 0
+
+
+def _kernel_path() -> str:
+    """Where specedge's CPU kernels are and which path they take on this CPU."""
+    from .. import custom_ops
+
+    try:
+        path = custom_ops.library_path()
+    except custom_ops.CustomOpsError:
+        return f"libspecedge_ops.so not found here (build the C++ runtime, or set {custom_ops.ENV})"
+    try:
+        isa = custom_ops.isa(path)
+    except (OSError, AttributeError) as e:
+        return f"{path} cannot be loaded here ({type(e).__name__})"
+    slow = " (no AVX2: about 10x slower than the AVX2 and AVX-512 paths)" if isa == "portable" else ""
+    return f"{path}, {isa} path on this CPU{slow}"
