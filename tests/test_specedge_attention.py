@@ -449,3 +449,45 @@ def test_inspect_says_how_steps_run_and_where_the_kernels_are(tiny_bundle_factor
             "SPECEDGE_OPS_LIB)") in text
     plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="none"), "b")
     assert "steps      batch-invariant: single-token steps run as 2 tokens" in plain and "kernels" not in plain
+
+
+def _loose(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph's inputs with every dimension symbolic, so a run can feed any shape."""
+    for v in model.graph.input:
+        for i, dim in enumerate(v.type.tensor_type.shape.dim):
+            dim.Clear()
+            dim.dim_param = f"{v.name}_{i}"
+    return model
+
+
+@needs_lib
+@pytest.mark.parametrize("bad,message", [
+    ("key", "key and value must be \\[B, T, kv_heads \\* D\\]"),
+    ("past_value", "past_key and past_value must both be \\[B, kv_heads, S, D\\]"),
+    ("seqlens_k", "seqlens_k must be \\[B\\]"),
+    ("attention_bias", "attention_bias must be \\[B, 1, T, total_sequence_length\\]"),
+    ("position_ids", "position_ids must be \\[B, T\\]"),
+])
+def test_inconsistent_shapes_from_an_untrusted_graph_are_refused(bad, message):
+    """A bundle's graph is untrusted: tensors whose shapes do not match what the op indexes them by
+    are refused with the reason, never read out of bounds."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(16)
+    model = _loose(gqa_model(sk.DOMAIN, packed=False, rotary=True, tree=True))
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    custom_ops.register(so, [custom_ops.LIBRARY])
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    t, position = 3, 4
+    feeds = {**qkv(rng, t, packed=False), **tree_feeds(position, t, chain=True),
+             "past_key": np.zeros((B, KVH, S, D), np.float32), "past_value": np.zeros((B, KVH, S, D), np.float32),
+             "seqlens_k": np.array([position + t - 1], np.int32),
+             "total_sequence_length": np.array(position + t, np.int32)}
+    s.run(None, feeds)  # consistent: runs
+    broken = {"key": feeds["key"][:, :, :-16], "past_value": feeds["past_value"][:, :, :-1],
+              "seqlens_k": np.array([position + t - 1] * 2, np.int32),
+              "attention_bias": np.repeat(feeds["attention_bias"], 2, axis=1),
+              "position_ids": feeds["position_ids"][:, :-1]}[bad]
+    with pytest.raises(Exception, match=message):
+        s.run(None, {**feeds, bad: np.ascontiguousarray(broken)})

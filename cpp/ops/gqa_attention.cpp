@@ -272,6 +272,22 @@ struct GqaKernel {
       ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: head size must be a multiple of 16", ORT_INVALID_ARGUMENT);
     if (qs[2] != (packed ? (heads + 2 * kv_heads) * d : heads * d))
       ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: query width does not match the heads", ORT_INVALID_ARGUMENT);
+    // a graph is untrusted input: every tensor read below is checked against the shapes it is indexed by
+    auto shape = [](const Ort::ConstValue& v) { return v.GetTensorTypeAndShapeInfo().GetShape(); };
+    auto refuse = [](const char* what) {
+      ORT_CXX_API_THROW(std::string("ai.specedge.GroupQueryAttention: ") + what, ORT_INVALID_ARGUMENT);
+    };
+    if (ps[0] != b_n || shape(past_v) != ps) refuse("past_key and past_value must both be [B, kv_heads, S, D] for the query's B");
+    if (!packed) {
+      const std::vector<int64_t> want{b_n, t_n, kv_heads * d};
+      if (!value || shape(key) != want || shape(value) != want) refuse("key and value must be [B, T, kv_heads * D]");
+    }
+    if (shape(seqlens) != std::vector<int64_t>{b_n}) refuse("seqlens_k must be [B]");
+    if (rotary && cos && sin && (shape(cos).size() != 2 || shape(sin) != shape(cos)))
+      refuse("cos_cache and sin_cache must both be [positions, rotary_dim / 2]");
+    if (position_ids && shape(position_ids) != std::vector<int64_t>{b_n, t_n}) refuse("position_ids must be [B, T]");
+    if (bias && (shape(bias).size() != 4 || shape(bias)[0] != b_n || shape(bias)[1] != 1 || shape(bias)[2] != t_n))
+      refuse("attention_bias must be [B, 1, T, total_sequence_length]");
     const int32_t* seq = seqlens.GetTensorData<int32_t>();
     const float* q_in = query.GetTensorData<float>();
     const float* k_in = packed ? q_in + heads * d : key.GetTensorData<float>();
