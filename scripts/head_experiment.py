@@ -2,6 +2,7 @@
 
     python scripts/head_experiment.py BUNDLE WORKDIR prep DOC_TOKENS
     python scripts/head_experiment.py BUNDLE WORKDIR prep_sampled data_DOC_TOKENS N TEMPERATURE
+    python scripts/head_experiment.py BUNDLE WORKDIR prep_many data_DOC_TOKENS ANSWER_BUNDLE N
     python scripts/head_experiment.py BUNDLE WORKDIR train '{"name": ..., "data": "data_DOC_TOKENS", ...}'
 
 BUNDLE: exported with --features. `prep` saves the held-out set of scripts/head_diagnose.py (the
@@ -73,6 +74,85 @@ def prep_sampled(src, n, temperature):
                   [base.sources[i] for i in keep] + [c for c, _ in seqs])
     save_data(d, W / f"data_sampled{n}", {"from": src, "sampled_per_prompt": n, "temperature": temperature})
     print("data", d.num_tokens, round(time.time() - t0), flush=True)
+
+# Prompts for `prep_many`, written for this experiment from templates (not the bench suite, not
+# head_diagnose's held-out prompts): everyday topics, small coding tasks, and further excerpts of
+# the standard library's documentation than train-draft's own prompts use.
+TOPICS = ["composting at home", "the water cycle", "time management", "learning to swim", "volcanoes",
+          "saving for retirement", "public speaking", "the history of the printing press", "house plants",
+          "electric cars", "the immune system", "chess openings", "baking bread", "solar panels", "bird migration",
+          "job interviews", "the Roman empire", "meditation", "recycling plastics", "the moon's phases",
+          "writing a CV", "caring for a puppy", "earthquakes", "healthy breakfasts", "the stock market",
+          "learning to draw", "camping safety", "the human heart", "renewable energy", "board games for families",
+          "running a first marathon", "the life of bees", "cloud computing", "first aid for burns",
+          "planning a garden", "the French revolution", "climate zones", "podcasting", "vaccines",
+          "travelling on a budget", "sleep cycles", "electric guitars", "ocean tides", "team sports for kids",
+          "personal budgeting apps", "the invention of the telephone", "desert animals", "3D printing",
+          "coffee brewing", "the theory of evolution"]
+TEMPLATES = ["Explain {t} in simple terms.", "What are three common misconceptions about {t}?",
+             "Give me a short beginner's guide to {t}.", "Write a short paragraph about {t} for a school newsletter.",
+             "What should someone know before getting started with {t}?", "List the pros and cons of {t}.",
+             "Tell me an interesting fact about {t} and why it matters.",
+             "How would you explain {t} to a friend who knows nothing about it?"]
+TASKS = ["returns the largest of three numbers", "checks whether a number is prime", "counts the vowels in a string",
+         "converts Celsius to Fahrenheit", "returns the factorial of n", "removes the whitespace from a string",
+         "finds the second largest value in a list", "checks whether two strings are anagrams",
+         "returns the sum of the digits of a number", "capitalizes the first letter of every word",
+         "flattens a list of lists", "returns the n-th row of Pascal's triangle", "computes the greatest common divisor",
+         "checks whether a year is a leap year", "counts how often each word appears in a text",
+         "returns the running total of a list", "rotates a list by k positions", "validates an email address roughly",
+         "converts a binary string to an integer", "returns the unique items of a list in order"]
+LANGS = ["Python", "JavaScript", "C", "Go"]
+
+
+def many_prompts() -> list[tuple[str, str]]:
+    from specedge.training.prompts import DOC_MODULES, module_doc
+    out = [("chat", tpl.format(t=t)) for t in TOPICS for tpl in TEMPLATES]
+    out += [("code", f"Write a {lang} function that {task}.") for task in TASKS for lang in LANGS]
+    for name in DOC_MODULES:
+        text = module_doc(name)
+        for start in (1200, 2400):  # train-draft's prompts use each module's first 1200 characters
+            piece = text[start:start + 1200]
+            piece = piece[piece.find("\n") + 1: piece.rfind("\n")]
+            if len(piece) < 400:
+                continue
+            out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{piece}"))
+            out.append(("grounded", f"Read this documentation:\n\n{piece}\n\nUsing only the text above, what "
+                                    f"can this part of the {name} module be used for?"))
+    return out
+
+
+def prep_many(src, answer_bundle, limit):
+    """WORKDIR/data_many{N}: the greedy answers of WORKDIR/SRC plus N more prompts (many_prompts)
+    answered greedily by ANSWER_BUNDLE (a faster build of the same model, e.g. its int4 target on
+    specedge's kernels: the contexts), every sequence labelled, with features, by BUNDLE's target
+    (the teacher) as train-draft does."""
+    from specedge.runtime.api import load
+    m = load_manifest(B, verify="size")
+    z = np.load(W / src / "data.npz"); meta = json.loads((W / src / "data.json").read_text())
+    off = z["offsets"]; cut = lambda a: [a[off[i]:off[i+1]] for i in range(off.size - 1)]
+    base = Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), meta["sources"])
+    keep = [i for i, s in enumerate(base.sources) if s.startswith("answer:")]
+    prompts = many_prompts()[:limit]
+    t0 = time.time()
+    pipe = load(answer_bundle, threads=2, warmup=False)
+    seqs = []
+    try:
+        for i, (cat, msg) in enumerate(prompts):
+            ids = pipe.tokenizer.encode_chat([{"role": "user", "content": msg}])
+            r = pipe.generate(token_ids=ids, max_new_tokens=160)
+            seqs.append((f"answer:{cat}", list(ids) + list(r.token_ids)))
+            if i % 50 == 0:
+                print("answered", i, len(prompts), round(time.time() - t0), flush=True)
+    finally:
+        pipe.close()
+    f, l = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
+    d = Distilled([base.tokens[i] for i in keep] + [np.asarray(q, dtype=np.int64) for _, q in seqs],
+                  [base.features[i] for i in keep] + f, [base.labels[i] for i in keep] + l,
+                  [base.sources[i] for i in keep] + [c for c, _ in seqs])
+    save_data(d, W / f"data_many{len(seqs)}", {"from": src, "answer_bundle": str(answer_bundle), "prompts": len(seqs)})
+    print("data", d.num_tokens, len(seqs), round(time.time() - t0), flush=True)
+
 
 def heldout_eval(head, k=4):
     z = np.load(W / "heldout.npz")
@@ -147,4 +227,5 @@ def train(cfg):
 if __name__ == "__main__":
     if sys.argv[3] == "prep": prep(int(sys.argv[4]))
     elif sys.argv[3] == "prep_sampled": prep_sampled(sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+    elif sys.argv[3] == "prep_many": prep_many(sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else: train(json.loads(sys.argv[4]))
