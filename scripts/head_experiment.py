@@ -161,7 +161,7 @@ def heldout_eval(head, k=4):
     for i in range(int(z["n"])):
         seq, plen, f, lab = z[f"seq{i}"], int(z[f"plen{i}"]), z[f"f{i}"], z[f"l{i}"]
         L = len(seq)
-        ids = torch.tensor([seq[1:]]); fe = torch.from_numpy(f[: L - 1].astype(np.float32))[None]
+        ids = torch.from_numpy(np.asarray(seq[1:], dtype=np.int64))[None]; fe = torch.from_numpy(f[: L - 1].astype(np.float32))[None]
         with torch.no_grad():
             outs = head.forward_unrolled(ids, fe, k)
         preds = [head.d2t[o[0].argmax(-1)].numpy() for o in outs]
@@ -217,7 +217,7 @@ def train(cfg):
         a = hits / max(n, 1); acc_ema = a if acc_ema is None else 0.9 * acc_ema + 0.1 * a
         if (step + 1) % ev == 0 or step + 1 == steps_opt:
             st = heldout_eval(head)
-            rec = {"name": name, "step": step + 1, "epoch": round(step * batch / len(wins), 2), "loss": round(float(loss), 3),
+            rec = {"name": name, "step": step + 1, "epoch": round(step * batch / len(wins), 2), "loss": round(float(loss.detach()), 3),
                    "train_top1": round(acc_ema, 3), "held": st, "s": round(time.time() - t0)}
             print(json.dumps(rec), flush=True)
             with open(W / "exp_log.jsonl", "a") as fh: fh.write(json.dumps(rec) + "\n")
