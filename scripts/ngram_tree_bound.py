@@ -7,11 +7,13 @@ target's token. The script decodes every bench-suite prompt target-only once (gr
 template, --max-new-tokens) and replays the rounds offline for:
 
 * `chain k=K`: the n-gram chain specedge drafts (NgramDrafter.propose), for K = nodes - 1;
-* `product tree`: specedge's n-gram tree (NgramProposer.propose_tree, depth k = 4);
-* `best-first tree`: the tree a frequency model of the history would build: every node's
-  children are the distinct tokens that followed the longest matching suffix (n = 3, 2, 1) of its
-  context, anywhere earlier in the history, scored by their share; nodes are added in order of
-  the product of shares along their path, with no depth limit besides the node count;
+* `product tree`: specedge's n-gram tree as a tree round asks for it (NgramProposer.propose_tree,
+  k = 4, depth nodes - 1): the chain first, then best first over the latest 8 matches' counts;
+* `best-first tree`: the same rule over every earlier occurrence (not the latest 8) and with no
+  chain put first: every node's children are the distinct tokens that followed the longest
+  matching suffix (n = 3, 2, 1) of its context anywhere earlier in the history, scored by their
+  share; nodes are added in order of the product of shares along their path, with no depth limit
+  besides the node count;
 * `unbounded`: the ceiling of all n-gram trees: a drafted token counts as accepted when it
   followed the matching suffix of its context anywhere earlier (every candidate at every depth
   in the tree at once, at any depth).
@@ -148,7 +150,7 @@ def main() -> int:
     def product_tree(nodes):
         def rule(h, truth, state):
             prop = state.setdefault("p", NgramProposer(vocab, SIZES))
-            return accepted(prop.propose_tree(h, 4, nodes, SamplingParams()), truth)
+            return accepted(prop.propose_tree(h, 4, nodes, SamplingParams(), depth=nodes - 1), truth)
         return rule
 
     rows = []

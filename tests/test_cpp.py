@@ -354,6 +354,64 @@ def test_tree_generation_matches_python_and_target_only(tiny_bundle_factory, kv_
             # without --tree the stats keys are the chain's (as Python's)
             chain = cpp_json(bundle, prompt, "--max-new-tokens", 8, "--threads", 1)
             assert "tree_rounds" not in chain["stats"] and "trees_off" not in chain["stats"]
+        if draft == "ngram":  # an n-gram tree may go past k (its trees: the replay test below)
+            loop = "the cat the cat the cat the cat"
+            plain = pipe.generate(loop, max_new_tokens=32, speculative=False).token_ids
+            deep = cpp_json(bundle, loop, "--max-new-tokens", 32, "--threads", 1, "--tree", "--no-guard",
+                            "--spec-tokens", 1)
+            assert deep["token_ids"] == plain
+            assert sum(deep["stats"]["accepted_histogram"][2:]) > 0, deep["stats"]  # rounds kept > k = 1
+
+
+@pytest.mark.parametrize("build", ["release", "asan"])
+def test_ngram_trees_match_python_on_random_histories(tmp_path, build):
+    """The hidden Catch2 case [ngram_tree_replay] builds the C++ n-gram tree for every call Python's
+    NgramDrafter.propose_tree answered on random repetitive histories (small alphabets, so many
+    earlier matches continue differently; each stream one drafter on a growing history, sometimes
+    rolled back), and checks tokens and parents: the best-first order, its ties and the vocabulary
+    cut are the same in both runtimes. Release build and AddressSanitizer."""
+    from specedge.runtime.drafters.ngram import NgramDrafter
+
+    exe = UNIT if build == "release" else BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built")
+    rng = random.Random(7)
+    streams, deep, branched = [], 0, 0
+    for _ in range(40):
+        sizes = rng.choice([[3, 2, 1], [2, 1], [4, 2], [1]])
+        d = NgramDrafter(sizes)
+        alphabet = rng.randint(2, 9)
+        history = [rng.randrange(alphabet) for _ in range(rng.randint(1, 6))]
+        calls = []
+        for _ in range(rng.randint(4, 14)):
+            if rng.random() < 0.15 and len(history) > 4:
+                history = history[: rng.randint(2, len(history) - 1)]  # a rollback: the index is rebuilt
+            history = history + [rng.randrange(alphabet) for _ in range(rng.randint(1, 12))]
+            k, nodes = rng.randint(1, 5), rng.randint(1, 24)
+            depth, vocab = rng.randint(k, k + 8), rng.randint(1, alphabet + 1)
+            tokens, parents = d.propose_tree(history, k, nodes, depth, vocab)
+            deep += bool(tokens) and max(_depths(parents)) > k
+            branched += len(tokens) > max(_depths(parents), default=0) + 1
+            calls.append({"history": history, "k": k, "nodes": nodes, "depth": depth, "vocab": vocab,
+                          "tokens": tokens, "parents": parents})
+        streams.append({"sizes": sizes, "calls": calls})
+    n = sum(len(s["calls"]) for s in streams)
+    assert deep > 20 and branched > 100, (deep, branched)  # the cases reach past k and branch
+    cases = tmp_path / "ngram_trees.json"
+    cases.write_text(json.dumps({"streams": streams}))
+    env = dict(os.environ, SPECEDGE_NGRAM_TREE_CASES=str(cases), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1")
+    p = subprocess.run([str(exe), "[ngram_tree_replay]"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert f"ngram tree replay: {n} trees checked" in p.stdout, p.stdout[-2000:]
+    assert "runtime error" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr[-4000:]
+
+
+def _depths(parents):
+    out = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
 
 
 def test_tree_on_a_bundle_without_tree_graphs_is_refused(tiny_bundles):
@@ -756,8 +814,8 @@ def python_head_tree_runs(bundle: Path, runs):
         for prompt, n, k in runs:
             seen = []
 
-            def spy(history, kk, nodes, params, rng=None):
-                tree = real(history, kk, nodes, params, rng)
+            def spy(history, kk, nodes, params, rng=None, depth=None):
+                tree = real(history, kk, nodes, params, rng, depth=depth)
                 seen.append([[int(t) for t in history], None if tree is None else [tree.tokens, tree.parents],
                              int(kk), int(nodes)])
                 return tree

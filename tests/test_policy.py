@@ -328,6 +328,7 @@ def test_chain_accepted_follows_the_first_line_of_a_tree():
     path, _ = verify_tree_greedy(tree, best)
     assert path == [0, 1, 5]  # the tree keeps one more
     assert chain_accepted(tree, [10, 11, 12, 13, 0, 0]) == 3
+    assert chain_accepted(tree, [10, 11, 12, 13, 0, 0], 2) == 2  # a chain of 2 stops there
     assert chain_accepted(tree, [20, 0, 0, 0, 0, 0]) == 0
 
 

@@ -289,20 +289,42 @@ def test_tree_nodes_grow_with_cheap_calls_only():
         tree_nodes(cpu, 0)
 
 
-def test_ngram_tree_merges_continuations_of_several_matches():
+def test_ngram_tree_is_the_chain_then_the_likeliest_branches():
     from specedge.runtime.drafters.ngram import NgramProposer
 
     hist = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3, 4, 7, 1, 2, 3]
     prop = NgramProposer(vocab=16)
     chain = prop.propose(hist, 3, SamplingParams()).tokens
     tree = prop.propose_tree(hist, 3, 8, SamplingParams())
-    # the chain's continuation comes first and whole, then the other matches branch off
+    # the chain's continuation comes first and whole; "1 2 3" went on with 4 twice and 5 once, so
+    # the other 4-branch (4 9, score 2/3 x 1/2) and 5 (1/3) join before 5's own follower 6 and 9's 1
     assert chain == [4, 7, 1]
-    assert tree.tokens[:4] == [3, 4, 7, 1] and tree.parents[:4] == [-1, 0, 1, 2]
+    assert tree.tokens == [3, 4, 7, 1, 5, 9, 6, 1] and tree.parents == [-1, 0, 1, 2, 0, 1, 4, 5]
     paths = {tuple(tree.tokens[j] for j in _root_path(tree, i)[1:]) for i in range(len(tree)) if not tree.children(i)}
-    assert (5, 6, 1) in paths and len(tree) <= 8 and max(tree.depths()) <= 3
+    assert paths == {(4, 7, 1), (4, 9, 1), (5, 6)} and max(tree.depths()) == 3
+    # allowed deeper than k, the chain's line goes on where the history did (7 1 -> 2)
+    deep = prop.propose_tree(hist, 3, 8, SamplingParams(), depth=6)
+    assert deep.tokens == [3, 4, 7, 1, 5, 9, 2, 6] and deep.parents == [-1, 0, 1, 2, 0, 1, 3, 4]
+    assert max(deep.depths()) == 4
+    assert prop.propose_tree(hist, 3, 8, SamplingParams(), depth=1).tokens == tree.tokens  # depth >= k
     assert prop.propose_tree(hist, 3, 1, SamplingParams()) is None
     assert prop.propose_tree([1, 2], 3, 8, SamplingParams()) is None  # no match
+
+
+def test_ngram_tree_scores_and_vocabulary_match_the_cpp_case():
+    """The case cpp/tests/test_tree.cpp checks too, worked by hand: "1 2" was followed by 3, 4
+    and 5 (latest last), so the root's children each score 1/3; the chain is the latest match's
+    5 6; ties go to the candidate found first (4 before 3, then the chain's own 1 after 6)."""
+    from specedge.runtime.drafters.ngram import NgramDrafter
+
+    d = NgramDrafter((2, 1))
+    h = [1, 2, 3, 7, 2, 9, 1, 2, 4, 8, 1, 2, 5, 6, 1, 2]
+    assert d.propose_tree(h, 2, 8, 4, 16) == ([2, 5, 6, 4, 3, 1, 8, 7], [-1, 0, 1, 0, 0, 2, 3, 4])
+    assert d.propose_tree(h, 2, 8, 2, 16) == ([2, 5, 6, 4, 3, 8, 7], [-1, 0, 1, 0, 0, 3, 4])
+    assert d.propose_tree(h, 2, 4, 4, 16) == ([2, 5, 6, 4], [-1, 0, 1, 0])
+    # ids the target may not emit (>= 6) are never proposed: the chain stops before 6
+    assert d.propose_tree(h, 2, 8, 4, 6) == ([2, 5, 4, 3], [-1, 0, 0, 0])
+    assert d.propose_tree(h, 0, 8, 4, 16) == ([], []) and d.propose_tree(h, 2, 1, 4, 16) == ([], [])
 
 
 def _root_path(tree, i):

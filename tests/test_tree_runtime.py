@@ -127,6 +127,42 @@ def test_greedy_tree_output_equals_target_only(tiny_bundle_factory, family, grap
     assert got.stats["target_calls"] < len(want) and got.stats["drafted"] > 0
 
 
+def test_ngram_trees_reach_past_k_exactly_and_never_past_the_tokens_asked_for(tiny_bundle_factory, monkeypatch):
+    """An n-gram tree may go deeper than k (its depth costs nothing): with k = 1 and the guard off,
+    rounds accept more than one draft, greedy ids stay target-only's, and a request still stops at
+    max_new_tokens (the depth is cut to what is left to emit) for every length tried. The tree
+    size is fixed (it follows measured step costs otherwise: timing noise)."""
+    import specedge.runtime.generator as generator
+    from specedge.runtime.api import load
+
+    monkeypatch.setattr(generator, "tree_nodes", lambda costs, k: k + 7)
+
+    pipe = load(tiny_bundle_factory(family="llama", draft="ngram", max_seq=128, tree=True), threads=1, verify="size")
+    prompt = REPEATS * 2  # a loop the drafter can follow deeper than one token
+    want = pipe.generate(token_ids=prompt, max_new_tokens=40, speculative=False).token_ids
+    got = pipe.generate(token_ids=prompt, max_new_tokens=40, spec_tokens=1, tree=True, guard=False)
+    assert got.token_ids == want
+    hist = got.stats["accepted_histogram"]
+    assert len(hist) > 2 and sum(hist[2:]) > 0, hist  # some round kept more than k = 1 drafts
+    drafter, asked = pipe.generator.drafter, []
+    real = drafter.propose_tree
+
+    def spy(history, k, nodes, params, rng=None, depth=None):
+        asked.append((len(history) - len(prompt), depth))
+        return real(history, k, nodes, params, rng, depth=depth)
+
+    drafter.propose_tree = spy
+    for n in (3, 5, 8, 13):
+        asked.clear()
+        r = pipe.generate(token_ids=prompt, max_new_tokens=n, spec_tokens=1, tree=True, guard=False)
+        assert r.token_ids == want[:n], n
+        # a round that has emitted e tokens may draft n - e - 1 deep: its path plus the target's
+        # token fill what is left, no node is drafted that could never be emitted
+        assert asked and all(depth <= n - emitted - 1 for emitted, depth in asked), (n, asked)
+        assert n < 5 or any(depth == n - emitted - 1 and depth > 1 for emitted, depth in asked), (n, asked)
+    pipe.close()
+
+
 def test_tree_sampling_end_to_end_is_reproducible_and_refused_without_tree_graphs(bundles, tiny_bundle_factory):
     from specedge.runtime.api import load
 

@@ -496,7 +496,9 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     if (kk >= 1 && cfg.tree && ctl.use_tree) {
       int nodes = std::min(tree_nodes(*costs, kk), room);
       if (tree_nodes_override) nodes = tree_nodes_override(kk, nodes);
-      tr = tree_round(tokens, kk, nodes, params, rng);
+      // a tree may go past k where its drafter's depth is free, within what is left to emit
+      int depth = std::min({nodes - 1, cfg.max_new_tokens - int(out.size()) - 1, room - 1});
+      tr = tree_round(tokens, kk, nodes, params, rng, depth);
     }
     if (tr) {
       fresh = tr->tokens;

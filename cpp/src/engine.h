@@ -66,11 +66,15 @@ class NgramDrafter {
   explicit NgramDrafter(std::vector<int> sizes = {3, 2, 1});
   void reset();
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k);
-  // Up to `width` distinct continuations of at most k tokens from the latest earlier matches,
-  // longest n-gram first, most recent first (ngram.py propose_paths; tree_round.cpp).
-  std::vector<std::vector<int32_t>> propose_paths(const std::vector<int32_t>& history, int k, int width);
+  // ngram.py NgramDrafter.propose_tree: the chain of k first, then the likeliest branches by the
+  // history's own counts, best first, at most `nodes` nodes and `depth` deep, ids in [0, vocab)
+  // (tree_round.cpp); nullopt when it makes no draft.
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes, int depth, int vocab);
 
  private:
+  // What followed the latest kMatchesKept earlier occurrences of the context's longest matching
+  // suffix, most frequent first, then most recent first; `total` the occurrences counted.
+  std::vector<std::pair<int32_t, int>> followers(const std::vector<int32_t>& tail, size_t length, int& total) const;
   void sync(const std::vector<int32_t>& history);
   void extend_index(size_t end);
   std::vector<int> sizes_;
@@ -181,10 +185,11 @@ class Engine {
     int drafted = 0, call = 0, depth = 0, chain_accepted = -1;
     double draft_s = 0, verify_s = 0;
   };
-  // tree_round.cpp: draft a tree of at most `nodes` nodes and depth k, verify it in one call,
-  // commit the accepted path; nullopt when the drafter made no tree (the chain round runs).
+  // tree_round.cpp: draft a tree of at most `nodes` nodes in place of a chain of k, at most
+  // `depth` (>= k) deep, verify it in one call, commit the accepted path; nullopt when the
+  // drafter made no tree (the chain round runs).
   std::optional<TreeRound> tree_round(const std::vector<int32_t>& tokens, int k, int nodes, const SamplingParams& p,
-                                      Rng& rng);
+                                      Rng& rng, int depth);
   Manifest m_;
   Tokenizer tok_;
   std::unique_ptr<Backend> target_, draft_backend_;

@@ -186,7 +186,7 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   // a tree's call and depth differ from its node count; a chain's are drafted + 1 and drafted
   if (call < 0) call = drafted + 1;
   if (depth < 0) depth = drafted;
-  if (call > depth + 1) tree_call[depth] = call;
+  if (call > depth + 1) tree_call[std::min(depth, k)] = call;  // the call that stood in for the chain of k
   ++k_histogram[k];
   if (learn_) {
     if (depth) {
@@ -200,7 +200,7 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   after_plain_ = false;
   if (guard_ && learn_ && !use_tree && costs_->carry_chain > 0) --costs_->carry_chain;
   acc_ = acc_ * policy::kDecay + n_accepted;
-  rej_ = rej_ * policy::kDecay + (n_accepted < depth ? 1 : 0);
+  rej_ = rej_ * policy::kDecay + (n_accepted < std::min(depth, k) ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;
   k_seen_ = std::min(k_seen_, k);  // counterfactuals hold up to the smallest k in the window
   recent_.push_back(n_accepted);

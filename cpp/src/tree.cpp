@@ -97,9 +97,9 @@ std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree&
   }
 }
 
-int chain_accepted(const Tree& tree, const std::vector<int32_t>& best) {
+int chain_accepted(const Tree& tree, const std::vector<int32_t>& best, int limit) {
   int n = 0, node = 0;
-  while (!tree.children(node).empty()) {
+  while (!tree.children(node).empty() && (limit < 0 || n < limit)) {
     int first = tree.children(node)[0];
     if (tree.tokens[size_t(first)] != best[size_t(node)]) break;
     ++n;

@@ -47,7 +47,7 @@ struct Tree {
 // child on duplicates). best: one argmax per node.
 std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree& tree, const std::vector<int32_t>& best);
 // Drafts the tree's first line (each node's first child) alone would have had accepted, greedily.
-int chain_accepted(const Tree& tree, const std::vector<int32_t>& best);
+int chain_accepted(const Tree& tree, const std::vector<int32_t>& best, int limit = -1);
 // The recursive rejection over one node's children against p (size V): a[i] the probability of
 // accepting child i once every child before it was rejected (stops after an a >= 1), and the
 // residual to emit from when all are rejected. qs[i]: the child's q row, or nullptr (point mass).

@@ -211,7 +211,9 @@ class Generator:
             return target_step(self.view, req.tokens, req.params, req.rng)
         if req.cfg.tree and req.ctl.use_tree:
             nodes = min(tree_nodes(req.ctl.costs, k), room)
-            return tree_round(self.view, self.drafter, req.tokens, k, nodes, req.params, req.rng)
+            # a tree may go past k where its drafter's depth is free, within what is left to emit
+            depth = min(nodes - 1, req.cfg.max_new_tokens - len(req.out) - 1, room - 1)
+            return tree_round(self.view, self.drafter, req.tokens, k, nodes, req.params, req.rng, depth)
         return speculative_round(self.view, self.drafter, req.tokens, k, req.params, req.rng)
 
     def run(self, prompt: Sequence[int], cfg: GenerationConfig) -> Iterator[str]:

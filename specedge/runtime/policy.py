@@ -124,7 +124,9 @@ class SpecController:
 
     Tree rounds (both runtimes; the tree cases of the replay vectors pin them) are judged by what they cost: the target call of
     all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
-    whose accepted path reached the tree's depth counts as fully accepted. A chain's figures are
+    whose accepted path reached k (or the tree's depth, when shallower) counts as fully accepted,
+    and an n-gram tree that goes deeper than k is priced as the call that stood in for the chain
+    of k. A chain's figures are
     the same either way, so the rules above (and the chain replay vectors) are unchanged for chains.
     Trees are also judged against the chain they replace: a greedy tree round knows how many of
     its tokens the chain alone (the tree's first line) would have given (`chain_accepted`), so
@@ -303,7 +305,7 @@ class SpecController:
         call = drafted + 1 if call is None else int(call)
         depth = drafted if depth is None else int(depth)
         if call > depth + 1:
-            self.tree_call[depth] = call
+            self.tree_call[min(depth, k)] = call  # the call that stood in for the chain of k
         self.k_hist[k] = self.k_hist.get(k, 0) + 1
         if self.learn:
             if depth:
@@ -317,7 +319,7 @@ class SpecController:
             self.costs.carry_chain -= 1
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
-        self.rej = self.rej * self.decay + (1 if n_accepted < depth else 0)
+        self.rej = self.rej * self.decay + (1 if n_accepted < min(depth, k) else 0)
         if not self.recent:
             self.k_seen = k
         self.k_seen = min(self.k_seen, k)  # counterfactuals hold up to the smallest k in the window

@@ -129,12 +129,13 @@ def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int]) -> tuple[list[i
         node = nxt
 
 
-def chain_accepted(tree: Tree, target_argmax: Sequence[int]) -> int:
+def chain_accepted(tree: Tree, target_argmax: Sequence[int], limit: int | None = None) -> int:
     """How many drafts the tree's first line (each node's first child: the chain a drafter puts
-    first) would have had accepted on its own, greedily: what a chain round would have kept."""
+    first) would have had accepted on its own, greedily: what a chain round of `limit` drafts
+    (default: the whole line) would have kept."""
     best = [int(b) for b in target_argmax]
     n, node = 0, 0
-    while tree.children(node):
+    while tree.children(node) and (limit is None or n < limit):
         first = tree.children(node)[0]
         if tree.tokens[first] != best[node]:
             break

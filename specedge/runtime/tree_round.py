@@ -18,11 +18,13 @@ __all__ = ["tree_round"]
 
 
 def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, nodes: int,
-               params: SamplingParams, rng) -> Round:
-    """Draft a tree of at most `nodes` nodes and depth k after `tokens`, verify it in one target
-    call, commit the accepted path. `Round.drafted` counts the tree's drafted nodes."""
+               params: SamplingParams, rng, depth: int | None = None) -> Round:
+    """Draft a tree of at most `nodes` nodes after `tokens` in place of a chain of k, at most
+    `depth` deep (>= k, default k; the drafter may stay shallower), verify it in one target call,
+    commit the accepted path. `Round.drafted` counts the tree's drafted nodes; its chain_accepted
+    what the chain of k would have kept."""
     t0 = clock()
-    tree = drafter.propose_tree(tokens, k, nodes, params, rng)
+    tree = drafter.propose_tree(tokens, k, nodes, params, rng, depth=max(k, depth or k))
     t1 = clock()
     if tree is None:
         return speculative_round(target, drafter, tokens, k, params, rng)
@@ -38,7 +40,7 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
     if params.greedy:
         best = logits.argmax(axis=-1).tolist()
         path, new = verify_tree_greedy(tree, best)
-        chain = chain_accepted(tree, best)
+        chain = chain_accepted(tree, best, k)
     else:
         path, new = verify_tree_sampling(tree, probs_from_logits(logits, params), rng)
     cache.keep_path(position, path)  # the root + the accepted nodes, == position + len(new)

@@ -53,10 +53,13 @@ class Drafter(ABC):
         """Given the target's cache once the loop exists: a drafter that drafts from the target's
         own state (a draft head reads its features, drafters/head.py) keeps it; others ignore it."""
 
-    def propose_tree(self, history: list[int], k: int, nodes: int, params: SamplingParams, rng=None):
+    def propose_tree(self, history: list[int], k: int, nodes: int, params: SamplingParams, rng=None,
+                     depth: int | None = None):
         """A `runtime.tree.Tree` of at most `nodes` nodes (the root is history's last token) and
         depth at most k, for tree verification; None when this drafter makes no trees (the round
-        then verifies `propose`'s chain)."""
+        then verifies `propose`'s chain). `depth` (>= k, default k): how deep a drafter whose
+        levels cost nothing (the n-gram lookup) may go; a model drafter stays at k, since each
+        level is one of its calls."""
         return None
 
     @abstractmethod

@@ -125,9 +125,11 @@ class HeadDrafter(Drafter):
                 self.calls += 1
         return Proposal(out, qs)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
+    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
+                     depth: int | None = None) -> Tree | None:
         """A tree of at most `nodes` nodes: the head's greedy chain of k drafts plus its runner-up
-        tokens (mapped through the draft vocabulary) as ranked leaf siblings (base.chain_tree)."""
+        tokens (mapped through the draft vocabulary) as ranked leaf siblings (base.chain_tree);
+        depth k whatever `depth` allows (a level deeper would be one more head call)."""
         if k < 1 or nodes < 2:
             return None
         history = history if isinstance(history, list) else list(history)

@@ -133,9 +133,11 @@ class ModelDrafter(Drafter):
                 self.calls += 1
         return Proposal(out, qs)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
+    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
+                     depth: int | None = None) -> Tree | None:
         """A tree of at most `nodes` nodes: the greedy chain of k drafts plus the runner-up tokens
-        as ranked leaf siblings (base.chain_tree)."""
+        as ranked leaf siblings (base.chain_tree); depth k whatever `depth` allows (a level deeper
+        would be one more draft call)."""
         if k < 1 or nodes < 2:
             return None
         history = history if isinstance(history, list) else list(history)

@@ -12,6 +12,7 @@ grew (about 30 us at 8k tokens when `history` is a list; a numpy array is conver
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import numpy as np
@@ -113,29 +114,79 @@ class NgramDrafter:
                 return h[start + n : start + n + k]
         return []
 
-    def propose_paths(self, history, k: int, width: int) -> list[list[int]]:
-        """Up to `width` distinct continuations of at most k tokens, from the latest earlier matches
-        of the history's suffix, longest n-gram first and most recent first: the first one is
-        `propose`'s. Several places that continued the same context differently give a tree
-        (`NgramProposer.propose_tree`) several chances where one chain has one."""
-        if k < 0 or width < 0:
-            raise ValueError(f"k and width must be >= 0, got {k} and {width}")
-        h = self._sync(history)
-        length = len(h)
-        if k == 0 or width == 0 or length < 2:
-            return []
-        self._extend_index(length - 1)
-        paths: list[list[int]] = []
+    def _followers(self, tail: list[int], length: int) -> tuple[list[tuple[int, int]], int]:
+        """What followed the longest matching suffix of a context: ([(token, count)], matches) over
+        the latest MATCHES_KEPT earlier occurrences, most frequent first, then most recent first.
+        `tail` is the context's last max(ngram_sizes) tokens (or all of it), `length` its length."""
         for n in self.ngram_sizes:
             if length <= n:
                 continue
-            for start in reversed(self._starts[n].get(tuple(h[length - n :]), ())):
-                cont = h[start + n : start + n + k]
-                if cont and cont not in paths:
-                    paths.append(cont)
-                    if len(paths) == width:
-                        return paths
-        return paths
+            starts = self._starts[n].get(tuple(tail[len(tail) - n :]))
+            if starts:
+                counts: dict[int, int] = {}
+                for start in reversed(starts):  # most recent first: dict order breaks count ties
+                    tok = self._tokens[start + n]
+                    counts[tok] = counts.get(tok, 0) + 1
+                return sorted(counts.items(), key=lambda tc: -tc[1]), len(starts)
+        return [], 0
+
+    def propose_tree(self, history, k: int, nodes: int, depth: int, vocab: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of a token tree after `history` (node 0 is its last token): first the
+        chain `propose` drafts (k tokens), whole, so a tree round can be judged against the chain
+        it replaces; then the rest of the `nodes` best first. A node's candidate children are the
+        tokens that followed the earlier occurrences of its context's longest matching suffix
+        (`_followers`: several places that continued the same context differently), scored by
+        the node's score times their share of those occurrences (a chain node's score is computed
+        the same way, 0 when its token is not among them); the best candidate anywhere in the tree
+        is added next (ties: the one found first) and its own candidates join. Nothing deeper
+        than `depth` (>= k: depth costs an n-gram lookup nothing, so a tree may go past the chain
+        where the history keeps repeating); no id outside [0, vocab). ([], []) when nothing is
+        drafted."""
+        if k < 1 or nodes < 2 or depth < 1:
+            return [], []
+        h = self._sync(history)
+        length = len(h)
+        if length < 2:
+            return [], []
+        self._extend_index(length - 1)
+        wide = max(self.ngram_sizes)
+        base = h[max(0, length - wide) :]
+        tokens, parents, paths, scores = [h[-1]], [-1], [[]], [1.0]
+        for tok in self.propose(h, min(k, depth, nodes - 1)):
+            if not 0 <= tok < vocab:
+                break
+            options, total = self._followers((base + paths[-1])[-wide:], length + len(paths[-1]))
+            share = dict(options).get(tok, 0) / total if total else 0.0
+            tokens.append(tok)
+            parents.append(len(tokens) - 2)
+            paths.append(paths[-1] + [tok])
+            scores.append(scores[-1] * share)
+        heap: list[tuple[float, int, int, int]] = []
+        order = 0
+        children: set[tuple[int, int]] = {(parents[i], tokens[i]) for i in range(1, len(tokens))}
+
+        def offer(node: int) -> None:
+            nonlocal order
+            path = paths[node]
+            if len(path) >= depth:
+                return
+            options, total = self._followers((base + path)[-wide:], length + len(path))
+            for tok, count in options:
+                if 0 <= tok < vocab and (node, tok) not in children:
+                    heapq.heappush(heap, (-(scores[node] * count / total), order, node, tok))
+                    order += 1
+
+        for node in range(len(tokens)):
+            offer(node)
+        while heap and len(tokens) < nodes:
+            neg, _, parent, tok = heapq.heappop(heap)
+            children.add((parent, tok))
+            tokens.append(tok)
+            parents.append(parent)
+            paths.append(paths[parent] + [tok])
+            scores.append(-neg)
+            offer(len(tokens) - 1)
+        return (tokens, parents) if len(tokens) > 1 else ([], [])
 
     @staticmethod
     def probs(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -177,21 +228,10 @@ class NgramProposer(Drafter):
             out.append(int(t))
         return Proposal(out, None)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None) -> Tree | None:
-        """The prefix tree of several continuations (`NgramDrafter.propose_paths`), cut to `nodes`
-        nodes in path order, so the chain `propose` would draft comes first and whole; no
+    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
+                     depth: int | None = None) -> Tree | None:
+        """`NgramDrafter.propose_tree`'s tree of at most `nodes` nodes and depth `depth` (default
+        k): the chain first, then the likeliest branches by the history's own counts; no
         distributions (point masses, exact for any choice)."""
-        if nodes < 2 or k < 1:
-            return None
-        paths = []
-        for path in self.drafter.propose_paths(history, k, max(1, nodes - 1)):
-            ok = []
-            for t in path:
-                if not 0 <= t < self.vocab:
-                    break
-                ok.append(int(t))
-            if ok:
-                paths.append(ok)
-        if not paths:
-            return None
-        return Tree.from_paths(int(history[-1]), paths).prefix(nodes)
+        tokens, parents = self.drafter.propose_tree(history, k, nodes, max(k, depth or k), self.vocab)
+        return Tree(tokens, parents) if len(tokens) > 1 else None
