@@ -75,51 +75,10 @@ def prep_sampled(src, n, temperature):
     save_data(d, W / f"data_sampled{n}", {"from": src, "sampled_per_prompt": n, "temperature": temperature})
     print("data", d.num_tokens, round(time.time() - t0), flush=True)
 
-# Prompts for `prep_many`, written for this experiment from templates (not the bench suite, not
-# head_diagnose's held-out prompts): everyday topics, small coding tasks, and further excerpts of
-# the standard library's documentation than train-draft's own prompts use.
-TOPICS = ["composting at home", "the water cycle", "time management", "learning to swim", "volcanoes",
-          "saving for retirement", "public speaking", "the history of the printing press", "house plants",
-          "electric cars", "the immune system", "chess openings", "baking bread", "solar panels", "bird migration",
-          "job interviews", "the Roman empire", "meditation", "recycling plastics", "the moon's phases",
-          "writing a CV", "caring for a puppy", "earthquakes", "healthy breakfasts", "the stock market",
-          "learning to draw", "camping safety", "the human heart", "renewable energy", "board games for families",
-          "running a first marathon", "the life of bees", "cloud computing", "first aid for burns",
-          "planning a garden", "the French revolution", "climate zones", "podcasting", "vaccines",
-          "travelling on a budget", "sleep cycles", "electric guitars", "ocean tides", "team sports for kids",
-          "personal budgeting apps", "the invention of the telephone", "desert animals", "3D printing",
-          "coffee brewing", "the theory of evolution"]
-TEMPLATES = ["Explain {t} in simple terms.", "What are three common misconceptions about {t}?",
-             "Give me a short beginner's guide to {t}.", "Write a short paragraph about {t} for a school newsletter.",
-             "What should someone know before getting started with {t}?", "List the pros and cons of {t}.",
-             "Tell me an interesting fact about {t} and why it matters.",
-             "How would you explain {t} to a friend who knows nothing about it?"]
-TASKS = ["returns the largest of three numbers", "checks whether a number is prime", "counts the vowels in a string",
-         "converts Celsius to Fahrenheit", "returns the factorial of n", "removes the whitespace from a string",
-         "finds the second largest value in a list", "checks whether two strings are anagrams",
-         "returns the sum of the digits of a number", "capitalizes the first letter of every word",
-         "flattens a list of lists", "returns the n-th row of Pascal's triangle", "computes the greatest common divisor",
-         "checks whether a year is a leap year", "counts how often each word appears in a text",
-         "returns the running total of a list", "rotates a list by k positions", "validates an email address roughly",
-         "converts a binary string to an integer", "returns the unique items of a list in order"]
-LANGS = ["Python", "JavaScript", "C", "Go"]
-
-
 def many_prompts() -> list[tuple[str, str]]:
-    from specedge.training.prompts import DOC_MODULES, module_doc
-    out = [("chat", tpl.format(t=t)) for t in TOPICS for tpl in TEMPLATES]
-    out += [("code", f"Write a {lang} function that {task}.") for task in TASKS for lang in LANGS]
-    for name in DOC_MODULES:
-        text = module_doc(name)
-        for start in (1200, 2400):  # train-draft's prompts use each module's first 1200 characters
-            piece = text[start:start + 1200]
-            piece = piece[piece.find("\n") + 1: piece.rfind("\n")]
-            if len(piece) < 400:
-                continue
-            out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{piece}"))
-            out.append(("grounded", f"Read this documentation:\n\n{piece}\n\nUsing only the text above, what "
-                                    f"can this part of the {name} module be used for?"))
-    return out
+    """The prompts of `prep_many`: train-draft's more_prompts (moved there after experiment F)."""
+    from specedge.training.prompts import more_prompts
+    return more_prompts()
 
 
 def prep_many(src, answer_bundle, limit):

@@ -554,3 +554,111 @@ def test_data_with_sampled_answers_is_not_reused_without_them(tmp_path):
     assert load_data(tmp_path, meta) is not None
     assert load_data(tmp_path, {**meta, "sampled_answers": 0, "sample_seed": None}) is None
     assert load_data(tmp_path, {**meta, "sample_seed": 1}) is None
+
+
+# ----------------------------------------------------------------------------- training prompts and writers
+
+
+def _norm(text: str) -> str:
+    import re
+
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def test_training_prompts_hold_no_bench_or_held_out_prompt(load_script):
+    """The bench suite is the evaluation set and head_diagnose's prompts the held-out set: no
+    training prompt may contain one of their requests (first sentence), or be contained in one."""
+    from specedge.bench.runner import load_prompts
+    from specedge.training.prompts import distill_prompts, more_prompts, training_prompts
+
+    train = [_norm(m) for _, m in training_prompts()]
+    assert len(train) == len(distill_prompts()) + len(more_prompts()) and len(more_prompts()) >= 500
+    assert len(set(train)) == len(train)
+    evals = [" ".join(x["content"] for x in p["messages"] if x["role"] == "user") for p in load_prompts()]
+    evals += [m for _, m in load_script("head_diagnose").HELD_OUT]
+    for e in evals:
+        full = _norm(e)
+        first = _norm(e.split("\n")[0].split(". ")[0].split("? ")[0])
+        for t in train:
+            assert first not in t and t not in full, (e[:80], t[:80])
+
+
+def test_draft_written_answers_are_the_draft_models_greedy_answers(tiny_bundle_factory):
+    """--answers-by draft: the bundle's draft graph alone writes the answers. With an fp32
+    self-draft (the target's own weights) they are the target's greedy answers token for token;
+    sampled ones are seeded like the target's (same seed: same answers, another: others)."""
+    from specedge.training.data import generate_answers, write_with_draft
+    from specedge.training.prompts import distill_prompts, more_prompts
+
+    b = tiny_bundle_factory("llama", draft_precision="fp32", features=True)
+    m = load_manifest(b)
+    prompts = distill_prompts()[:2] + more_prompts()[:2]  # short enough for the tiny max_seq
+    say = lambda d, t: None  # noqa: E731
+    assert write_with_draft(m, prompts, 12, 1, say) == generate_answers(b, prompts, 12, 1, say)
+    a = write_with_draft(m, prompts, 12, 1, say, sampled=2, seed=5)
+    assert a == write_with_draft(m, prompts, 12, 1, say, sampled=2, seed=5)
+    assert a != write_with_draft(m, prompts, 12, 1, say, sampled=2, seed=6)
+    assert len(a) == 12 and all(a[i][0] == prompts[i // 3][0] for i in range(12))
+
+
+def test_answers_by_picks_the_self_draft_and_refuses_a_bundle_without_draft_model(tiny_bundle_factory, tmp_path):
+    from specedge.errors import UserError
+    from specedge.training.data import answer_writer
+
+    selfd = load_manifest(tiny_bundle_factory("llama", features=True))
+    other = load_manifest(tiny_bundle_factory("llama", draft="model"))
+    ngram = tiny_bundle_factory("llama", draft="ngram", features=True)
+    assert answer_writer(selfd, "auto") == "draft" and answer_writer(selfd, "target") == "target"
+    assert answer_writer(other, "auto") == "target" and answer_writer(other, "draft") == "draft"
+    assert answer_writer(load_manifest(ngram), "auto") == "target"
+    with pytest.raises(UserError, match="must be auto, target or draft"):
+        answer_writer(selfd, "fast")
+    p = cli("train-draft", ngram, "--answers-by", "draft", "--checkpoint", tmp_path / "ck", "--budget", "1k")
+    assert_user_error(p, "--answers-by draft needs a bundle with a draft model", "--answers-by target")
+    p = cli("train-draft", ngram, "--answers-by", "fast", "--budget", "1k")
+    assert_user_error(p, "--answers-by", "'fast'")
+
+
+def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_head(trained_run, tiny_bundle_factory,
+                                                                                 tmp_path, load_script):
+    """scripts/head_transplant.py: a head trained for one bundle, written into a --tree export of
+    the same weights, drafts there with greedy output equal to target-only; a bundle of other
+    weights is refused."""
+    from specedge.runtime.api import load
+
+    src, ck = trained_run
+    dst = tmp_path / "tree"
+    shutil.copytree(tiny_bundle_factory("llama", features=True, tree=True), dst)
+    out = load_script("head_transplant").transplant(src, dst, ck)
+    m = load_manifest(dst)
+    assert m.head is not None and out["draft_vocab"] == load_manifest(src).head.vocab_size
+    pipe = load(dst, draft="head", threads=1)
+    try:
+        ids = pipe.encode(messages=[{"role": "user", "content": "Hello there"}])
+        ref = pipe.generate(token_ids=ids, max_new_tokens=24, speculative=False).token_ids
+        for tree in (False, True):
+            r = pipe.generate(token_ids=ids, max_new_tokens=24, guard=False, tree=tree)
+            assert r.token_ids == ref and r.stats["drafted"] > 0
+    finally:
+        pipe.close()
+    other = tmp_path / "other"
+    shutil.copytree(tiny_bundle_factory("mistral", features=True), other)
+    with pytest.raises(SystemExit, match="differ"):
+        load_script("head_transplant").transplant(src, other, ck)
+
+
+def test_answers_are_cut_to_the_context_and_no_data_is_one_clear_error(feat_bundle, tmp_path, monkeypatch):
+    """A short-context bundle still gets answers (cut to what fits); when no prompt leaves room for
+    one and there is no documentation text, train-draft says so and writes nothing."""
+    from specedge.errors import UserError
+    from specedge.training import data as data_mod
+    from specedge.training.train import TrainOptions, train_draft
+
+    assert data_mod.answer_room(20, 160, 128) == 108 and data_mod.answer_room(20, 16, 128) == 16
+    assert data_mod.answer_room(124, 160, 128) == 0 and data_mod.answer_room(126, 2, 128) == 2
+    before = _snapshot(feat_bundle)
+    monkeypatch.setattr(data_mod, "training_prompts", lambda: [("chat", "tell me more " * 80)])
+    with pytest.raises(UserError) as e:
+        train_draft(feat_bundle, TrainOptions(**{**TRAIN, "doc_tokens": 0}, checkpoint=str(tmp_path / "ck")))
+    assert "no training data could be made" in str(e.value) and "--doc-tokens" in str(e.value)
+    assert _snapshot(feat_bundle) == before and not (tmp_path / "ck" / "data.npz").exists()

@@ -1,10 +1,12 @@
 """Self-distilled training data for a draft head: token sequences with the target's own features
 and greedy choices at every position.
 
-Sequences come from two sources on the machine: the target's answers to the prompts of
-`prompts.py` (generated with the bundle's own runtime: one greedy answer per prompt, so the head
-learns the target's continuations, and optionally more answers sampled from the target, which give
-more contexts to learn the same greedy choices in), and plain documentation text (pydoc). Each sequence is then run through the
+Sequences come from two sources on the machine: answers to the prompts of `prompts.py` (one
+greedy answer per prompt, optionally more sampled ones, which give more contexts to learn the same
+greedy choices in), and plain documentation text (pydoc). The answers are written either by the
+bundle's runtime (the target itself) or, when the bundle carries a self-draft, by that int4 copy of
+the target run alone (`write_with_draft`): several times faster on a CPU, and the contexts are
+still the model's own wording. Either way the labels below are the target's. Each sequence is then run through the
 target graph in prefill chunks on ONNX Runtime, which returns, per position, the features the
 runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argmax is the label:
 the token the target itself would choose there. Features are stored in fp16 (half the memory;
@@ -19,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .prompts import DOC_MODULES, distill_prompts, module_doc
+from ..errors import UserError
+from .prompts import DOC_MODULES, module_doc, training_prompts
 
-__all__ = ["Distilled", "build_data", "load_data", "save_data"]
+__all__ = ["Distilled", "answer_writer", "build_data", "load_data", "save_data"]
 
 
 @dataclass
@@ -41,6 +44,17 @@ class Distilled:
 SAMPLE_TEMPERATURE = 0.8
 
 
+# an answer shorter than this teaches little: a prompt leaving less room in the context is skipped
+MIN_ANSWER_TOKENS = 8
+
+
+def answer_room(prompt_tokens: int, max_new_tokens: int, max_seq: int) -> int:
+    """New tokens an answer may have after a prompt in a context of max_seq slots: max_new_tokens,
+    cut to what fits (a short-context bundle still gets answers), or 0 when under MIN_ANSWER_TOKENS."""
+    n = min(max_new_tokens, max_seq - prompt_tokens)
+    return n if n >= min(MIN_ANSWER_TOKENS, max_new_tokens) else 0
+
+
 def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0,
                      seed: int = 0) -> list[tuple[str, list[int]]]:
     """(category, prompt + answer ids) for each prompt, answered greedily by the bundle's runtime,
@@ -55,18 +69,80 @@ def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, 
             messages = [{"role": "user", "content": msg}]
             tok = pipe.tokenizer
             ids = tok.encode_chat(messages) if tok.chat_template else tok.encode(msg)
-            if len(ids) + max_new_tokens > pipe.max_seq:  # a short context: only the prompts that fit
+            n = answer_room(len(ids), max_new_tokens, pipe.max_seq)
+            if n == 0:
                 say(i + 1, len(prompts))
                 continue
-            r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens)
+            r = pipe.generate(token_ids=ids, max_new_tokens=n)
             out.append((cat, list(ids) + list(r.token_ids)))
             for j in range(sampled):
-                r = pipe.generate(token_ids=ids, max_new_tokens=max_new_tokens, temperature=SAMPLE_TEMPERATURE,
+                r = pipe.generate(token_ids=ids, max_new_tokens=n, temperature=SAMPLE_TEMPERATURE,
                                   seed=(seed * 1_000_003 + i * 101 + j) % (1 << 62))
                 out.append((cat, list(ids) + list(r.token_ids)))
             say(i + 1, len(prompts))
     finally:
         pipe.close()
+    return out
+
+
+def answer_writer(manifest, answers_by: str) -> str:
+    """Who writes the answers: "target" (the bundle's runtime) or "draft" (its draft model alone).
+    "auto" takes the draft when it is a self-draft (the target's own checkpoint, quantized): on a
+    CPU the int4 copy writes several times faster than the fp32 target, in the model's own
+    wording, and the target still labels every position."""
+    if answers_by not in ("auto", "target", "draft"):
+        raise UserError(f"--answers-by must be auto, target or draft, got '{answers_by}'")
+    d = manifest.draft
+    if answers_by == "draft" and not d.is_model:
+        raise UserError("--answers-by draft needs a bundle with a draft model (this one drafts with n-gram "
+                        "lookup): use --answers-by target")
+    if answers_by == "auto":
+        return "draft" if d.is_model and d.source == manifest.target.source else "target"
+    return answers_by
+
+
+def write_with_draft(manifest, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0,
+                     seed: int = 0) -> list[tuple[str, list[int]]]:
+    """generate_answers' sequences written by the bundle's draft graph alone (greedy, then
+    `sampled` answers at SAMPLE_TEMPERATURE, seeded per prompt and answer as generate_answers does),
+    each ending at an end-of-sequence token or after max_new_tokens."""
+    from ..runtime.api import Tokenizer
+    from ..runtime.backends import create_backend
+    from ..runtime.cache import CacheTracker
+    from ..runtime.sampling import SamplingParams, make_rng, probs_from_logits, sample
+
+    tok = Tokenizer(manifest)
+    backend = create_backend("ort-cpu", manifest, manifest.draft, threads=threads)
+    cache = CacheTracker(backend, manifest.prefill_chunk)
+    vocab = min(manifest.tokenizer_vocab_size, backend.vocab_size)
+    eos = set(int(e) for e in manifest.eos_token_ids)
+    params = SamplingParams(temperature=SAMPLE_TEMPERATURE)
+
+    def answer(ids, max_new_tokens: int, rng) -> list[int]:
+        cache.reset()
+        row = cache.feed_chunked(ids)
+        out: list[int] = []
+        while True:
+            t = int(np.argmax(row[:vocab])) if rng is None else sample(probs_from_logits(row[:vocab], params), rng)
+            out.append(t)
+            if t in eos or len(out) >= max_new_tokens:
+                return out
+            row = cache.feed([t])[0]
+
+    out = []
+    try:
+        for i, (cat, msg) in enumerate(prompts):
+            ids = tok.encode_chat([{"role": "user", "content": msg}]) if tok.chat_template else tok.encode(msg)
+            n = answer_room(len(ids), max_new_tokens, manifest.max_seq)
+            if n == 0:
+                say(i + 1, len(prompts))
+                continue
+            out.append((cat, list(ids) + answer(ids, n, None)))
+            for j in range(sampled):
+                out.append((cat, list(ids) + answer(ids, n, make_rng((seed * 1_000_003 + i * 101 + j) % (1 << 62)))))
+            say(i + 1, len(prompts))
+    finally:
+        backend.close()
     return out
 
 
@@ -118,15 +194,19 @@ def doc_piece_len(manifest, seq_len: int) -> int:
 
 def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
                threads: int | None, max_prompts: int | None = None, sampled_answers: int = 0, seed: int = 0,
-               say=lambda stage, done, total: None) -> Distilled:
+               answers_by: str = "auto", say=lambda stage, done, total: None) -> Distilled:
     from ..runtime.api import Tokenizer
 
-    prompts = distill_prompts()[: max_prompts or None]
+    prompts = training_prompts()[: max_prompts or None]
     seqs: list[tuple[str, list[int]]] = []
     if answer_tokens > 0 and prompts:
-        seqs += [(f"answer:{c}", ids) for c, ids in
-                 generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
-                                  sampled=sampled_answers, seed=seed)]
+        if answer_writer(manifest, answers_by) == "draft":
+            written = write_with_draft(manifest, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
+                                       sampled=sampled_answers, seed=seed)
+        else:
+            written = generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
+                                       sampled=sampled_answers, seed=seed)
+        seqs += [(f"answer:{c}", ids) for c, ids in written]
     if doc_tokens > 0:
         seqs += doc_sequences(Tokenizer(manifest), doc_tokens, doc_piece_len(manifest, seq_len))
     seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]

@@ -1,10 +1,11 @@
 """Prompts written for self-distillation, and documentation text found on the machine.
 
-The target answers these prompts itself (the head learns the target's own continuations), so
+The model answers these prompts itself (the head learns the target's own continuations), so
 they only need to resemble what a deployed model is asked: chat, code, questions about a given
 text, summaries. The grounded and summary prompts are built from Python's own documentation
 (pydoc), so no text is downloaded. None of this is the benchmark suite (specedge/bench/prompts.json),
-which stays unseen by training.
+which stays unseen by training, nor scripts/head_diagnose.py's held-out prompts (a test checks
+both: no training prompt holds one of theirs, or is held by one).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ CHAT = [
     "What should I pack for a three-day hiking trip in the mountains?",
     "Give me three tips for sleeping better.",
     "How do I politely decline a meeting invitation?",
-    "What is the difference between weather and climate?",
+    "What is the difference between a lake and a pond?",
     "Suggest a simple vegetarian dinner I can cook in twenty minutes.",
     "Why is the sky blue? Explain it to a ten-year-old.",
     "Write a short, friendly message welcoming a new colleague to the team.",
@@ -87,3 +88,57 @@ def distill_prompts() -> list[tuple[str, str]]:
         out.append(("code", f"Here is the start of the documentation of Python's {name} module:\n\n{excerpt}\n\n"
                             f"Write a short Python example that uses it, and explain it."))
     return out
+
+
+# More prompts from templates, written for training (not the bench suite, not head_diagnose's
+# held-out prompts): everyday topics in several question forms, small coding tasks in four
+# languages, and later excerpts of the same documentation than distill_prompts uses. A head
+# learns from the number of distinct contexts it sees: 4.5x the prompts (with the same steps x2)
+# raised held-out first-draft accuracy from 26% to 36% (BENCHMARKS.md, head experiment F).
+TOPICS = ["composting at home", "the water cycle", "time management", "learning to swim", "volcanoes",
+          "saving for retirement", "public speaking", "the history of the printing press", "house plants",
+          "electric cars", "the immune system", "chess openings", "baking bread", "solar panels", "bird migration",
+          "job interviews", "the Roman empire", "meditation", "recycling plastics", "the moon's phases",
+          "writing a CV", "caring for a puppy", "earthquakes", "healthy breakfasts", "the stock market",
+          "learning to draw", "camping safety", "the human heart", "renewable energy", "board games for families",
+          "running a first marathon", "the life of bees", "cloud computing", "first aid for burns",
+          "planning a garden", "the French revolution", "climate zones", "podcasting", "vaccines",
+          "travelling on a budget", "sleep cycles", "electric guitars", "ocean tides", "team sports for kids",
+          "personal budgeting apps", "the invention of the telephone", "desert animals", "3D printing",
+          "coffee brewing", "the theory of evolution"]
+TEMPLATES = ["Explain {t} in simple terms.", "What are three common misconceptions about {t}?",
+             "Give me a short beginner's guide to {t}.", "Write a short paragraph about {t} for a school newsletter.",
+             "What should someone know before getting started with {t}?", "List the pros and cons of {t}.",
+             "Tell me an interesting fact about {t} and why it matters.",
+             "How would you explain {t} to a friend who knows nothing about it?"]
+TASKS = ["returns the smallest value in a dictionary", "checks whether a number is a perfect square", "counts the vowels in a string",
+         "converts Celsius to Fahrenheit", "returns the factorial of n", "removes the whitespace from a string",
+         "finds the second largest value in a list", "checks whether two strings are anagrams",
+         "returns the sum of the digits of a number", "capitalizes the first letter of every word",
+         "flattens a list of lists", "returns the n-th row of Pascal's triangle", "computes the greatest common divisor",
+         "checks whether a year is a leap year", "counts how often each word appears in a text",
+         "returns the running total of a list", "rotates a list by k positions", "validates an email address roughly",
+         "converts a binary string to an integer", "returns the unique items of a list in order"]
+LANGS = ["Python", "JavaScript", "C", "Go"]
+
+
+def more_prompts() -> list[tuple[str, str]]:
+    """(category, user message) pairs from the templates above and further documentation excerpts."""
+    out = [("chat", tpl.format(t=t)) for t in TOPICS for tpl in TEMPLATES]
+    out += [("code", f"Write a {lang} function that {task}.") for task in TASKS for lang in LANGS]
+    for name in DOC_MODULES:
+        text = module_doc(name)
+        for start in (1200, 2400):  # distill_prompts uses each module's first 1200 characters
+            piece = text[start:start + 1200]
+            piece = piece[piece.find("\n") + 1: piece.rfind("\n")]
+            if len(piece) < 400:
+                continue
+            out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{piece}"))
+            out.append(("grounded", f"Read this documentation:\n\n{piece}\n\nUsing only the text above, what "
+                                    f"can this part of the {name} module be used for?"))
+    return out
+
+
+def training_prompts() -> list[tuple[str, str]]:
+    """Every prompt train-draft answers: distill_prompts, then more_prompts."""
+    return distill_prompts() + more_prompts()

@@ -34,13 +34,17 @@ from ..manifest import Manifest, load_manifest, target_fingerprint
 
 __all__ = ["TrainOptions", "parse_budget", "train_draft"]
 
+# which prompt list the saved data answers (2: prompts.training_prompts); data of another is rebuilt
+PROMPT_SET = 2
 STEP_WEIGHT = 0.8  # loss weight of chain step s: 0.8^s (later steps matter less: fewer rounds reach them)
 
 
 @dataclass
 class TrainOptions:
     # training tokens ("200000", "200k") or minutes of wall time for the whole run ("30m")
-    budget: str = "500k"  # ~500 AdamW steps: held-out acceptance still rises there (BENCHMARKS.md, "Draft heads")
+    # ~1,800 AdamW steps over the default data: held-out acceptance still rises there
+    # (BENCHMARKS.md, "Draft heads", experiment F)
+    budget: str = "1M"
     seed: int = 0
     device: str = "cpu"
     steps: int = 3  # chain steps unrolled by the training-time test
@@ -49,10 +53,11 @@ class TrainOptions:
     batch: int = 4
     lr: float = 2e-3
     warmup: int = 20
-    answer_tokens: int = 160  # new tokens the target writes per prompt
-    sampled_answers: int = 0  # answers per prompt sampled from the target besides the greedy one
-    doc_tokens: int = 24_000  # tokens of documentation text
-    max_prompts: int | None = None  # None: every prompt of prompts.py
+    answer_tokens: int = 160  # new tokens written per prompt
+    sampled_answers: int = 0  # answers per prompt sampled besides the greedy one
+    answers_by: str = "auto"  # who writes the answers: target, draft, auto (the self-draft when there is one)
+    doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: BENCHMARKS.md)
+    max_prompts: int | None = None  # None: every prompt of prompts.training_prompts
     threads: int | None = None
     checkpoint: str | None = None  # folder; default: .<bundle>.train-draft next to the bundle
     resume: bool = True
@@ -83,6 +88,8 @@ def _check_options(o: TrainOptions) -> None:
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
+    if o.answers_by not in ("auto", "target", "draft"):
+        raise UserError(f"--answers-by must be auto, target or draft, got '{o.answers_by}'")
     if not o.lr > 0:
         raise UserError(f"--lr must be more than 0, got {o.lr}")
     if o.answer_tokens == 0 and o.doc_tokens == 0:
@@ -208,7 +215,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
 
     from ..export.head_graph import write_head
     from ..models.eagle_head import head_for_target
-    from .data import build_data, doc_piece_len, load_data, save_data
+    from .data import answer_writer, build_data, doc_piece_len, load_data, save_data
 
     kind, amount = parse_budget(o.budget)
     say = progress or (lambda stage, done, total, info=None: None)
@@ -231,7 +238,9 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
             raise UserError(f"the checkpoint '{ck_file}' was trained for another target (its target checksum "
                             "differs): remove it or pass --no-resume")
 
+    writer = answer_writer(m, o.answers_by) if o.answer_tokens > 0 else None
     data_meta = {"target_fingerprint": fp, "answer_tokens": o.answer_tokens, "doc_tokens": o.doc_tokens,
+                 "prompt_set": PROMPT_SET, "answers_by": writer,
                  "seq_len": o.seq_len, "max_prompts": o.max_prompts, "doc_piece": doc_piece_len(m, o.seq_len),
                  # sampled answers depend on the seed too
                  "sampled_answers": o.sampled_answers, "sample_seed": o.seed if o.sampled_answers else None}
@@ -239,10 +248,11 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     if data is None:
         data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
                           threads=o.threads, max_prompts=o.max_prompts, sampled_answers=o.sampled_answers,
-                          seed=o.seed, say=lambda stage, d, t: say(stage, d, t, None))
+                          seed=o.seed, answers_by=o.answers_by, say=lambda stage, d, t: say(stage, d, t, None))
+        if not data.tokens:
+            raise UserError(f"no training data could be made: every prompt leaves too little room for an answer "
+                            f"in the bundle's max_seq ({m.max_seq}); add documentation text with --doc-tokens N")
         save_data(data, ck_dir, data_meta)
-    if not data.tokens:
-        raise UserError("no training data could be made (every prompt is longer than the bundle's max_seq)")
 
     torch.manual_seed(o.seed)
     if o.threads:
@@ -333,5 +343,6 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
                 "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
                 "seconds": round(time.monotonic() - t_start, 1), "seed": o.seed, "budget": str(o.budget),
-                "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps}
+                "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps,
+                "answers_by": writer}
     return write_head(bundle, head, training)
