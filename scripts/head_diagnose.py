@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     m = load_manifest(bundle, verify="size")
     t0 = time.time()
     seqs = held_out_sequences(bundle, args.max_new_tokens, args.threads)
-    feats, labels = target_rows(m, [s for _, _, s in seqs], args.threads, lambda d, t: None)
+    feats, labels, _ = target_rows(m, [s for _, _, s in seqs], args.threads, lambda d, t: None)
     d2t = read_draft_vocab(m)
 
     # (a) torch, from the checkpoint

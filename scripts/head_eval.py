@@ -63,6 +63,7 @@ def acceptance(bundles, args) -> dict:
         rows.append({"bundle": str(b), "budget": t.get("budget"), "training_tokens": t.get("tokens"),
                      "training_seconds": t.get("seconds"), "train_top1": t.get("top1"),
                      "data_tokens": t.get("data_tokens"), "draft_vocab": m.head.vocab_size,
+                     "soft_labels": t.get("soft_labels", 0),
                      "head_weight_bytes": m.head.weight_bytes, "target_weight_bytes": m.target.weight_bytes,
                      "overall": summary(tot), "per_category": {k: summary(v) for k, v in sorted(per.items())}})
         print(f"{t.get('tokens')} training tokens: {rows[-1]['overall']}", file=sys.stderr)
@@ -119,7 +120,8 @@ def markdown(files) -> str:
         keys = ("k", "max_new_tokens", "threads", "guard")
         if any({k: r[k] for k in keys} != {k: acc[0][1][k] for k in keys} for _, r in acc):
             raise SystemExit("the acceptance files were run with different settings")
-        rows = sorted((row for _, r in acc for row in r["results"]), key=lambda row: row["training_tokens"] or 0)
+        rows = sorted((row for _, r in acc for row in r["results"]),
+                      key=lambda row: (row["training_tokens"] or 0, row.get("soft_labels", 0)))
         merged = ("`, `".join(f for f, _ in acc), {**acc[0][1], "results": rows})
         res = [merged] + [(f, r) for f, r in res if r["kind"] != "head_acceptance"]
     out = []
@@ -129,15 +131,16 @@ def markdown(files) -> str:
             out += [f"### Acceptance against the training budget (`{f}`)", "",
                     f"Greedy chain, k = {r['k']}, guard off, {r['max_new_tokens']} new tokens per prompt, "
                     f"{r['threads']} threads; tokens per target call (acceptance rate).", "",
-                    "| training tokens | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
+                    "| training tokens | labels | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
                     + " | ".join(cats) + " |",
-                    "|---:|---:|---:|---:|---:|" + "---:|" * len(cats)]
+                    "|---:|---|---:|---:|---:|---:|" + "---:|" * len(cats)]
             for row in r["results"]:
                 o = row["overall"]
                 cells = [f"{row['per_category'][c]['tokens_per_target_call']:.2f} "
                          f"({_pct(row['per_category'][c]['acceptance_rate'])})" if c in row["per_category"] else "–"
                          for c in cats]
-                out.append(f"| {row['training_tokens']} | {row['training_seconds']} | {_pct(row['train_top1'])} | "
+                labels = f"target top-{row['soft_labels']}" if row.get("soft_labels") else "target argmax"
+                out.append(f"| {row['training_tokens']} | {labels} | {row['training_seconds']} | {_pct(row['train_top1'])} | "
                            f"{row['head_weight_bytes'] / max(row['target_weight_bytes'], 1):.1%} | "
                            f"**{o['tokens_per_target_call']:.2f}** ({_pct(o['acceptance_rate'])}) | "
                            + " | ".join(cells) + " |")
@@ -164,7 +167,8 @@ def markdown(files) -> str:
             la = r["loadavg"]
             cond = lambda x: ", ".join(_pct(v) for v in x["top1_given_previous_right"])  # noqa: E731
             out += [f"### Where acceptance is lost (`{f}`, scripts/head_diagnose.py)", "",
-                    f"Head of {t.get('tokens')} training tokens ({t.get('budget')}); held-out text: the target's own "
+                    f"Head of {t.get('tokens')} training tokens ({t.get('budget')}"
+                    f"{', soft labels top-' + str(t['soft_labels']) if t.get('soft_labels') else ''}); held-out text: the target's own "
                     f"answers to {r['prompts']} prompts of the script (not training, not bench), "
                     f"{r['max_new_tokens']} new tokens, k = {r['k']}. Load average {la[0]:.2f}.", "",
                     "| path | slots / proposals | draft 1 top-1 | draft 2..k top-1 given the ones before right |",

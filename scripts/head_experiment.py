@@ -4,6 +4,8 @@
     python scripts/head_experiment.py BUNDLE WORKDIR prep_sampled data_DOC_TOKENS N TEMPERATURE
     python scripts/head_experiment.py BUNDLE WORKDIR prep_many data_DOC_TOKENS ANSWER_BUNDLE N
     python scripts/head_experiment.py BUNDLE WORKDIR train '{"name": ..., "data": "data_DOC_TOKENS", ...}'
+    python scripts/head_experiment.py BUNDLE WORKDIR prep_heldout
+    python scripts/head_experiment.py BUNDLE WORKDIR prep_soft DATA K
 
 BUNDLE: exported with --features. `prep` saves the held-out set of scripts/head_diagnose.py (the
 target's own answers to its 12 prompts, neither training prompts nor the bench suite) and
@@ -14,7 +16,10 @@ rows and final norm copied from the target's); opt_steps; lr; batch; seq_len; dr
 eval_every; save) and appends held-out chain statistics (head_diagnose's path (a), teacher-forced,
 k = 4) every eval_every steps to WORKDIR/exp_log.jsonl. `prep_sampled` adds N answers per prompt
 sampled at TEMPERATURE to the greedy answers of a prepared data folder (more contexts, the same
-greedy labels). Results: benchmarks/results/head/experiment.jsonl.
+greedy labels). `prep_heldout` makes the held-out set alone (for a DATA folder made elsewhere, e.g.
+train-draft's own `.NAME.train-draft/`), `prep_soft` the target's top-K distribution at every
+position of DATA, which `"soft": true` (with `"soft_k"`) trains on as train-draft's
+`--soft-labels` does. Results: benchmarks/results/head/experiment.jsonl.
 """
 import json, sys, time
 from pathlib import Path
@@ -34,7 +39,7 @@ def prep(doc_tokens):
     m = load_manifest(B, verify="size")
     t0 = time.time()
     seqs = HD.held_out_sequences(B, 96, 2)
-    f, l = target_rows(m, [s for _, _, s in seqs], 2, lambda d, t: None)
+    f, l, _ = target_rows(m, [s for _, _, s in seqs], 2, lambda d, t: None)
     np.savez(W / "heldout.npz", **{f"seq{i}": np.asarray(s) for i, (_, _, s) in enumerate(seqs)},
              **{f"plen{i}": np.asarray(len(p)) for i, (_, p, _) in enumerate(seqs)},
              **{f"f{i}": x for i, x in enumerate(f)}, **{f"l{i}": x for i, x in enumerate(l)}, n=np.asarray(len(seqs)))
@@ -68,7 +73,7 @@ def prep_sampled(src, n, temperature):
                 print("sampled", i, len(seqs), round(time.time() - t0), flush=True)
     finally:
         pipe.close()
-    f, l = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
+    f, l, _ = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
     d = Distilled([base.tokens[i] for i in keep] + [np.asarray(q, dtype=np.int64) for _, q in seqs],
                   [base.features[i] for i in keep] + f, [base.labels[i] for i in keep] + l,
                   [base.sources[i] for i in keep] + [c for c, _ in seqs])
@@ -105,12 +110,36 @@ def prep_many(src, answer_bundle, limit):
                 print("answered", i, len(prompts), round(time.time() - t0), flush=True)
     finally:
         pipe.close()
-    f, l = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
+    f, l, _ = target_rows(m, [q for _, q in seqs], 2, lambda d, t: None)
     d = Distilled([base.tokens[i] for i in keep] + [np.asarray(q, dtype=np.int64) for _, q in seqs],
                   [base.features[i] for i in keep] + f, [base.labels[i] for i in keep] + l,
                   [base.sources[i] for i in keep] + [c for c, _ in seqs])
     save_data(d, W / f"data_many{len(seqs)}", {"from": src, "answer_bundle": str(answer_bundle), "prompts": len(seqs)})
     print("data", d.num_tokens, len(seqs), round(time.time() - t0), flush=True)
+
+
+def prep_heldout():
+    """WORKDIR/heldout.npz alone (prep's first half), for a WORKDIR whose data comes from elsewhere."""
+    m = load_manifest(B, verify="size")
+    seqs = HD.held_out_sequences(B, 96, 2)
+    f, l, _ = target_rows(m, [s for _, _, s in seqs], 2, lambda d, t: None)
+    np.savez(W / "heldout.npz", **{f"seq{i}": np.asarray(s) for i, (_, _, s) in enumerate(seqs)},
+             **{f"plen{i}": np.asarray(len(p)) for i, (_, p, _) in enumerate(seqs)},
+             **{f"f{i}": x for i, x in enumerate(f)}, **{f"l{i}": x for i, x in enumerate(l)}, n=np.asarray(len(seqs)))
+
+
+def prep_soft(src, k):
+    """WORKDIR/SRC/soft.npz: the target's K most probable next tokens at every position of SRC's
+    sequences (train-draft's data.top_k_probs: ids int32, probabilities float16, aligned with its
+    labels), for `"soft": true`."""
+    m = load_manifest(B, verify="size")
+    z = np.load(W / src / "data.npz")
+    off = z["offsets"]
+    t0 = time.time()
+    _, _, (ids, p) = target_rows(m, [z["tokens"][off[i]:off[i + 1]].tolist() for i in range(off.size - 1)], 2,
+                                 lambda d, t: print("soft", d, t, round(time.time() - t0), flush=True) if d % 50 == 0 else None, k)
+    np.savez(W / src / "soft.npz", ids=np.concatenate(ids), p=np.concatenate(p))
+    print("soft done", round(time.time() - t0), flush=True)
 
 
 def heldout_eval(head, k=4):
@@ -162,6 +191,12 @@ def train(cfg):
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     wins = T._windows(data, seq_len)
+    soft = cfg.get("soft")
+    if soft:
+        zs = np.load(W / cfg["data"] / "soft.npz")
+        kk = int(cfg.get("soft_k", zs["ids"].shape[1]))
+        assert doc_limit is None, "soft labels index the whole data"
+        data.soft_ids, data.soft_p = cut(zs["ids"]), cut(zs["p"])
     print(name, "data tokens", data.num_tokens, "windows", len(wins), flush=True)
     t0 = time.time(); acc_ema = None
     for step in range(steps_opt):
@@ -171,7 +206,8 @@ def train(cfg):
         ids, feats, dl, lab = T._batch(data, pick, t2d, seq_len)
         w = min(1.0, (step + 1) / warm)
         for g in opt.param_groups: g["lr"] = lr * w * max(0.05, 1 - step / steps_opt)
-        loss, hits, n = T._loss(head, ids, feats, dl, lab, unroll, head.d2t)
+        sb = T._soft_batch(data, pick, t2d, seq_len, kk) if soft else None
+        loss, hits, n = T._loss(head, ids, feats, dl, lab, unroll, head.d2t, sb)
         opt.zero_grad(set_to_none=True); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
         a = hits / max(n, 1); acc_ema = a if acc_ema is None else 0.9 * acc_ema + 0.1 * a
         if (step + 1) % ev == 0 or step + 1 == steps_opt:
@@ -186,5 +222,7 @@ def train(cfg):
 if __name__ == "__main__":
     if sys.argv[3] == "prep": prep(int(sys.argv[4]))
     elif sys.argv[3] == "prep_sampled": prep_sampled(sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+    elif sys.argv[3] == "prep_heldout": prep_heldout()
+    elif sys.argv[3] == "prep_soft": prep_soft(sys.argv[4], int(sys.argv[5]))
     elif sys.argv[3] == "prep_many": prep_many(sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else: train(json.loads(sys.argv[4]))

@@ -235,6 +235,56 @@ def test_head_loss_falls_for_every_family(family):
     assert losses[-1] < 0.7 * losses[0], losses
 
 
+def test_head_loss_falls_with_soft_labels_and_one_hot_soft_labels_are_the_hard_loss():
+    """The soft loss (the target's top-K distribution as the label) trains the head, and with a
+    one-hot distribution on the greedy label it is exactly the hard cross-entropy."""
+    from specedge.training.train import _loss
+
+    target = _target("llama")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 200, (2, 25))
+    with torch.no_grad():
+        out = target(ids, torch.zeros(2, dtype=torch.int64), *target.empty_cache(32, batch=2))
+    feats, logits = out[-1], out[0]
+    head = head_for_target(target, feats.shape[-1], target.embed_tokens.weight.shape[0])
+    x_in, f_in, lab = ids[:, 1:], feats[:, :-1], logits[:, 1:].argmax(-1)
+    top = torch.softmax(logits[:, 1:], -1).topk(8, -1)
+    soft = (top.indices, top.values / top.values.sum(-1, keepdim=True))
+    one_hot = (torch.cat([lab[..., None], torch.zeros_like(top.indices[..., 1:])], -1),
+               torch.cat([torch.ones_like(top.values[..., :1]), torch.zeros_like(top.values[..., 1:])], -1))
+    with torch.no_grad():
+        hard = _loss(head, x_in, f_in, lab, lab, 3, head.d2t)[0]
+        assert float(abs(_loss(head, x_in, f_in, lab, lab, 3, head.d2t, one_hot)[0] - hard)) < 1e-5
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss, _, _ = _loss(head, x_in, f_in, lab, lab, 3, head.d2t, soft)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    # cross-entropy against a distribution is bounded below by its entropy: the KL part must fall
+    w = torch.tensor([0.8 ** s for s in range(3)])
+    ent = torch.stack([-(soft[1][:, s:] * soft[1][:, s:].clamp(min=1e-12).log()).sum(-1).mean() for s in range(3)])
+    floor = float((w * ent).sum() / w.sum())
+    assert losses[-1] - floor < 0.7 * (losses[0] - floor), (floor, losses)
+
+
+def test_top_k_probs_are_the_softmax_head_most_probable_first():
+    from specedge.training.data import top_k_probs
+
+    x = np.random.RandomState(0).randn(6, 50).astype(np.float32)
+    x[0, 7] = x[0, 3] = 6.0  # a tie: the lower id first
+    ids, p = top_k_probs(x, 5)
+    full = np.exp(x - x.max(1, keepdims=True))
+    full /= full.sum(1, keepdims=True)
+    assert ids.dtype == np.int32 and p.dtype == np.float16 and ids.shape == p.shape == (6, 5)
+    np.testing.assert_array_equal(ids, np.argsort(-full, axis=1, kind="stable")[:, :5])
+    np.testing.assert_allclose(p, np.take_along_axis(full, ids.astype(np.int64), 1), rtol=2e-3)
+    assert list(ids[0, :2]) == [3, 7]
+    assert top_k_probs(x[:, :3], 5)[0].shape == (6, 3)  # k beyond the vocabulary: the whole row
+
+
 # ----------------------------------------------------------------------------- 3. train-draft
 
 
@@ -271,6 +321,38 @@ def test_windows_score_every_slot_once_with_left_context(seq_len):
             scored[(i, slot)] = scored.get((i, slot), 0) + 1
     want = {(i, s) for i, n in enumerate(lengths) for s in range(n - 1)}
     assert set(scored) == want and set(scored.values()) == {1}
+
+
+def test_soft_batch_lies_where_the_labels_do_and_keeps_only_the_draft_vocabulary():
+    """Slot j's soft label is the target's distribution at the position whose argmax is its hard
+    label; ids outside the draft vocabulary get -100 and no probability, the rest renormalised."""
+    from specedge.training.train import _batch, _soft_batch, _windows
+
+    lengths = [2, 9, 33, 70]
+    data = _toy_data(lengths)
+    # at each position: the label, then label + 1 (outside the draft vocabulary when odd), then 999
+    data.soft_ids = [np.stack([t, t + 1, np.full_like(t, 999)], 1).astype(np.int32) for t in data.tokens]
+    data.soft_p = [np.tile(np.array([0.5, 0.3, 0.2], np.float16), (t.size, 1)) for t in data.tokens]
+    t2d = np.where(np.arange(1000) % 2 == 0, np.arange(1000) // 2, -100).astype(np.int64)
+    t2d[999] = 7
+    wins = _windows(data, 16)
+    _, _, dl, lab = (x.numpy() for x in _batch(data, wins, t2d, 16))
+    sid, sp = (x.numpy() for x in _soft_batch(data, wins, t2d, 16, 3))
+    assert sid.shape == sp.shape == (len(wins), 16, 3)
+    scored = lab >= 0
+    np.testing.assert_array_equal(sid[..., 0][scored], dl[scored])
+    assert (sp[~scored] == 0).all() and (sid[~scored] == -100).all()
+    even = scored & (lab % 2 == 0)
+    odd = scored & (lab % 2 == 1)
+    # label even: label + 1 outside
+    assert (sid[even][:, 1] == -100).all()
+    np.testing.assert_allclose(sp[even], np.tile([5 / 7, 0.0, 2 / 7], (even.sum(), 1)), rtol=2e-3)
+    # label odd: itself outside, label + 1 inside
+    assert (sid[odd][:, 0] == -100).all() and (sid[odd][:, 1] == (lab[odd] + 1) // 2).all()
+    np.testing.assert_allclose(sp[odd], np.tile([0.0, 0.6, 0.4], (odd.sum(), 1)), rtol=2e-3)
+    assert (sid[..., 2][scored] == 7).all()
+    # a smaller k than saved takes the most probable ones
+    assert _soft_batch(data, wins, t2d, 16, 1)[0].shape[-1] == 1
 
 
 def test_feature_scale_is_one_over_each_layers_rms_and_in_the_graph(tmp_path):
@@ -373,6 +455,8 @@ def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
     assert_user_error(cli("train-draft", trained, "--device", "tpu"), "--device must be cpu or cuda")
     assert_user_error(cli("train-draft", trained, "--sampled-answers", "-1"),
                       "--sampled-answers must be an integer of at least 0")
+    assert_user_error(cli("train-draft", trained, "--soft-labels", "-1"),
+                      "--soft-labels must be an integer of at least 0")
     # a checkpoint of another target
     other = tmp_path / "ck"
     other.mkdir()
@@ -541,6 +625,35 @@ def test_sampled_answers_add_seeded_target_written_contexts(feat_bundle):
     assert [x for i, x in enumerate(a) if i % 3 == 0] == greedy  # prompt order: greedy, then its samples
     assert all(a[i][0] == greedy[i // 3][0] for i in range(9))  # each sample keeps its prompt's category
     assert {tuple(x[1]) for x in a[1:3]} != {tuple(greedy[0][1])}  # the samples are other answers
+
+
+def test_soft_labels_are_added_to_saved_data_without_writing_answers_again(feat_bundle, tmp_path, monkeypatch):
+    """Data saved by a run with fewer soft labels (or none) is labelled again by the target, not
+    rebuilt: the answers are not written again, and the new labels are the target's own
+    distribution (its first token the greedy label)."""
+    from specedge.training import data as data_mod
+    from specedge.training.train import TrainOptions, train_draft
+
+    ck = tmp_path / "ck"
+    train_draft(feat_bundle, TrainOptions(**{**TRAIN, "budget": "500", "soft_labels": 0}, checkpoint=str(ck)))
+    z = np.load(ck / "data.npz")
+    assert "soft_ids" not in z.files
+
+    def no_answers(*a, **k):
+        raise AssertionError("the answers were written again")
+
+    monkeypatch.setattr(data_mod, "generate_answers", no_answers)
+    monkeypatch.setattr(data_mod, "write_with_draft", no_answers)
+    train_draft(feat_bundle, TrainOptions(**{**TRAIN, "budget": "500", "soft_labels": 4}, checkpoint=str(ck),
+                                          resume=False))
+    z2 = np.load(ck / "data.npz")
+    np.testing.assert_array_equal(z2["tokens"], z["tokens"])
+    np.testing.assert_array_equal(z2["labels"], z["labels"])
+    assert z2["soft_ids"].shape == (z["tokens"].size, 4)
+    np.testing.assert_array_equal(z2["soft_ids"][:, 0], z["labels"])
+    p = z2["soft_p"].astype(np.float32)
+    assert (np.diff(p, axis=1) <= 1e-3).all() and (p.sum(1) <= 1.01).all() and (p[:, 0] > 0).all()
+    assert load_manifest(feat_bundle).head.extra["training"]["soft_labels"] == 4
 
 
 def test_data_with_sampled_answers_is_not_reused_without_them(tmp_path):

@@ -44,6 +44,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="who writes the answers the target then labels: the target (its runtime), the draft "
                         "(the bundle's draft model alone: an int4 self-draft writes about 1.6x faster on a "
                         "CPU), or auto: the draft when it is a self-draft, else the target (default auto)")
+    p.add_argument("--soft-labels", type=int, default=d.soft_labels,
+                   help=f"learn the target's distribution over its K most probable tokens at each position "
+                        f"(0: only its greedy choice) (default {d.soft_labels})")
     p.add_argument("--doc-tokens", type=int, default=d.doc_tokens,
                    help=f"tokens of documentation text (default {d.doc_tokens})")
     p.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
@@ -71,7 +74,8 @@ class _Bars:
         if stage != self.stage:
             self.close()
             self.stage, self.t0 = stage, time.monotonic()
-            names = {"answers": "target answers", "features": "target features", "training": "training"}
+            names = {"answers": "target answers", "features": "target features",
+                     "labels": "target distributions", "training": "training"}
             self.bar = TickingBar(names.get(stage, stage), total, quiet=self.quiet).__enter__()
             self.last = 0
         self.bar.update(done - self.last)
@@ -94,7 +98,7 @@ def run(args) -> int:
     o = TrainOptions(budget=args.budget, seed=args.seed, device=args.device, steps=args.steps,
                      draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
                      answer_tokens=args.answer_tokens, sampled_answers=args.sampled_answers,
-                     answers_by=args.answers_by,
+                     answers_by=args.answers_by, soft_labels=args.soft_labels,
                      doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
                      threads=args.threads, checkpoint=args.checkpoint, resume=not args.no_resume)
     bars = _Bars(args.quiet or args.json)

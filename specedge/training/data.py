@@ -9,7 +9,10 @@ the target run alone (`write_with_draft`): 1.6x faster than the speculating runt
 model's 2-core CPU (scripts/answer_writers.py), and the contexts are still the model's own wording. Either way the labels below are the target's. Each sequence is then run through the
 target graph in prefill chunks on ONNX Runtime, which returns, per position, the features the
 runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argmax is the label:
-the token the target itself would choose there. Features are stored in fp16 (half the memory;
+the token the target itself would choose there. With `top_k` the target's K most probable tokens
+and their probabilities are kept too (`soft_ids`, `soft_p`): the head then learns the target's
+distribution, not its argmax alone, which on a model as unsure as the default one (its top token
+has p < 0.5 at 39% of the positions of the default data) carries much more per position. Features are stored in fp16 (half the memory;
 the head sees fp32 at run time, a difference far below what training resolves).
 """
 
@@ -24,7 +27,7 @@ import numpy as np
 from ..errors import UserError
 from .prompts import DOC_MODULES, module_doc, training_prompts
 
-__all__ = ["Distilled", "answer_writer", "build_data", "load_data", "save_data"]
+__all__ = ["Distilled", "add_soft_labels", "answer_writer", "build_data", "load_data", "save_data", "top_k_probs"]
 
 
 @dataclass
@@ -33,6 +36,13 @@ class Distilled:
     features: list[np.ndarray]  # fp16 [L, F]
     labels: list[np.ndarray]  # int64 [L]: the target's argmax at each position
     sources: list[str]  # "answer:<category>" or "doc:<module>"
+    # the target's top-K next tokens at each position, most probable first: int32 [L, K] and fp16 [L, K]
+    soft_ids: list[np.ndarray] | None = None
+    soft_p: list[np.ndarray] | None = None
+
+    @property
+    def soft_k(self) -> int:
+        return int(self.soft_ids[0].shape[1]) if self.soft_ids else 0
 
     @property
     def num_tokens(self) -> int:
@@ -165,26 +175,57 @@ def doc_sequences(tokenizer, total_tokens: int, piece_len: int) -> list[tuple[st
     return out
 
 
-def target_rows(manifest, seqs: list[list[int]], threads: int | None, say) -> tuple[list, list]:
-    """Features (fp16 [L, F]) and greedy labels ([L]) of every sequence, from the target graph."""
+def top_k_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable tokens of each row of `logits` [T, V], most probable first (ties to the
+    lower id), and their softmax probabilities over the whole row: int32 [T, k], fp16 [T, k]."""
+    x = np.asarray(logits, dtype=np.float32)
+    k = min(k, x.shape[1])
+    part = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(x, part, 1)
+    order = np.lexsort((part, -vals), axis=1)
+    ids = np.take_along_axis(part, order, 1)
+    top = np.take_along_axis(vals, order, 1)
+    mx = x.max(axis=1, keepdims=True)
+    p = np.exp(top - mx) / np.exp(x - mx).sum(axis=1, keepdims=True)
+    return ids.astype(np.int32), p.astype(np.float16)
+
+
+def target_rows(manifest, seqs: list[list[int]], threads: int | None, say, top_k: int = 0):
+    """Features (fp16 [L, F]) and greedy labels ([L]) of every sequence, from the target graph, and
+    with top_k > 0 its top_k tokens and probabilities at each position (else None):
+    (features, labels, (soft_ids, soft_p) or None)."""
     from ..runtime.backends import create_backend
 
     backend = create_backend("ort-cpu", manifest, manifest.target, threads=threads)
     chunk = max(manifest.prefill_chunk, 64)
-    feats, labels = [], []
+    vocab = manifest.tokenizer_vocab_size
+    feats, labels, s_ids, s_p = [], [], [], []
     try:
         for n, seq in enumerate(seqs):
             ids = np.asarray(seq[: manifest.max_seq], dtype=np.int64)
             lab = np.empty(ids.size, dtype=np.int64)
+            si = np.empty((ids.size, top_k), dtype=np.int32)
+            sp = np.empty((ids.size, top_k), dtype=np.float16)
             for s in range(0, ids.size, chunk):
-                logits = backend.run(ids[s : s + chunk], s)
-                lab[s : s + logits.shape[0]] = logits[:, : manifest.tokenizer_vocab_size].argmax(-1)
+                logits = backend.run(ids[s : s + chunk], s)[:, :vocab]
+                lab[s : s + logits.shape[0]] = logits.argmax(-1)
+                if top_k:
+                    si[s : s + logits.shape[0]], sp[s : s + logits.shape[0]] = top_k_probs(logits, top_k)
             feats.append(backend.features[0, : ids.size].astype(np.float16))
             labels.append(lab)
+            s_ids.append(si)
+            s_p.append(sp)
             say(n + 1, len(seqs))
     finally:
         backend.close()
-    return feats, labels
+    return feats, labels, ((s_ids, s_p) if top_k else None)
+
+
+def add_soft_labels(data: Distilled, manifest, top_k: int, threads: int | None, say) -> Distilled:
+    """`data` with the target's top_k distribution at every position, for data saved without it
+    (or with fewer tokens): the target runs over the saved sequences again; nothing is rewritten."""
+    feats, labels, soft = target_rows(manifest, [t.tolist() for t in data.tokens], threads, say, top_k)
+    return Distilled(data.tokens, feats, labels, data.sources, soft[0], soft[1])
 
 
 def doc_piece_len(manifest, seq_len: int) -> int:
@@ -194,7 +235,7 @@ def doc_piece_len(manifest, seq_len: int) -> int:
 
 def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
                threads: int | None, max_prompts: int | None = None, sampled_answers: int = 0, seed: int = 0,
-               answers_by: str = "auto", say=lambda stage, done, total: None) -> Distilled:
+               answers_by: str = "auto", top_k: int = 0, say=lambda stage, done, total: None) -> Distilled:
     from ..runtime.api import Tokenizer
 
     prompts = training_prompts()[: max_prompts or None]
@@ -210,9 +251,10 @@ def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, s
     if doc_tokens > 0:
         seqs += doc_sequences(Tokenizer(manifest), doc_tokens, doc_piece_len(manifest, seq_len))
     seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]
-    feats, labels = target_rows(manifest, [ids for _, ids in seqs], threads, lambda d, t: say("features", d, t))
+    feats, labels, soft = target_rows(manifest, [ids for _, ids in seqs], threads,
+                                      lambda d, t: say("features", d, t), top_k)
     return Distilled([np.asarray(ids[: manifest.max_seq], dtype=np.int64) for _, ids in seqs], feats, labels,
-                     [src for src, _ in seqs])
+                     [src for src, _ in seqs], *(soft or (None, None)))
 
 
 def save_data(d: Distilled, folder: Path, meta: dict) -> None:
@@ -220,8 +262,9 @@ def save_data(d: Distilled, folder: Path, meta: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [t.size for t in d.tokens]).astype(np.int64)
     tmp = folder / "data.tmp.npz"
+    soft = {"soft_ids": np.concatenate(d.soft_ids), "soft_p": np.concatenate(d.soft_p)} if d.soft_ids else {}
     np.savez(tmp, tokens=np.concatenate(d.tokens), features=np.concatenate(d.features),
-             labels=np.concatenate(d.labels), offsets=offsets)
+             labels=np.concatenate(d.labels), offsets=offsets, **soft)
     tmp.replace(folder / "data.npz")
     (folder / "data.json.tmp").write_text(json.dumps({**meta, "sources": d.sources}) + "\n", encoding="utf-8")
     (folder / "data.json.tmp").replace(folder / "data.json")
@@ -236,6 +279,7 @@ def load_data(folder: Path, meta: dict) -> Distilled | None:
         z = np.load(folder / "data.npz", allow_pickle=False)
         off = z["offsets"]
         cut = lambda a: [a[off[i] : off[i + 1]] for i in range(off.size - 1)]  # noqa: E731
-        return Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), list(saved["sources"]))
+        soft = (cut(z["soft_ids"]), cut(z["soft_p"])) if "soft_ids" in z.files else (None, None)
+        return Distilled(cut(z["tokens"]), cut(z["features"]), cut(z["labels"]), list(saved["sources"]), *soft)
     except (OSError, ValueError, KeyError):
         return None

@@ -8,7 +8,9 @@
    actually emits), plus its end-of-sequence ids; labels outside it cannot be proposed and count as
    misses in the accuracy, but not in the loss;
 3. training with the training-time test (EagleHead.forward_unrolled): every step unrolls `steps`
-   chain steps, each fed the head's own hidden states, and the loss weighs step s by 0.8^s;
+   chain steps, each fed the head's own hidden states, and the loss weighs step s by 0.8^s; the
+   label of a slot is the target's distribution over its `soft_labels` most probable tokens (those
+   in the draft vocabulary, renormalised), as EAGLE distils, or with 0 its argmax alone;
    AdamW with linear warm-up and (for a token budget) linear decay; deterministic under `seed`;
 4. a checkpoint (head, optimizer, step, tokens) every `checkpoint_every_s` seconds, from which a
    later run resumes; it records the target's fingerprint, and a checkpoint of another target
@@ -57,6 +59,7 @@ class TrainOptions:
     sampled_answers: int = 0  # answers per prompt sampled besides the greedy one
     answers_by: str = "auto"  # who writes the answers: target, draft, auto (the self-draft when there is one)
     doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: BENCHMARKS.md)
+    soft_labels: int = 32  # the target's top-K distribution as each slot's label; 0: its argmax only
     max_prompts: int | None = None  # None: every prompt of prompts.training_prompts
     threads: int | None = None
     checkpoint: str | None = None  # folder; default: .<bundle>.train-draft next to the bundle
@@ -84,7 +87,7 @@ def _check_options(o: TrainOptions) -> None:
     if o.device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda, got '{o.device}'")
     for name, lo in (("steps", 1), ("draft_vocab", 2), ("seq_len", 8), ("batch", 1), ("warmup", 0),
-                     ("answer_tokens", 0), ("doc_tokens", 0), ("sampled_answers", 0)):
+                     ("answer_tokens", 0), ("doc_tokens", 0), ("sampled_answers", 0), ("soft_labels", 0)):
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
@@ -140,6 +143,25 @@ def _batch(data, wins, t2d, seq_len: int):
     return torch.from_numpy(ids), torch.from_numpy(feats), torch.from_numpy(dl), torch.from_numpy(lab)
 
 
+def _soft_batch(data, wins, t2d, seq_len: int, k: int):
+    """The soft labels of the slots `_batch` labels, laid out as its labels: draft ids [B, W, k]
+    (-100: outside the draft vocabulary, or no label) and the target's probabilities [B, W, k],
+    renormalised over the ids inside (a slot with none inside has all zeros)."""
+    import torch
+
+    B, W = len(wins), seq_len
+    ids = np.full((B, W, k), -1, dtype=np.int64)
+    p = np.zeros((B, W, k), dtype=np.float32)
+    for b, (i, s, first) in enumerate(wins):
+        n = min(W, data.tokens[i].size - 1 - s)
+        ids[b, first:n] = data.soft_ids[i][s + 1 + first : s + 1 + n, :k]
+        p[b, first:n] = data.soft_p[i][s + 1 + first : s + 1 + n, :k]
+    d = np.where(ids >= 0, t2d[np.maximum(ids, 0)], -100)
+    p = np.where(d >= 0, p, 0.0)
+    p /= np.maximum(p.sum(-1, keepdims=True), 1e-12)
+    return torch.from_numpy(d), torch.from_numpy(p.astype(np.float32))
+
+
 def feature_rms(data, layers: int) -> np.ndarray:
     """RMS of each tapped layer's block of feature columns over every position of the data."""
     sq, n = np.zeros(layers, dtype=np.float64), 0
@@ -184,18 +206,30 @@ def _target_module(manifest: Manifest):
     return model
 
 
-def _loss(head, ids, feats, dl, lab, steps: int, d2t):
+def _loss(head, ids, feats, dl, lab, steps: int, d2t, soft=None):
+    """Cross-entropy of each unrolled step against the draft labels `dl`, or with `soft` (draft
+    ids, probabilities: _soft_batch) against the target's distribution; weighted by 0.8^step.
+    Also the step-0 top-1 hits against the target's labels `lab`, and how many were scored."""
     import torch
     from torch.nn import functional as F
 
     outs = head.forward_unrolled(ids, feats, steps)
     total, weight = 0.0, 0.0
     for s, logits in enumerate(outs):
-        tgt = dl[:, s:]
-        if (tgt != -100).any():
-            total = total + (STEP_WEIGHT ** s) * F.cross_entropy(logits[:, s:].reshape(-1, logits.shape[-1]),
-                                                                 tgt.reshape(-1), ignore_index=-100)
-            weight += STEP_WEIGHT ** s
+        if soft is None:
+            tgt = dl[:, s:]
+            if not (tgt != -100).any():
+                continue
+            ce = F.cross_entropy(logits[:, s:].reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100)
+        else:
+            sid, sp = soft[0][:, s:], soft[1][:, s:]
+            rows = sp.sum(-1) > 0
+            if not rows.any():
+                continue
+            logp = F.log_softmax(logits[:, s:], -1).gather(-1, sid.clamp(min=0))
+            ce = -(sp * logp).sum(-1)[rows].mean()
+        total = total + (STEP_WEIGHT ** s) * ce
+        weight += STEP_WEIGHT ** s
     with torch.no_grad():
         valid = lab >= 0
         pred = d2t[outs[0].argmax(-1)]
@@ -215,7 +249,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
 
     from ..export.head_graph import write_head
     from ..models.eagle_head import head_for_target
-    from .data import answer_writer, build_data, doc_piece_len, load_data, save_data
+    from .data import add_soft_labels, answer_writer, build_data, doc_piece_len, load_data, save_data
 
     kind, amount = parse_budget(o.budget)
     say = progress or (lambda stage, done, total, info=None: None)
@@ -248,10 +282,15 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     if data is None:
         data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
                           threads=o.threads, max_prompts=o.max_prompts, sampled_answers=o.sampled_answers,
-                          seed=o.seed, answers_by=o.answers_by, say=lambda stage, d, t: say(stage, d, t, None))
+                          seed=o.seed, answers_by=o.answers_by, top_k=o.soft_labels,
+                          say=lambda stage, d, t: say(stage, d, t, None))
         if not data.tokens:
             raise UserError(f"no training data could be made: every prompt leaves too little room for an answer "
                             f"in the bundle's max_seq ({m.max_seq}); add documentation text with --doc-tokens N")
+        save_data(data, ck_dir, data_meta)
+    elif data.soft_k < o.soft_labels:
+        # data saved by a run with fewer (or no) soft labels: label it again rather than write it again
+        data = add_soft_labels(data, m, o.soft_labels, o.threads, lambda d, t: say("labels", d, t, None))
         save_data(data, ck_dir, data_meta)
 
     torch.manual_seed(o.seed)
@@ -312,9 +351,11 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         order = np.random.RandomState(o.seed + epoch).permutation(len(wins))
         pick = [wins[order[(pos + b) % len(wins)]] for b in range(o.batch)]
         ids, feats, dl, lab = (x.to(dev) for x in _batch(data, pick, t2d, o.seq_len))
+        soft = (tuple(x.to(dev) for x in _soft_batch(data, pick, t2d, o.seq_len, o.soft_labels))
+                if o.soft_labels else None)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev)
+        loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -344,5 +385,6 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                 "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
                 "seconds": round(time.monotonic() - t_start, 1), "seed": o.seed, "budget": str(o.budget),
                 "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps,
+                "soft_labels": o.soft_labels,
                 "answers_by": writer}
     return write_head(bundle, head, training)
