@@ -152,7 +152,8 @@ def markdown(files) -> str:
                     f"default guard; the drafters alternate prompt by prompt in one run ({r['seconds']} s). "
                     f"Load average before {la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}, "
                     f"after {lb[0]:.2f} / {lb[1]:.2f} / {lb[2]:.2f}. Head: {r['head_training'].get('tokens')} "
-                    "training tokens.", "",
+                    "training tokens" + (f", soft labels top-{r['head_training']['soft_labels']}"
+                                         if r['head_training'].get('soft_labels') else "") + ".", "",
                     "| drafter | median tok/s | tokens per verification call (mean over prompts) | guard fallbacks |",
                     "|---|---:|---:|---:|"]
             for n, v in r["median_tokens_per_s"].items():
