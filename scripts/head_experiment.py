@@ -6,6 +6,7 @@
     python scripts/head_experiment.py BUNDLE WORKDIR train '{"name": ..., "data": "data_DOC_TOKENS", ...}'
     python scripts/head_experiment.py BUNDLE WORKDIR prep_heldout
     python scripts/head_experiment.py BUNDLE WORKDIR prep_soft DATA K
+    python scripts/head_experiment.py BUNDLE WORKDIR soft_stats DATA OUT.json
 
 BUNDLE: exported with --features. `prep` saves the held-out set of scripts/head_diagnose.py (the
 target's own answers to its 12 prompts, neither training prompts nor the bench suite) and
@@ -19,7 +20,7 @@ sampled at TEMPERATURE to the greedy answers of a prepared data folder (more con
 greedy labels). `prep_heldout` makes the held-out set alone (for a DATA folder made elsewhere, e.g.
 train-draft's own `.NAME.train-draft/`), `prep_soft` the target's top-K distribution at every
 position of DATA, which `"soft": true` (with `"soft_k"`) trains on as train-draft's
-`--soft-labels` does. Results: benchmarks/results/head/experiment.jsonl.
+`--soft-labels` does; `soft_stats` how sure the target is there. Results: benchmarks/results/head/experiment.jsonl.
 """
 import json, sys, time
 from pathlib import Path
@@ -38,11 +39,7 @@ B, W = Path(sys.argv[1]), Path(sys.argv[2])
 def prep(doc_tokens):
     m = load_manifest(B, verify="size")
     t0 = time.time()
-    seqs = HD.held_out_sequences(B, 96, 2)
-    f, l, _ = target_rows(m, [s for _, _, s in seqs], 2, lambda d, t: None)
-    np.savez(W / "heldout.npz", **{f"seq{i}": np.asarray(s) for i, (_, _, s) in enumerate(seqs)},
-             **{f"plen{i}": np.asarray(len(p)) for i, (_, p, _) in enumerate(seqs)},
-             **{f"f{i}": x for i, x in enumerate(f)}, **{f"l{i}": x for i, x in enumerate(l)}, n=np.asarray(len(seqs)))
+    prep_heldout()
     print("heldout", time.time() - t0, flush=True)
     d = build_data(B, m, answer_tokens=160, doc_tokens=doc_tokens, seq_len=256, threads=2,
                    say=lambda st, a, b: print(st, a, b, flush=True) if a % 10 == 0 or a == b else None)
@@ -142,6 +139,20 @@ def prep_soft(src, k):
     print("soft done", round(time.time() - t0), flush=True)
 
 
+def soft_stats(src, out):
+    """How sure the target is over SRC's positions (its top-1 probability, from prep_soft's
+    soft.npz), written as JSON to OUT: why its argmax alone is a poor label."""
+    p = np.load(W / src / "soft.npz")["p"].astype(np.float32)
+    top1 = p.max(axis=1)
+    res = {"kind": "head_soft_label_stats", "data": src, "positions": int(top1.size), "k": int(p.shape[1]),
+           "mean_top1_p": round(float(top1.mean()), 4), "median_top1_p": round(float(np.median(top1)), 4),
+           "share_top1_p_below_0.5": round(float((top1 < 0.5).mean()), 4),
+           "share_top1_p_above_0.9": round(float((top1 > 0.9).mean()), 4),
+           "mean_top_k_mass": round(float(p.sum(axis=1).mean()), 4)}
+    Path(out).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res), flush=True)
+
+
 def heldout_eval(head, k=4):
     z = np.load(W / "heldout.npz")
     rows = []
@@ -224,5 +235,6 @@ if __name__ == "__main__":
     elif sys.argv[3] == "prep_sampled": prep_sampled(sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
     elif sys.argv[3] == "prep_heldout": prep_heldout()
     elif sys.argv[3] == "prep_soft": prep_soft(sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[3] == "soft_stats": soft_stats(sys.argv[4], sys.argv[5])
     elif sys.argv[3] == "prep_many": prep_many(sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else: train(json.loads(sys.argv[4]))

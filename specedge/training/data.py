@@ -12,7 +12,8 @@ runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argma
 the token the target itself would choose there. With `top_k` the target's K most probable tokens
 and their probabilities are kept too (`soft_ids`, `soft_p`): the head then learns the target's
 distribution, not its argmax alone, which on a model as unsure as the default one (its top token
-has p < 0.5 at 39% of the positions of the default data) carries much more per position. Features are stored in fp16 (half the memory;
+has p < 0.5 at 39% of the positions of the default data, BENCHMARKS.md experiment G) carries
+much more per position. Features are stored in fp16 (half the memory;
 the head sees fp32 at run time, a difference far below what training resolves).
 """
 
@@ -222,8 +223,9 @@ def target_rows(manifest, seqs: list[list[int]], threads: int | None, say, top_k
 
 
 def add_soft_labels(data: Distilled, manifest, top_k: int, threads: int | None, say) -> Distilled:
-    """`data` with the target's top_k distribution at every position, for data saved without it
-    (or with fewer tokens): the target runs over the saved sequences again; nothing is rewritten."""
+    """`data` with the target's top_k distribution at every position, for data saved without one
+    (or with fewer than top_k tokens): the target runs over the saved sequences again, and the
+    answers are not written again."""
     feats, labels, soft = target_rows(manifest, [t.tolist() for t in data.tokens], threads, say, top_k)
     return Distilled(data.tokens, feats, labels, data.sources, soft[0], soft[1])
 
