@@ -14,7 +14,7 @@ train-draft's data (specedge/training/data.py: answers to every prompt of prompt
 each, plus DOC_TOKENS of pydoc text) under WORKDIR. `train` trains one variant with train.py's
 loss and batches (keys: doc_limit: doc tokens kept, in order; init: "scratch" or "target" (lm_head
 rows and final norm copied from the target's); opt_steps; lr; batch; seq_len; draft_vocab; unroll;
-eval_every; save) and appends held-out chain statistics (head_diagnose's path (a), teacher-forced,
+eval_every; save; bf16: the step's matmuls in bfloat16, as train-draft's --train-dtype) and appends held-out chain statistics (head_diagnose's path (a), teacher-forced,
 k = 4) every eval_every steps to WORKDIR/exp_log.jsonl. `prep_sampled` adds N answers per prompt
 sampled at TEMPERATURE to the greedy answers of a prepared data folder (more contexts, the same
 greedy labels). `prep_heldout` makes the held-out set alone (for a DATA folder made elsewhere, e.g.
@@ -218,7 +218,8 @@ def train(cfg):
         w = min(1.0, (step + 1) / warm)
         for g in opt.param_groups: g["lr"] = lr * w * max(0.05, 1 - step / steps_opt)
         sb = T._soft_batch(data, pick, t2d, seq_len, kk) if soft else None
-        loss, hits, n = T._loss(head, ids, feats, dl, lab, unroll, head.d2t, sb)
+        with T.step_autocast("cpu", "bf16" if cfg.get("bf16") else "fp32"):
+            loss, hits, n = T._loss(head, ids, feats, dl, lab, unroll, head.d2t, sb)
         opt.zero_grad(set_to_none=True); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
         a = hits / max(n, 1); acc_ema = a if acc_ema is None else 0.9 * acc_ema + 0.1 * a
         if (step + 1) % ev == 0 or step + 1 == steps_opt:

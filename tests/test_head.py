@@ -270,6 +270,55 @@ def test_head_loss_falls_with_soft_labels_and_one_hot_soft_labels_are_the_hard_l
     assert losses[-1] - floor < 0.7 * (losses[0] - floor), (floor, losses)
 
 
+def test_bf16_steps_train_like_fp32_steps():
+    """--train-dtype bf16 runs the step's matmuls in bfloat16 (the loss differs from float32's in
+    its low digits, so autocast is really on) and the head still learns: its loss falls as the
+    float32 one does, from the same start."""
+    from specedge.training.train import _loss, step_autocast
+
+    target = _target("llama")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 200, (2, 25))
+    with torch.no_grad():
+        out = target(ids, torch.zeros(2, dtype=torch.int64), *target.empty_cache(32, batch=2))
+    feats, lab = out[-1][:, :-1], out[0].argmax(-1)[:, 1:]
+    runs = {}
+    for dtype in ("fp32", "bf16"):
+        torch.manual_seed(1)
+        head = head_for_target(target, feats.shape[-1], target.embed_tokens.weight.shape[0])
+        opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+        losses = []
+        for _ in range(12):
+            with step_autocast("cpu", dtype):
+                loss, _, _ = _loss(head, ids[:, 1:], feats, lab, lab, 3, head.d2t)
+            assert loss.dtype == torch.float32
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        assert all(p.dtype == torch.float32 for p in head.parameters())  # master weights stay fp32
+        runs[dtype] = losses
+    assert runs["bf16"][0] != runs["fp32"][0] and abs(runs["bf16"][0] - runs["fp32"][0]) < 0.02 * runs["fp32"][0]
+    assert runs["bf16"][-1] < 0.7 * runs["bf16"][0], runs["bf16"]
+
+
+def test_train_dtype_auto_is_bf16_only_where_the_device_computes_it(monkeypatch):
+    from specedge.training import train as train_mod
+
+    assert train_mod.uses_bf16("cpu", "bf16") and not train_mod.uses_bf16("cpu", "fp32")
+    for avx512_bf16, amx, native in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert train_mod.native_bf16("cpu") is native
+        assert train_mod.uses_bf16("cpu", "auto") is native
+        with train_mod.step_autocast("cpu", "auto"):
+            assert torch.is_autocast_enabled("cpu") is native
+    # a torch without the private probes: float32, never emulated bfloat16
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert train_mod.native_bf16("cpu") is False
+
+
 def test_top_k_probs_are_the_softmax_head_most_probable_first():
     from specedge.training.data import top_k_probs
 
@@ -393,6 +442,10 @@ def test_training_writes_a_head_with_its_vocabulary_map(trained):
     assert m.head is not None and m.head.vocab_size == 48
     t = m.head.extra["training"]
     assert t["tokens"] >= 3000 and t["steps"] > 0
+    assert 0 < t["data_seconds"] < t["seconds"]  # where the run's time went: data, then training
+    from specedge.training.train import native_bf16
+
+    assert t["train_dtype"] == ("bf16" if native_bf16("cpu") else "fp32")  # TRAIN leaves it at auto
     d2t = json.loads(m.path(m.head.extra["draft_vocab_file"]).read_text())["d2t"]
     assert len(d2t) == 48 and len(set(d2t)) == 48 and set(m.eos_token_ids) <= set(d2t)
     assert m.head.weight_bytes < m.target.weight_bytes
@@ -457,6 +510,8 @@ def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
                       "--sampled-answers must be an integer of at least 0")
     assert_user_error(cli("train-draft", trained, "--soft-labels", "-1"),
                       "--soft-labels must be an integer of at least 0")
+    assert_user_error(cli("train-draft", trained, "--train-dtype", "fp16"),
+                      "--train-dtype must be auto, fp32 or bf16, got 'fp16'")
     # a checkpoint of another target
     other = tmp_path / "ck"
     other.mkdir()
@@ -518,6 +573,26 @@ def test_greedy_with_the_head_equals_target_only(tiny_bundle_factory, trained, t
         accepted += a.stats["accepted"]
     assert drafted > 0 and head.drafter.calls > 0
     assert accepted > 0  # a trained head gets some drafts accepted even on a random tiny target
+
+
+def test_a_head_on_an_int4_target_trains_and_keeps_its_greedy_output(tiny_bundle_factory, tmp_path):
+    """An int4 target (whose auto draft is n-gram) with features: train-draft writes the answers
+    with the target itself and trains on its int4 features; greedy output with the head is the
+    int4 target's own."""
+    from specedge.runtime.api import load
+    from specedge.training.train import TrainOptions, train_draft
+
+    b = tmp_path / "int4"
+    shutil.copytree(tiny_bundle_factory("llama", precision="int4", draft="ngram", features=True), b)
+    m = train_draft(b, TrainOptions(**{**TRAIN, "budget": "1k"}, checkpoint=str(tmp_path / "ck")))
+    assert m.target.precision == "int4" and m.head.extra["training"]["answers_by"] == "target"
+    head, ref = load(b, draft="head", threads=1), load(b, draft="ngram", threads=1)
+    drafted = 0
+    for p in PROMPTS:
+        a = head.generate(p, max_new_tokens=30, guard=False)
+        assert a.token_ids == ref.generate(p, max_new_tokens=30, speculative=False).token_ids, p
+        drafted += a.stats["drafted"]
+    assert drafted > 0
 
 
 def test_runtime_drafts_equal_the_training_time_test(trained_run):

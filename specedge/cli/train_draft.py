@@ -47,6 +47,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--soft-labels", type=int, default=d.soft_labels,
                    help=f"learn the target's distribution over its K most probable tokens at each position "
                         f"(0: only its greedy choice) (default {d.soft_labels})")
+    p.add_argument("--train-dtype", default=d.train_dtype,
+                   help="the training step's matmuls: bf16 (weights and optimizer stay fp32), fp32, or auto: "
+                        "bf16 where the device computes it natively (a CUDA GPU that does, a CPU with "
+                        f"AVX512-BF16 or AMX) (default {d.train_dtype})")
     p.add_argument("--doc-tokens", type=int, default=d.doc_tokens,
                    help=f"tokens of documentation text (default {d.doc_tokens})")
     p.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
@@ -98,7 +102,7 @@ def run(args) -> int:
     o = TrainOptions(budget=args.budget, seed=args.seed, device=args.device, steps=args.steps,
                      draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
                      answer_tokens=args.answer_tokens, sampled_answers=args.sampled_answers,
-                     answers_by=args.answers_by, soft_labels=args.soft_labels,
+                     answers_by=args.answers_by, soft_labels=args.soft_labels, train_dtype=args.train_dtype,
                      doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
                      threads=args.threads, checkpoint=args.checkpoint, resume=not args.no_resume)
     bars = _Bars(args.quiet or args.json)

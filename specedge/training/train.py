@@ -60,6 +60,9 @@ class TrainOptions:
     answers_by: str = "auto"  # who writes the answers: target, draft, auto (the self-draft when there is one)
     doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: BENCHMARKS.md)
     soft_labels: int = 32  # the target's top-K distribution as each slot's label; 0: its argmax only
+    # matmuls of the training step in bfloat16 (weights and optimizer stay float32): auto = where
+    # the device computes bfloat16 natively (1.9x the steps per second on an AVX512-BF16 CPU)
+    train_dtype: str = "auto"
     max_prompts: int | None = None  # None: every prompt of prompts.training_prompts
     threads: int | None = None
     checkpoint: str | None = None  # folder; default: .<bundle>.train-draft next to the bundle
@@ -91,6 +94,8 @@ def _check_options(o: TrainOptions) -> None:
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
+    if o.train_dtype not in ("auto", "fp32", "bf16"):
+        raise UserError(f"--train-dtype must be auto, fp32 or bf16, got '{o.train_dtype}'")
     if o.answers_by not in ("auto", "target", "draft"):
         raise UserError(f"--answers-by must be auto, target or draft, got '{o.answers_by}'")
     if not o.lr > 0:
@@ -206,6 +211,32 @@ def _target_module(manifest: Manifest):
     return model
 
 
+def uses_bf16(device, train_dtype: str) -> bool:
+    """Whether a training step on `device` runs its matmuls in bfloat16 (--train-dtype)."""
+    return train_dtype == "bf16" or (train_dtype == "auto" and native_bf16(device))
+
+
+def native_bf16(device) -> bool:
+    """Whether `device` computes bfloat16 matmuls natively: a CUDA device that says so, or a CPU
+    with AVX512-BF16 or AMX. Elsewhere bfloat16 is emulated and slower than float32."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    cpu = torch.cpu
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported",
+                                                                          "_is_amx_tile_supported"))
+
+
+def step_autocast(device, train_dtype: str):
+    """The autocast context of a training step: bfloat16 matmuls for "bf16", and for "auto" where
+    `native_bf16`; float32 otherwise. Softmax and the loss stay float32 (autocast's own policy,
+    and the head's logits are cast to float32)."""
+    import torch
+
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=uses_bf16(device, train_dtype))
+
+
 def _loss(head, ids, feats, dl, lab, steps: int, d2t, soft=None):
     """Cross-entropy of each unrolled step against the draft labels `dl`, or with `soft` (draft
     ids, probabilities: _soft_batch) against the target's distribution; weighted by 0.8^step.
@@ -293,6 +324,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         data = add_soft_labels(data, m, o.soft_labels, o.threads, lambda d, t: say("labels", d, t, None))
         save_data(data, ck_dir, data_meta)
 
+    data_seconds = time.monotonic() - t_start
     torch.manual_seed(o.seed)
     if o.threads:
         torch.set_num_threads(o.threads)
@@ -355,7 +387,8 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                 if o.soft_labels else None)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
+        with step_autocast(dev, o.train_dtype):
+            loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -383,8 +416,9 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     head.eval().cpu()
     training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
                 "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
-                "seconds": round(time.monotonic() - t_start, 1), "seed": o.seed, "budget": str(o.budget),
+                "seconds": round(time.monotonic() - t_start, 1), "data_seconds": round(data_seconds, 1), "seed": o.seed, "budget": str(o.budget),
                 "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps,
                 "soft_labels": o.soft_labels,
+                "train_dtype": "bf16" if uses_bf16(dev, o.train_dtype) else "fp32",
                 "answers_by": writer}
     return write_head(bundle, head, training)
