@@ -211,7 +211,7 @@ def main(argv=None) -> int:
          "tokens_per_target_call": round(tot["tokens"] / max(tot["target_calls"], 1), 3),
          "outputs_equal_target_only": f"{equal}/{len(seqs)}"}
 
-    res = {"kind": "head_diagnose", "bundle": str(bundle), "k": k, "prompts": len(seqs),
+    res = {"kind": "head_diagnose", "bundle": str(bundle), "target_precision": m.target.precision, "k": k, "prompts": len(seqs),
            "max_new_tokens": args.max_new_tokens, "head_training": m.head.extra.get("training"),
            "checkpoint_step": int(state["step"]), "a_torch": a, "b_onnx": b, "c_runtime": c,
            "seconds": round(time.time() - t0, 1), "loadavg": os.getloadavg()}

@@ -37,8 +37,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("export_args", nargs="*", help="more export-models options, after --")
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more export-models options, after --
+    a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    a.export_args = extra
     ck = a.bundle.resolve().parent / f".{a.bundle.resolve().name}.train-draft"
     if a.bundle.exists() or ck.exists():
         raise SystemExit(f"{a.bundle} or {ck} exists: the run must start from nothing")

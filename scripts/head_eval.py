@@ -64,7 +64,8 @@ def acceptance(bundles, args) -> dict:
         rows.append({"bundle": str(b), "budget": t.get("budget"), "training_tokens": t.get("tokens"),
                      "training_seconds": t.get("seconds"), "train_top1": t.get("top1"),
                      "data_tokens": t.get("data_tokens"), "draft_vocab": m.head.vocab_size,
-                     "soft_labels": t.get("soft_labels", 0),
+                     "soft_labels": t.get("soft_labels", 0), "train_dtype": t.get("train_dtype", "fp32"),
+                     "target_precision": m.target.precision,
                      "head_weight_bytes": m.head.weight_bytes, "target_weight_bytes": m.target.weight_bytes,
                      "overall": summary(tot), "per_category": {k: summary(v) for k, v in sorted(per.items())}})
         print(f"{t.get('tokens')} training tokens: {rows[-1]['overall']}", file=sys.stderr)
@@ -131,7 +132,8 @@ def markdown(files) -> str:
         if any({k: r[k] for k in keys} != {k: acc[0][1][k] for k in keys} for _, r in acc):
             raise SystemExit("the acceptance files were run with different settings")
         rows = sorted((row for _, r in acc for row in r["results"]),
-                      key=lambda row: (row["training_tokens"] or 0, row.get("soft_labels", 0)))
+                      key=lambda row: (row.get("target_precision", "fp32") != "fp32", row["training_tokens"] or 0,
+                                       row.get("soft_labels", 0), row.get("train_dtype", "fp32")))
         merged = ("`, `".join(f for f, _ in acc), {**acc[0][1], "results": rows})
         res = [merged] + [(f, r) for f, r in res if r["kind"] != "head_acceptance"]
     out = []
@@ -141,7 +143,7 @@ def markdown(files) -> str:
             out += [f"### Acceptance against the training budget (`{f}`)", "",
                     f"Greedy chain, k = {r['k']}, guard off, {r['max_new_tokens']} new tokens per prompt, "
                     f"{r['threads']} threads; tokens per target call (acceptance rate).", "",
-                    "| training tokens | labels | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
+                    "| training tokens | target; labels; training steps | seconds of its train-draft run | train top-1 (EMA, training data) | head bytes / target bytes | overall | "
                     + " | ".join(cats) + " |",
                     "|---:|---|---:|---:|---:|---:|" + "---:|" * len(cats)]
             for row in r["results"]:
@@ -149,7 +151,9 @@ def markdown(files) -> str:
                 cells = [f"{row['per_category'][c]['tokens_per_target_call']:.2f} "
                          f"({_pct(row['per_category'][c]['acceptance_rate'])})" if c in row["per_category"] else "–"
                          for c in cats]
-                labels = f"target top-{row['soft_labels']}" if row.get("soft_labels") else "target argmax"
+                labels = (f"{row.get('target_precision', 'fp32')}; "
+                          + (f"top-{row['soft_labels']}" if row.get("soft_labels") else "argmax")
+                          + f"; {row.get('train_dtype', 'fp32')}")
                 out.append(f"| {row['training_tokens']} | {labels} | {row['training_seconds']} | {_pct(row['train_top1'])} | "
                            f"{row['head_weight_bytes'] / max(row['target_weight_bytes'], 1):.1%} | "
                            f"**{o['tokens_per_target_call']:.2f}** ({_pct(o['acceptance_rate'])}) | "
@@ -184,7 +188,9 @@ def markdown(files) -> str:
             cond = lambda x: ", ".join(_pct(v) for v in x["top1_given_previous_right"])  # noqa: E731
             out += [f"### Where acceptance is lost (`{f}`, scripts/head_diagnose.py)", "",
                     f"Head of {t.get('tokens')} training tokens ({t.get('budget')}"
-                    f"{', soft labels top-' + str(t['soft_labels']) if t.get('soft_labels') else ''}); held-out text: the target's own "
+                    f"{', soft labels top-' + str(t['soft_labels']) if t.get('soft_labels') else ''}"
+                    f"{', ' + t['train_dtype'] + ' steps' if t.get('train_dtype') else ''}"
+                    f"{', ' + r['target_precision'] + ' target' if r.get('target_precision') else ''}); held-out text: the target's own "
                     f"answers to {r['prompts']} prompts of the script (not training, not bench), "
                     f"{r['max_new_tokens']} new tokens, k = {r['k']}. Load average {la[0]:.2f}.", "",
                     "| path | slots / proposals | draft 1 top-1 | draft 2..k top-1 given the ones before right |",
@@ -197,7 +203,8 @@ def markdown(files) -> str:
     goals = []
     for _, r in res:
         if r["kind"] == "head_acceptance":
-            best = max(r["results"], key=lambda row: row["overall"]["tokens_per_target_call"])
+            fp32 = [row for row in r["results"] if row.get("target_precision", "fp32") == "fp32"]  # the goals' target
+            best = max(fp32 or r["results"], key=lambda row: row["overall"]["tokens_per_target_call"])
             ratio = best["head_weight_bytes"] / max(best["target_weight_bytes"], 1)
             tpc = best["overall"]["tokens_per_target_call"]
             goals.append(f"- head weight bytes per step: {ratio:.1%} of the fp32 target's (goal <= 10%: "
