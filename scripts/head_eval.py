@@ -77,7 +77,7 @@ def speed(bundle, args) -> dict:
     m = load_manifest(bundle, verify="size")
     modes = {"target-only": ("ngram", False), "ngram": ("ngram", True), "int4-self-draft": ("model", True),
              "head": ("head", True)}
-    if m.draft is None or m.draft.kind != "model":  # e.g. an int4 target, whose auto draft is n-gram
+    if m.draft is None or not m.draft.is_model:  # e.g. an int4 target, whose auto draft is n-gram
         del modes["int4-self-draft"]
     pipes = {name: load(bundle, draft=d, threads=args.threads, shared_pool=True) for name, (d, _) in modes.items()}
     tps: dict[str, list[float]] = {n: [] for n in modes}

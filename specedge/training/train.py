@@ -61,7 +61,8 @@ class TrainOptions:
     doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: BENCHMARKS.md)
     soft_labels: int = 32  # the target's top-K distribution as each slot's label; 0: its argmax only
     # matmuls of the training step in bfloat16 (weights and optimizer stay float32): auto = where
-    # the device computes bfloat16 natively (1.9x the steps per second on an AVX512-BF16 CPU)
+    # the device computes bfloat16 natively (1.82x the steps per second on an AVX512-BF16 CPU:
+    # BENCHMARKS.md, experiment H)
     train_dtype: str = "auto"
     max_prompts: int | None = None  # None: every prompt of prompts.training_prompts
     threads: int | None = None
@@ -356,6 +357,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         opt.load_state_dict(state["opt"])
         step, tokens = int(state["step"]), int(state["tokens"])
     d2t_dev = head.d2t
+    step_dtype = "bf16" if uses_bf16(dev, o.train_dtype) else "fp32"  # probed once, not every step
 
     def lr_at(i: int) -> float:
         w = min(1.0, (i + 1) / max(o.warmup, 1))
@@ -387,7 +389,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                 if o.soft_labels else None)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        with step_autocast(dev, o.train_dtype):
+        with step_autocast(dev, step_dtype):
             loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -416,9 +418,10 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     head.eval().cpu()
     training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
                 "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
-                "seconds": round(time.monotonic() - t_start, 1), "data_seconds": round(data_seconds, 1), "seed": o.seed, "budget": str(o.budget),
+                "seconds": round(time.monotonic() - t_start, 1), "data_seconds": round(data_seconds, 1),
+                "seed": o.seed, "budget": str(o.budget),
                 "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps,
                 "soft_labels": o.soft_labels,
-                "train_dtype": "bf16" if uses_bf16(dev, o.train_dtype) else "fp32",
+                "train_dtype": step_dtype,
                 "answers_by": writer}
     return write_head(bundle, head, training)
