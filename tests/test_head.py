@@ -173,21 +173,25 @@ def test_inspect_describes_the_features_output(tiny_bundle_factory):
 
 
 @pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
-def test_head_graph_matches_pytorch(feat_bundle, tmp_path, kv_mode):
+@pytest.mark.parametrize("family", FAMILY_LIST)
+def test_head_graph_matches_pytorch(family, tmp_path, kv_mode):
+    """Each family's head (its rotary embedding, activation, widths) as an ONNX graph equals the
+    PyTorch module, over target features and then chained over its own hidden state."""
     from specedge.export.head_graph import export_head_graph
 
-    target = _target("llama")
-    head = randomize_(head_for_target(target, 192, 40), 1).eval()
+    target = _target(family)
+    F = 3 * target.embed_tokens.weight.shape[1]
+    head = randomize_(head_for_target(target, F, 40), 1).eval()
     head.kv_mode = kv_mode
     export_head_graph(head, tmp_path / "h.onnx", 64, kv_mode)
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(tmp_path / "h.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.RandomState(0)
-    feats = rng.randn(1, 6, 192).astype(np.float32)
-    ids = rng.randint(0, 256, (1, 6)).astype(np.int64)
+    feats = rng.randn(1, 6, F).astype(np.float32)
+    ids = rng.randint(0, head.hc.target_vocab, (1, 6)).astype(np.int64)
     cache = [c.numpy() for c in head.empty_cache(64)]
-    hid0 = np.zeros((1, 6, 64), np.float32)
+    hid0 = np.zeros((1, 6, head.hc.hidden_size), np.float32)
     o1 = sess.run(None, {"input_ids": ids, "position": np.zeros(1, np.int64), "features": feats, "hidden": hid0,
                          "past_key.0": cache[0], "past_value.0": cache[1]})
     with torch.no_grad():
@@ -202,11 +206,11 @@ def test_head_graph_matches_pytorch(feat_bundle, tmp_path, kv_mode):
         kc, vc = cache[0].copy(), cache[1].copy()
         kc[:, :, :6], vc[:, :, :6] = o1[2], o1[3]
     nxt = np.array([[7]], np.int64)
-    o2 = sess.run(None, {"input_ids": nxt, "position": np.array([6]), "features": np.zeros((1, 1, 192), np.float32),
+    o2 = sess.run(None, {"input_ids": nxt, "position": np.array([6]), "features": np.zeros((1, 1, F), np.float32),
                          "hidden": o1[1][:, -1:], "past_key.0": kc, "past_value.0": vc})
     with torch.no_grad():
         u = head.forward_unrolled(torch.from_numpy(np.concatenate([ids, nxt], 1)),
-                                  torch.from_numpy(np.concatenate([feats, np.zeros((1, 1, 192), np.float32)], 1)), 2)
+                                  torch.from_numpy(np.concatenate([feats, np.zeros((1, 1, F), np.float32)], 1)), 2)
     np.testing.assert_allclose(u[0][0, :6].numpy(), o1[0][0], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(u[1][0, 6].numpy(), o2[0][0, 0], atol=1e-4, rtol=1e-4)
 
@@ -573,6 +577,27 @@ def test_greedy_with_the_head_equals_target_only(tiny_bundle_factory, trained, t
         accepted += a.stats["accepted"]
     assert drafted > 0 and head.drafter.calls > 0
     assert accepted > 0  # a trained head gets some drafts accepted even on a random tiny target
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY_LIST if f != "llama"])  # llama: the test above
+def test_greedy_with_the_head_equals_target_only_for_every_family(tiny_bundle_factory, tmp_path, family):
+    """Each family's bundle with features (an n-gram draft, as the other families' tests use: the
+    target writes the answers): a head trains on it, and greedy output with the head is the
+    target's own."""
+    from specedge.runtime.api import load
+    from specedge.training.train import TrainOptions, train_draft
+
+    b = tmp_path / family
+    shutil.copytree(tiny_bundle_factory(family, draft="ngram", features=True), b)
+    m = train_draft(b, TrainOptions(**{**TRAIN, "budget": "1k"}, checkpoint=str(tmp_path / "ck")))
+    assert m.head is not None and m.head.extra["training"]["steps"] > 0
+    head, ref = load(b, draft="head", threads=1), load(b, draft="ngram", threads=1)
+    drafted = 0
+    for p in PROMPTS[:2]:
+        a = head.generate(p, max_new_tokens=24, guard=False)
+        assert a.token_ids == ref.generate(p, max_new_tokens=24, speculative=False).token_ids, p
+        drafted += a.stats["drafted"]
+    assert drafted > 0 and head.drafter.calls > 0
 
 
 def test_a_head_on_an_int4_target_trains_and_keeps_its_greedy_output(tiny_bundle_factory, tmp_path):

@@ -67,7 +67,8 @@ typedef struct specedge_open_options {
                            values get a pool per session. */
   int spec_tokens;      /* default k (draft tokens per round), 1..16; 0 = the bundle's */
   const char* draft;    /* "model", "ngram", "head" (the bundle's trained draft head, `specedge
-                           train-draft`; ort-cpu only), or NULL = the bundle's own kind */
+                           train-draft`; it runs on ort-cpu beside a target on any backend),
+                           or NULL = the bundle's own kind */
   const char* verify;   /* bundle file check: "full" (sha256, default), "size" or "none" */
   int allow_spinning;   /* ONNX Runtime intra-op spinning: -1 = auto (on for the shared pool; on a
                            per-session pool, off when a draft session takes turns with the

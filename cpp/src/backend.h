@@ -15,6 +15,9 @@ namespace specedge {
 // The call size T host buffers are first sized for: a prefill chunk, or twice the largest verification
 // call (k + 1 tokens), so no call of the speculative loop grows them mid-request (contract.py
 // reserved_call_size).
+// The target graph's optional output of tapped hidden states a draft head reads (contract.py FEATURES_OUTPUT).
+inline constexpr const char* kFeaturesOutput = "hidden_states";
+
 inline int reserved_call_size(int prefill_chunk) {
   return prefill_chunk > 2 * (kMaxSpecTokens + 1) ? prefill_chunk : 2 * (kMaxSpecTokens + 1);
 }
@@ -51,6 +54,12 @@ class Backend {
   // After a tree call at `position`: move the accepted path's K/V (node ids, root first) into
   // slots position..position+len-1 (tree.h compaction_moves).
   virtual void keep_path(int position, const std::vector<int>& path);
+  // A target graph with a features output: from now on keep every slot's feature row (batch row 0) in host
+  // memory, like the KV cache, for a head drafter (which runs on the CPU whatever device the target uses);
+  // false when the graph returns none or the backend cannot. Off by default, so other drafters pay nothing.
+  virtual bool keep_features() { return false; }
+  virtual const float* features() const { return nullptr; }  // [max_seq, feature_dim]; nullptr unless kept
+  virtual int feature_dim() const { return 0; }                // 0 unless keep_features()
 
  protected:
   Backend(const Manifest& m, const ModelSpec& spec)

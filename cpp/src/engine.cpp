@@ -226,11 +226,6 @@ std::vector<int32_t> ModelDrafter::propose(const std::vector<int32_t>& history, 
 Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   if (opts.draft != "" && opts.draft != "model" && opts.draft != "ngram" && opts.draft != "head")
     fail_arg("draft must be 'model', 'ngram', 'head' or empty, got '" + opts.draft + "'");
-  if (opts.draft == "head") {  // the head graph and the target's features run on ONNX Runtime's CPU backend
-    const std::string& b = opts.backend.backend;
-    if (!b.empty() && b != "auto" && b != "ort-cpu")
-      fail_arg("a draft head runs on the ort-cpu backend, with an ort-cpu target (not " + b + "/" + b + ")");
-  }
   if (opts.spec_tokens < 0 || opts.spec_tokens > kMaxSpecTokens)
     fail_arg("spec_tokens (k) must be in 1.." + std::to_string(kMaxSpecTokens) + " (0 = the bundle's), got " +
              std::to_string(opts.spec_tokens));
@@ -260,15 +255,17 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
   OrtBackend* head_backend = nullptr;
   if (draft == "head") {
-    draft_backend_ = make_backend(m_, m_.head, bo);
+    // the head is a few MB: it runs on ONNX Runtime's CPU backend beside a target on any backend, which copies its
+    // feature rows to the host (only now, for the head: no cost for other drafters)
+    BackendOptions hbo = bo;
+    hbo.backend = "ort-cpu";
+    draft_backend_ = make_backend(m_, m_.head, hbo);
     head_backend = dynamic_cast<OrtBackend*>(draft_backend_.get());
-    auto* tb = dynamic_cast<OrtBackend*>(target_.get());
-    // the target keeps its feature rows only now, for the head (no cost for other drafters)
-    if (!head_backend || !tb || !tb->keep_features())
+    if (!head_backend || !target_->keep_features())
       fail_bundle("the target graph returns no features: head drafting needs a bundle exported with features");
-    if (tb->feature_dim() != m_.head.feature_dim)
+    if (target_->feature_dim() != m_.head.feature_dim)
       fail_bundle("the draft head reads " + std::to_string(m_.head.feature_dim) + " features, the target returns " +
-                  std::to_string(tb->feature_dim()));
+                  std::to_string(target_->feature_dim()));
   } else if (two) {
     draft_backend_ = make_backend(m_, m_.draft, bo);
     vocab_ = std::min(vocab_, draft_backend_->vocab_size());

@@ -153,7 +153,7 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text)
 struct EngineOptions {
   BackendOptions backend;
   int spec_tokens = 0;        // 0 = bundle's
-  std::string draft;          // "", "model", "ngram", "head" (the bundle's trained draft head; ort-cpu)
+  std::string draft;          // "", "model", "ngram", "head" (the bundle's trained draft head; on ort-cpu beside any target)
   std::string verify = "full";
   int allow_spinning = -1;    // -1 auto
   bool warmup = true;

@@ -67,12 +67,11 @@ const float* HeadDrafter::catch_up(const std::vector<int32_t>& history) {
       common_prefix(target_->tokens().data(), target_->tokens().size(), history.data(), history.size(), size_t(n - 1)) <
           n - 1)
     fail_arg("the target's cache does not hold the committed sequence the head drafts after");
-  auto* tb = dynamic_cast<OrtBackend*>(target_->backend());
-  const float* feats = tb ? tb->features() : nullptr;
+  const Backend* tb = target_->backend();
+  const float* feats = tb->features();
   if (!feats)
-    fail_arg("the target backend '" + target_->backend()->name() +
-             "' does not return target features: head drafting needs the ort-cpu backend and a bundle exported with "
-             "features");
+    fail_arg("the target backend '" + tb->name() +
+             "' does not return target features: head drafting needs a bundle exported with features");
   const int F = tb->feature_dim();
   // always re-feed slot n - 2: its output is needed
   int start = common_prefix(fed_.data(), fed_.size(), history.data() + 1, history.size() - 1, size_t(last));

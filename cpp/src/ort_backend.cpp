@@ -60,7 +60,6 @@ class ZeroedBytes {
   std::unique_ptr<uint8_t, Free> p_;
 };
 
-constexpr const char* kFeaturesOutput = "hidden_states";  // contract.py FEATURES_OUTPUT
 
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');

@@ -58,12 +58,10 @@ class OrtBackend : public Backend {
   // both valid until the next run. A plain run() feeds whatever the buffers hold (timing only).
   const float* run_head(const int32_t* ids, int t, int position, const float* features, const float* hidden,
                         const float** hidden_out);
-  // A target graph with a features output: from now on keep every slot's feature row (batch row 0),
-  // like the KV cache, for a head drafter; false when the graph returns none. Off by default: the
-  // output is then left to ONNX Runtime, as any extra output, and nothing is copied.
-  bool keep_features();
-  const float* features() const;  // [max_seq, feature_dim]; nullptr unless keep_features()
-  int feature_dim() const;
+  // Backend::keep_features; until then the output is left to ONNX Runtime, as any extra output.
+  bool keep_features() override;
+  const float* features() const override;
+  int feature_dim() const override;
   int hidden_size() const;  // a draft head's hidden_out width (0 for other graphs)
 
  private:

@@ -241,6 +241,12 @@ struct TrtBackend::Impl {
   DeviceMem kv, ids, pos, logits, delta, argmax, scratch;
   std::map<std::string, DeviceMem> extras;  // named extra outputs (hidden states): bound, not read
   HostMem ids_host, pos_host, logits_host;
+  // keep_features(): the features output of each call (batch row 0) comes back to feat_host, and every slot's
+  // row lives in feat_store [S, TF], like the cache, for a head drafter on the CPU
+  HostMem feat_host;
+  std::vector<float> feat_store;
+  bool keep_feat = false;
+  int TF = 0;
   std::unique_ptr<nvinfer1::IRuntime> runtime;
   std::unique_ptr<nvinfer1::ICudaEngine> engine;
   struct Ctx {
@@ -585,6 +591,10 @@ const float* TrtBackend::run(const int32_t* ids, int t, int position) {
   cuda_check(cudaMemcpyAsync(s.logits_host.p, s.logits.p, 4 * size_t(t) * size_t(s.V), cudaMemcpyDeviceToHost,
                              s.stream.s),
              "cudaMemcpyAsync (logits to the host)");
+  if (s.keep_feat)  // [B, t, TF] fp32: batch row 0 is the first t rows
+    cuda_check(cudaMemcpyAsync(s.feat_host.p, s.extras[kFeaturesOutput].p, 4 * size_t(t) * size_t(s.TF),
+                               cudaMemcpyDeviceToHost, s.stream.s),
+               "cudaMemcpyAsync (features to the host)");
   cudaError_t e = cudaStreamSynchronize(s.stream.s);
   if (e != cudaSuccess) {
     std::string te = s.logger.take_error();
@@ -592,8 +602,30 @@ const float* TrtBackend::run(const int32_t* ids, int t, int position) {
     fail_backend("the " + s.role + " engine failed on the GPU (T=" + std::to_string(t) + ", position " +
                  std::to_string(position) + "): " + cuda_error(e) + (te.empty() ? "" : " (TensorRT: " + te + ")"));
   }
+  if (s.keep_feat)
+    std::memcpy(s.feat_store.data() + size_t(position) * size_t(s.TF), s.feat_host.p, 4 * size_t(t) * size_t(s.TF));
   return static_cast<const float*>(s.logits_host.p);
 }
+
+bool TrtBackend::keep_features() {
+  Impl& s = *impl_;
+  if (s.keep_feat) return true;
+  auto it = s.extras.find(kFeaturesOutput);
+  if (s.spec->features_dim < 1 || it == s.extras.end()) return false;
+  // the engine's output buffer holds [B, t_max, TF] of the largest profile (sized with the other extras)
+  if (it->second.bytes < 4 * size_t(s.B) * size_t(s.t_max) * size_t(s.spec->features_dim))
+    fail_bundle("the " + s.role + " engine's features output is narrower than the manifest's features.dim " +
+                std::to_string(s.spec->features_dim));
+  s.TF = s.spec->features_dim;
+  s.feat_host.alloc(4 * size_t(s.t_max) * size_t(s.TF), "the features of one call");
+  s.feat_store.assign(size_t(s.S) * size_t(s.TF), 0.f);
+  s.keep_feat = true;
+  return true;
+}
+
+const float* TrtBackend::features() const { return impl_->keep_feat ? impl_->feat_store.data() : nullptr; }
+
+int TrtBackend::feature_dim() const { return impl_->keep_feat ? impl_->TF : 0; }
 
 bool TrtBackend::copy_kv_from(const Backend& other, int start, int end) {
   const auto* o = dynamic_cast<const TrtBackend*>(&other);

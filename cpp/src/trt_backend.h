@@ -41,6 +41,10 @@ class TrtBackend : public Backend {
   std::string name() const override { return "tensorrt"; }
   int max_call_tokens() const override;
   bool copy_kv_from(const Backend& other, int start, int end) override;
+  // Backend::keep_features: each run() then copies the call's feature rows to the host too.
+  bool keep_features() override;
+  const float* features() const override;
+  int feature_dim() const override;
   // Why CUDA graphs are off, when they are ("" otherwise).
   const std::string& graph_note() const;
 

@@ -515,7 +515,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       (default: the same). threads: intra-op threads per ONNX Runtime session. providers: ONNX
       Runtime execution providers (names or (name, options) pairs) for ort-* backends.
     draft: "model" (the bundle's draft model), "ngram" (prompt lookup, no model), "head" (the
-      bundle's trained draft head, `specedge train-draft`; ort-cpu) or None (the bundle's own kind).
+      bundle's trained draft head, `specedge train-draft`; it runs on ort-cpu, beside a target on
+      any backend) or None (the bundle's own kind).
     verify: bundle file check, "full" (sha256), "size" or "none".
     warmup: run each call shape once and measure step costs (`Pipeline.calibrate`).
     spinning: ONNX Runtime intra-op spinning; None = off whenever a draft session exists (two
@@ -559,9 +560,14 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     check_graph_files(manifest)
     tokenizer = Tokenizer(manifest)
     tname = resolve_backend_name(backend)
-    dname = resolve_backend_name(draft_backend or backend) if draft in ("model", "head") else None
-    if draft == "head" and (tname, dname) != ("ort-cpu", "ort-cpu"):
-        raise BackendError(f"a draft head runs on the ort-cpu backend, with an ort-cpu target (not {tname}/{dname})")
+    if draft == "head":
+        # the head is a few MB: it runs on the CPU next to any target, which hands it its features
+        dname = resolve_backend_name(draft_backend) if draft_backend else "ort-cpu"
+        if dname != "ort-cpu":
+            raise BackendError(f"a draft head runs on the ort-cpu backend (draft_backend {dname!r}); "
+                               "its target may use any backend")
+    else:
+        dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
     if any(n and n.startswith("ort-") for n in (tname, dname)):
         _check_onnxruntime()
     if tname == "ort-cpu":  # the KV caches and logits live in host memory
@@ -571,7 +577,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     two_sessions = dname is not None
 
     def make(name, spec, klass=None):
-        opts = dict(backend_options or {})
+        # a head beside a GPU target runs on the CPU: backend_options are the target backend's
+        head_apart = spec.kind == "head" and tname != "ort-cpu"
+        opts = {} if head_apart else dict(backend_options or {})
         klass = klass or backend_class(name)
         if _accepts(klass, "allow_spinning"):
             opts["allow_spinning"] = spinning
@@ -582,7 +590,7 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         # threads size ONNX Runtime's CPU pools; GPU-only backends have none and ignore it
         t = threads if _accepts(klass, "threads") else None
         if spec.kind == "head":
-            return klass(manifest, spec, threads=t, providers=providers, **opts)
+            return klass(manifest, spec, threads=t, providers=None if head_apart else providers, **opts)
         return create_backend(name, manifest, spec, threads=t, providers=providers, **opts)
 
     say(f"target session ({tname})")

@@ -34,9 +34,9 @@ class Backend(ABC):
     # CUDA graphs in use; a failed capture turns them off (`graphs_off`), with the reason in graph_note
     cuda_graphs: bool = False
     graph_note: str = ""
-    # [B, max_seq, F] fp32: the target features (contract.FEATURES_OUTPUT) of the token in each
-    # cache slot, kept like the cache, for a draft head; None where the graph has none or the
-    # backend does not read them back (GPU backends)
+    # [B, max_seq, F] fp32 in host memory: the target features (contract.FEATURES_OUTPUT) of the
+    # token in each cache slot, kept like the cache, for a draft head (which runs on the CPU
+    # whatever device the target uses); None where the graph has none
     features: np.ndarray | None = None
     # the graph takes tree calls (the manifest's graph `tree`, contract.TREE_INPUT): `run_tree`
     # and `keep_path` work; chain calls bind the lower-triangular mask themselves
@@ -55,6 +55,32 @@ class Backend(ABC):
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
         """Feed `input_ids` (int64 [T]) written at cache slots position..position+T-1 and return
         fp32 logits [T, V] (a view that stays valid until the next call)."""
+
+    def feature_dim(self) -> int:
+        """F, the width of the graph's features output (manifest `features.dim`); 0 without one."""
+        f = getattr(self.spec, "features", None)
+        return int(f.get("dim", 0)) if f else 0
+
+    def allocate_features(self) -> None:
+        """The host `features` array, once, when the graph has a features output."""
+        F = self.feature_dim()
+        if F and self.features is None:
+            self.features = np.zeros((self.manifest.batch, self.max_seq, F), dtype=np.float32)
+
+    def store_features(self, position: int, rows) -> None:
+        """Record a call's features rows [B, t, F] at slots position..position+t-1 (every
+        backend calls this after each run; a GPU backend passes the rows it copied to the host)."""
+        if self.features is not None:
+            rows = np.asarray(rows).reshape(self.features.shape[0], -1, self.features.shape[2])
+            self.features[:, position : position + rows.shape[1]] = rows
+
+    def keep_path_features(self, position: int, moves) -> None:
+        """The host side of `keep_path`: move the features rows with the K/V entries (`moves`:
+        runtime/tree.py compaction_moves, (source, destination) node offsets from `position`)."""
+        if self.features is not None and moves:
+            src = [position + s for s, _ in moves]
+            dst = [position + d for _, d in moves]
+            self.features[:, dst] = self.features[:, src]  # fancy indexing reads every source first
 
     def check_call(self, input_ids, position: int) -> np.ndarray:
         """`input_ids` as int64 [T] after checking that T >= 1 tokens fit at `position`."""

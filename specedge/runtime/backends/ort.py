@@ -285,11 +285,9 @@ class OrtBackend(Backend):
         self._bindings: dict[int, object] = {}
         self._mask = np.zeros(B * self.t_max * self.t_max, dtype=bool) if self.takes_trees else None
         self._mask_for = 0
-        F = int(self.spec.features.get("dim", 0)) if getattr(self.spec, "features", None) else 0
+        F = self.feature_dim()
         self._feat = np.zeros(B * self.t_max * F, dtype=np.float32) if F else None
-        if F and getattr(self, "features", None) is None:
-            # every slot's target features, row = cache slot, like the KV cache (draft heads read it)
-            self.features = np.zeros((B, S, F), dtype=np.float32)
+        self.allocate_features()
 
     def kv_tensor(self, kind: int, layer: int) -> np.ndarray:
         """The cache tensor [B, kv_heads, S, head_dim] of layer `layer` (kind 0 = key, 1 = value),
@@ -322,7 +320,7 @@ class OrtBackend(Backend):
                     dptr = self._delta.ctypes.data + j * delta_elems * isz
                     b.bind_output(f"new_{kname}.{i}", dev, 0, self._kv_elem, [B, H, t, D], dptr)
         if self._feat is not None:
-            F = self.features.shape[-1]
+            F = self.feature_dim()
             b.bind_output(FEATURES_OUTPUT, dev, 0, np.float32, [B, t, F], self._feat.ctypes.data)
         for name in self._extra_outputs:
             b.bind_output(name, dev)
@@ -351,8 +349,7 @@ class OrtBackend(Backend):
             raise ValueError(f"tree nodes {max(src) - position} past position {position} are outside max_seq {self.max_seq}")
         # fancy indexing reads every source before writing: one copy for every layer, K and V
         self.kv[:, :, :, dst, :] = self.kv[:, :, :, src, :]
-        if self.features is not None:
-            self.features[:, dst] = self.features[:, src]
+        self.keep_path_features(position, moves)
 
     def _call(self, ids: np.ndarray, position: int, tree_mask: np.ndarray | None) -> np.ndarray:
         t = int(ids.shape[0])
@@ -376,8 +373,7 @@ class OrtBackend(Backend):
             new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)
             self.kv[:, :, :, position : position + t, :] = new  # every layer, K and V: one copy
         if self._feat is not None:
-            F = self.features.shape[-1]
-            self.features[:, position : position + t] = self._feat[: B * t * F].reshape(B, t, F)
+            self.store_features(position, self._feat[: B * t * self.feature_dim()])
         return self._logits[: t * self.vocab_size].reshape(t, self.vocab_size)  # batch row 0
 
     def _write_mask(self, t: int, tree_mask: np.ndarray | None) -> None:

@@ -109,6 +109,7 @@ class _Slot:
         self.ids = None
         self.logits = None
         self.delta = None
+        self.feat = None
         self.amax = None
         self.amax_binding = None
         self.run_options = None
@@ -267,6 +268,7 @@ class OrtCudaBackend(Backend):
                 np.zeros(n, dtype=numpy_dtype(self.spec.kv_dtype)), self.device_type, self.device_id
             )
         self.arena_ptr = self.arena.data_ptr()
+        self.allocate_features()  # host rows for a draft head, which runs on the CPU
         self.position = self._ortvalue([self.batch], np.int64)
         self._pos_host = np.zeros(self.batch, dtype=np.int64)
 
@@ -311,8 +313,9 @@ class OrtCudaBackend(Backend):
                 b.bind_output(bd.name, dev, did, self.elem_type, list(bd.shape), self.arena_ptr + bd.offset)
             elif bd.buffer == "delta":
                 b.bind_output(bd.name, dev, did, self.elem_type, list(bd.shape), s.delta.data_ptr() + bd.offset)
-            elif bd.buffer == "features":  # computed, not read back: head drafting runs on ort-cpu
-                b.bind_output(bd.name, dev, did)
+            elif bd.buffer == "features":  # [B, t, F] fp32, copied to the host after each run
+                s.feat = self._ortvalue(list(bd.shape), np.float32)
+                b.bind_ortvalue_output(bd.name, s.feat)
         for name in self._extra_outputs:  # named extras (hidden states): let onnxruntime allocate them
             b.bind_output(name, dev, did)
         s.binding = b
@@ -360,6 +363,8 @@ class OrtCudaBackend(Backend):
             src = s.delta.data_ptr()
             for c in delta_copy(self.cache, t, position):  # one, or one per K/V tensor when padded
                 self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height)
+        if s.feat is not None:  # F floats per token, far less than the logits row
+            self.store_features(position, s.feat.numpy())
         s.ran = True
         return s
 
@@ -368,9 +373,11 @@ class OrtCudaBackend(Backend):
         (`binding.path_copies`)."""
         if self._copier is None:
             raise BackendError("this ort-cuda backend has no device copier for a tree commit")
-        for c in path_copies(self.cache, position, compaction_moves(path)):
+        moves = compaction_moves(path)
+        for c in path_copies(self.cache, position, moves):
             self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, self.arena_ptr + c.src_offset, c.spitch,
                                 c.width, c.height)
+        self.keep_path_features(position, moves)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if (not isinstance(other, OrtCudaBackend) or other.cache != self.cache or self._copier is None

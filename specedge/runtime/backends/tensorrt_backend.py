@@ -285,6 +285,11 @@ class TensorRTBackend(Backend):
         isz = np.dtype(self._amax_dtype).itemsize
         self._amax_host_ptr = self._hmalloc(isz * B * max(t_all, k))
         self._amax_host = host_view(self._amax_host_ptr, isz * B * max(t_all, k), self._amax_dtype)
+        F = self.feature_dim()
+        if F:  # the target features of each call, for a draft head running on the CPU
+            self._feat_host_ptr = self._hmalloc(4 * B * t_all * F)
+            self._feat_host = host_view(self._feat_host_ptr, 4 * B * t_all * F, np.float32)
+            self.allocate_features()
         self._bufs = []
         for p in self.profiles:
             t = p.t_max
@@ -296,8 +301,8 @@ class TensorRTBackend(Backend):
             }
             if self.has_argmax:
                 b["argmax"] = self._dmalloc(isz * B * t)
-            if self.spec.features:  # written by the graph, not read back: head drafting runs on ort-cpu
-                b["features"] = self._dmalloc(4 * B * t * int(self.spec.features["dim"]))
+            if F:
+                b["features"] = self._dmalloc(4 * B * t * F)
             if self.kv_mode == "delta":  # padded strides: the layout of any T <= t_max fits in it
                 b["delta"] = self._dmalloc(KVLayout.for_delta(self.spec, t, B).total_bytes)
             self._bufs.append(b)
@@ -387,14 +392,24 @@ class TensorRTBackend(Backend):
                     self._cache_ptr + c.dst_offset, c.dpitch, delta_ptr + c.src_offset, c.spitch,
                     c.width, c.height, self.cu.D2D, self._stream,
                 )
+        if self.features is not None:  # queued behind the engine; read after the caller's sync
+            F = self.features.shape[-1]
+            self.cu.memcpy_async(self._feat_host_ptr, self._bufs[pi]["features"], 4 * B * t * F, self.cu.D2H, self._stream)
         return pi, t
+
+    def _synced(self, position: int, t: int) -> None:
+        """After the stream's sync: record the call's features rows on the host."""
+        if self.features is not None:
+            self.store_features(position, self._feat_host[: self.batch * t * self.features.shape[-1]])
 
     def keep_path(self, position: int, path) -> None:
         """Commit a tree's accepted path: device-to-device slot copies inside the cache arena, in
         order on the backend's stream (`binding.path_copies`), finished before the next call."""
-        for c in path_copies(self.cache, position, compaction_moves(path)):
+        moves = compaction_moves(path)
+        for c in path_copies(self.cache, position, moves):
             self.cu.memcpy2d_async(self._cache_ptr + c.dst_offset, c.dpitch, self._cache_ptr + c.src_offset, c.spitch,
                                    c.width, c.height, self.cu.D2D, self._stream)
+        self.keep_path_features(position, moves)
         self.cu.sync(self._stream)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
@@ -412,6 +427,7 @@ class TensorRTBackend(Backend):
         V = self.vocab_size
         self.cu.memcpy_async(self._logits_host_ptr, self._bufs[pi]["logits"], 4 * t * V, self.cu.D2H, self._stream)
         self.cu.sync(self._stream)
+        self._synced(position, t)
         return self._logits_host[: t * V].reshape(t, V)  # batch row 0
 
     def argmax(self, input_ids: np.ndarray, position: int) -> np.ndarray:
@@ -422,6 +438,7 @@ class TensorRTBackend(Backend):
         isz = np.dtype(self._amax_dtype).itemsize
         self.cu.memcpy_async(self._amax_host_ptr, self._bufs[pi]["argmax"], isz * t, self.cu.D2H, self._stream)
         self.cu.sync(self._stream)
+        self._synced(position, t)
         return self._amax_host[:t].astype(np.int64)
 
     # ------------------------------------------------------------------ k draft steps, one launch

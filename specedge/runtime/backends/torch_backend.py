@@ -187,6 +187,8 @@ class TorchBackend(Backend):
             # shallow copy: the caller's module (from_module) keeps its own signature.
             model = copy.copy(model)
             model.tree = True
+            # the bundle's features output (a draft head reads it): the same tapped layers
+            model.feature_layers = tuple(spec.features["layers"]) if getattr(spec, "features", None) else None
             model = model.to(device=dev, dtype=self.dtype).eval()
             for p in model.parameters():
                 p.requires_grad_(False)
@@ -203,6 +205,7 @@ class TorchBackend(Backend):
         self.cache = torch.zeros((2 * L, B, a.kv_heads, S, a.head_dim), dtype=self.dtype, device=dev)
         # past_key.i = cache[i], past_value.i = cache[L + i] (binding.py's arena order; _model_step)
         self._L = L
+        self.allocate_features()
         self.position = torch.zeros((B,), dtype=torch.int64, device=dev)
         self._ids: dict[int, object] = {}
         self._masks: dict[int, object] = {}  # static [B, T, T] ancestor masks, one per size
@@ -260,6 +263,7 @@ class TorchBackend(Backend):
         idx = self.torch.tensor([[position + s for s, _ in moves], [position + d for _, d in moves]],
                                 device=self.cache.device)
         self.cache[:, :, :, idx[1], :] = self.cache[:, :, :, idx[0], :]
+        self.keep_path_features(position, moves)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
         if (not isinstance(other, TorchBackend) or other.cache is None or self.cache is None
@@ -296,29 +300,30 @@ class TorchBackend(Backend):
 
     def _model_step(self, ids, position, mask, cache):
         """model(ids, position, mask, *past) in delta mode: (logits, the new K/V of every layer
-        stacked in the cache's order, keys then values: [2·L, B, kv_heads, T, head_dim]). Reads the
-        cache only, so torch.compile sees no mutation."""
+        stacked in the cache's order, keys then values: [2·L, B, kv_heads, T, head_dim], the
+        features [B, T, F] fp32 or None). Reads the cache only, so torch.compile sees no mutation."""
         L = self._L
         past = []
         for i in range(L):
             past += [cache[i], cache[L + i]]
         out = self.model(ids, position, mask, *past)
         kv = out[1 : 1 + 2 * L]  # a module with feature layers returns them after the caches
-        return out[0], self.torch.stack(list(kv[0::2]) + list(kv[1::2]))
+        feats = out[1 + 2 * L] if len(out) > 1 + 2 * L else None
+        return out[0], self.torch.stack(list(kv[0::2]) + list(kv[1::2])), feats
 
     def _forward(self, ids, position, mask):
         """The model step, then the new entries written in place with one index_copy_.
-        Returns (logits [B, T, V] fp32, argmax [B, T] int64); everything is capturable (the mask
-        is set by the caller before a capture, never inside one)."""
+        Returns (logits [B, T, V] fp32, argmax [B, T] int64, features [B, T, F] or None);
+        everything is capturable (the mask is set by the caller before a capture, never inside one)."""
         torch = self.torch
         t = ids.shape[1]
         step = self._model_step
         if self._compiled_step is not None and t in self.graph_sizes:
             step = self._compiled_step
-        logits, new = step(ids, position, mask, self.cache)
+        logits, new, feats = step(ids, position, mask, self.cache)
         idx = position[0] + torch.arange(t, device=self.device, dtype=torch.int64)
         self.cache.index_copy_(3, idx, new)
-        return logits, logits.argmax(dim=-1)
+        return logits, logits.argmax(dim=-1), feats
 
     def _capture(self, t: int):
         torch = self.torch
@@ -343,6 +348,13 @@ class TorchBackend(Backend):
             return self._forward(ids, self.position, self._masks[t])
 
     def _step(self, input_ids, position: int, tree=None):
+        """One call: (logits, argmax) on the device; the features rows go to the host array."""
+        out = self._run_step(input_ids, position, tree)
+        if out[2] is not None and self.features is not None:
+            self.store_features(int(position), out[2].float().cpu().numpy())
+        return out[0], out[1]
+
+    def _run_step(self, input_ids, position: int, tree=None):
         torch = self.torch
         if self._closed:
             raise BackendError("the backend is closed")
@@ -412,7 +424,7 @@ class TorchBackend(Backend):
         def chain():
             ids, pos = ids0, pos0
             for j in range(k):
-                _, amax = self._forward(ids, pos, mask1)
+                _, amax, _ = self._forward(ids, pos, mask1)
                 toks[j : j + 1].copy_(amax[0])
                 ids = amax.view(1, 1)
                 pos = pos + 1

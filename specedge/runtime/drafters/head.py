@@ -67,7 +67,7 @@ class HeadDrafter(Drafter):
         feats = getattr(backend, "features", None)
         if feats is None:
             raise ValueError(f"the target backend '{backend.name}' does not return target features: "
-                             "head drafting needs the ort-cpu backend and a bundle exported with features")
+                             "head drafting needs a bundle exported with features")
         return feats[0]
 
     def follow_target(self, target: CacheTracker) -> None:
