@@ -919,6 +919,17 @@ def python_cli_error(*args) -> str:
     return line
 
 
+def test_a_prompt_token_the_model_lacks_is_python_s_sentence(tiny_bundle_factory):
+    """The tiny qwen2 tokenizer's <|endoftext|> (id 256) is past its 256-row model: text naming it
+    is refused by both runtimes with the same sentence naming the token (Engine::generate checks
+    every prompt, ids included, as Pipeline.encode does)."""
+    b = tiny_bundle_factory(family="qwen2", draft="ngram")
+    want = ("token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), which the tokenizer has "
+            "but the model does not")
+    assert_usage_error(run_cpp(b, "a <|endoftext|>", check=False), want)
+    assert python_cli_error(b, "a <|endoftext|>") == "error: " + want
+
+
 def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
     """--draft head on a bundle without a head, a head trained for another target, a damaged draft
     vocabulary map: exit 2 and the Python runtime's sentence. A GPU target backend is not refused for the head."""

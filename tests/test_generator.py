@@ -648,6 +648,37 @@ def test_api_argument_errors(int4_pipe, tiny_bundle_factory):
     assert r.finish_reason in ("length", "eos") and len(r.token_ids) <= 5
 
 
+
+def test_text_naming_a_token_the_model_lacks_is_refused(tiny_bundle_factory):
+    """A tokenizer may hold added tokens past the model's embedding rows (the tiny qwen2's
+    <|endoftext|> is id 256 of a 256-row model): text, chat content or ids naming one are one
+    sentence before any graph runs, not ONNX Runtime's Gather error."""
+    import subprocess
+    import sys
+
+    b = family_bundle(tiny_bundle_factory, "qwen2")
+    pipe = load(b, threads=1, warmup=False)
+    try:
+        assert pipe.tokenizer.vocab_size > pipe.vocab == 256
+        msg = (r"token ids must be in \[0, 256\): the prompt holds token 256 \('<\|endoftext\|>'\), "
+               "which the tokenizer has but the model does not")
+        with pytest.raises(ValueError, match=msg):
+            pipe.generate("hello <|endoftext|> there", max_new_tokens=4)
+        with pytest.raises(ValueError, match=msg):
+            pipe.generate(messages=[{"role": "user", "content": "<|endoftext|>"}], max_new_tokens=4)
+        with pytest.raises(ValueError, match=msg):
+            pipe.generate(token_ids=[5, 256], max_new_tokens=4)
+        with pytest.raises(ValueError, match=r"^token ids must be in \[0, 256\)$"):  # no token of the tokenizer
+            pipe.generate(token_ids=[257], max_new_tokens=4)
+        assert pipe.generate("hello there", max_new_tokens=4).token_ids  # the pipeline still serves
+    finally:
+        pipe.close()
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "a <|endoftext|>"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), "
+        "which the tokenizer has but the model does not"], p.stderr
+
 # ----------------------------------------------------------------------------- the real default model
 
 

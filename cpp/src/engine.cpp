@@ -403,8 +403,16 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   for (const auto& s : cfg.stop)
     if (s.empty()) fail_arg("stop strings must be non-empty strings");
   if (prompt.empty()) fail_arg("the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= vocab_) fail_arg("token ids must be in [0, " + std::to_string(vocab_) + ")");
+  for (int32_t t : prompt) {
+    if (t >= 0 && t < vocab_) continue;
+    // a tokenizer may hold added tokens past the model's embedding rows (a checkpoint whose tokenizer grew),
+    // which text can name: say which one, as the Python runtime does (api.py Pipeline._lacks)
+    std::optional<std::string> name = t >= 0 ? tok_.id_to_token(t) : std::nullopt;
+    fail_arg("token ids must be in [0, " + std::to_string(vocab_) + ")" +
+             (name ? ": the prompt holds token " + std::to_string(t) + " ('" + *name +
+                         "'), which the tokenizer has but the model does not"
+                   : std::string()));
+  }
   const int max_seq = m_.max_seq;
   if (int64_t(prompt.size()) >= max_seq)
     fail_arg("the prompt has " + std::to_string(prompt.size()) + " tokens but the bundle's context holds " +

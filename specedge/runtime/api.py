@@ -406,9 +406,17 @@ class Pipeline:
             ids = self.tokenizer.encode_chat(messages)
         else:
             ids = [int(t) for t in token_ids]
-            if any(not 0 <= t < self.vocab for t in ids):
-                raise ValueError(f"token ids must be in [0, {self.vocab})")
+        bad = next((t for t in ids if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise ValueError(f"token ids must be in [0, {self.vocab}){self._lacks(bad)}")
         return check_prompt(ids, self.max_seq)
+
+    def _lacks(self, tok: int) -> str:
+        """For a prompt id the model cannot embed: what it is when the tokenizer has it. A
+        tokenizer may hold added tokens past the model's embedding rows (a checkpoint whose
+        tokenizer grew), which text can name; refused here, not inside the graph's Gather."""
+        name = self.tokenizer.tok.id_to_token(tok) if 0 <= tok < self.tokenizer.vocab_size else None
+        return "" if name is None else f": the prompt holds token {tok} ('{name}'), which the tokenizer has but the model does not"
 
     def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
