@@ -468,9 +468,13 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
                 raise BundleError(f"checksum mismatch: '{rel}' has {size} bytes, the manifest says {info['bytes']}")
             if verify == "full" and sha256_file(p) != info["sha256"]:
                 raise BundleError(f"checksum mismatch: '{rel}' does not match its sha256 in the manifest")
-    if m.draft.is_model:
-        if m.draft.vocab_size < m.tokenizer_vocab_size or m.target.vocab_size < m.tokenizer_vocab_size:
-            raise BundleError("the draft and target vocabularies do not cover the shared tokenizer")
+    # The runtime generates ids below min(tokenizer, target) only (prompts outside are refused), so
+    # the draft must embed those; a tokenizer may be longer than both models (Gemma 3's
+    # <image_soft_token>, id 262144 of the 1B text model's 262144 rows), which is no reason to refuse.
+    usable = min(m.tokenizer_vocab_size, m.target.vocab_size)
+    if m.draft.is_model and m.draft.vocab_size < usable:
+        raise BundleError(f"the draft's vocabulary ({m.draft.vocab_size} ids) does not cover the {usable} ids "
+                          "the target and the tokenizer share")
     check_head_matches(m)
     return m
 

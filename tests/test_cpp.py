@@ -930,6 +930,17 @@ def test_a_prompt_token_the_model_lacks_is_python_s_sentence(tiny_bundle_factory
     assert python_cli_error(b, "a <|endoftext|>") == "error: " + want
 
 
+def test_a_tokenizer_longer_than_its_model_loads_with_a_self_draft(tiny_bundle_factory):
+    """The tiny qwen2 tokenizer has one token more than its model (as Gemma 3's has): its
+    self-draft bundle loads in both runtimes and gives the same greedy ids, speculative or not."""
+    b = tiny_bundle_factory(family="qwen2", draft="self")
+    prompts = ["def add(a, b):", "The quick brown fox"]
+    for spec in (True, False):
+        for prompt, ids in zip(prompts, python_ids(b, prompts, spec, 24, threads=1)):
+            got = cpp_json(b, prompt, "--max-new-tokens", 24, "--threads", 1, *([] if spec else ["--no-spec"]))
+            assert got["token_ids"] == ids, (prompt, spec)
+
+
 def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
     """--draft head on a bundle without a head, a head trained for another target, a damaged draft
     vocabulary map: exit 2 and the Python runtime's sentence. A GPU target backend is not refused for the head."""

@@ -679,6 +679,26 @@ def test_text_naming_a_token_the_model_lacks_is_refused(tiny_bundle_factory):
         "error: token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), "
         "which the tokenizer has but the model does not"], p.stderr
 
+
+def test_a_tokenizer_longer_than_its_model_speculates_with_a_self_draft(tiny_bundle_factory):
+    """A tokenizer with ids past both models' rows (the tiny qwen2's, as Gemma 3's) is no reason to
+    refuse a self-draft bundle: it loads, greedy speculation equals target-only, and the extra
+    token is refused in prompts."""
+    b = tiny_bundle_factory(family="qwen2", draft="self")
+    pipe = load(b, threads=1)
+    try:
+        assert pipe.manifest.tokenizer_vocab_size == 257 and pipe.vocab == 256 and pipe.drafter.kind == "model"
+        drafted = 0
+        for p in ["def add(a, b):", "The quick brown fox", "hello there"]:
+            a = pipe.generate(p, max_new_tokens=24, guard=False)
+            assert a.token_ids == pipe.generate(p, max_new_tokens=24, speculative=False).token_ids, p
+            drafted += a.stats["drafted"]
+        assert drafted > 0
+        with pytest.raises(ValueError, match="the prompt holds token 256"):
+            pipe.generate("a <|endoftext|>", max_new_tokens=4)
+    finally:
+        pipe.close()
+
 # ----------------------------------------------------------------------------- the real default model
 
 

@@ -258,7 +258,8 @@ TAMPERED = [
      "lacks input"),  # C++ compares the graph first; its KV check (1 TiB) comes at allocation
     ("eos-empty", lambda b: edit_manifest(b, _no_eos), [], "eos_token_ids", "eos_token_ids"),
     ("vocab-short", lambda b: edit_manifest(b, lambda m: m["models"]["draft"].update(vocab_size=2)), [],
-     "do not cover", "do not cover"),
+     "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share",
+     "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share"),
     ("tokenizer-garbage", lambda b: replace_file(b, "tokenizer.json", b"{\"version\": 1}"), [],
      "cannot read the bundle's tokenizer.json", "tokenizer.json has no model"),
     ("template-nested-loops", template("{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}"

@@ -373,9 +373,11 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
         fail_bundle("checksum mismatch: '" + kv.first + "' does not match its sha256 in the manifest");
     }
   }
-  if (m.draft.is_model() &&
-      (m.draft.vocab_size < m.tokenizer_vocab_size || m.target.vocab_size < m.tokenizer_vocab_size))
-    fail_bundle("the draft and target vocabularies do not cover the shared tokenizer");
+  // ids below min(tokenizer, target) are the only ones generated (manifest.py says why a longer tokenizer is fine)
+  const int64_t usable = std::min<int64_t>(m.tokenizer_vocab_size, m.target.vocab_size);
+  if (m.draft.is_model() && m.draft.vocab_size < usable)
+    fail_bundle("the draft's vocabulary (" + std::to_string(m.draft.vocab_size) + " ids) does not cover the " +
+                std::to_string(usable) + " ids the target and the tokenizer share");
   // a draft head trained for another target (its fingerprint differs) is refused (check_head_matches)
   if (m.has_head && m.head.target_fingerprint != target_fingerprint(m))
     fail_bundle("the bundle's draft head was trained for another target (its target checksum differs): train it "
