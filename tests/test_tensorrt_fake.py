@@ -486,6 +486,10 @@ def test_draft_greedy_equals_stepping_argmax(fake_gpu, engines, cuda_graphs):
     try:
         trt.run(ids[:16], 0), ref.run(ids[:16], 0)
         trt.run(ids[16:17], 16), ref.run(ids[16:17], 16)  # the T = 1 graph exists before the chain
+        # a first chain of more steps than the pinned position buffer holds: the step loop, not a
+        # broadcast error
+        k = trt._pos_host.size + 1
+        np.testing.assert_array_equal(trt.draft_greedy(int(ids[17]), 17, k), ref.draft_greedy(int(ids[17]), 17, k))
         pos = 17
         for k, start in ((4, pos), (2, pos + 4), (4, pos), (3, pos + 2), (1, pos + 1)):
             tok = int(ids[start])

@@ -454,6 +454,7 @@ class TensorRTBackend(Backend):
             self.cuda_graphs and self.kv_mode == "scatter" and self.has_argmax and self._amax_dtype == np.int64
             and 1 in self.graph_sizes and self.batch == 1
             and k <= getattr(self, "_chain_slots", k)  # the chain buffers, once allocated, hold this many steps
+            and k <= self._pos_host.size  # the positions of the k steps travel in one copy from this buffer
         )
         if not chain_ok:
             return super().draft_greedy(token, position, k)
