@@ -12,12 +12,12 @@
 
 namespace specedge {
 
-// The call size T host buffers are first sized for: a prefill chunk, or twice the largest verification
-// call (k + 1 tokens), so no call of the speculative loop grows them mid-request (contract.py
-// reserved_call_size).
 // The target graph's optional output of tapped hidden states a draft head reads (contract.py FEATURES_OUTPUT).
 inline constexpr const char* kFeaturesOutput = "hidden_states";
 
+// The call size T host buffers are first sized for: a prefill chunk, or twice the largest verification
+// call (k + 1 tokens), so no call of the speculative loop grows them mid-request (contract.py
+// reserved_call_size).
 inline int reserved_call_size(int prefill_chunk) {
   return prefill_chunk > 2 * (kMaxSpecTokens + 1) ? prefill_chunk : 2 * (kMaxSpecTokens + 1);
 }

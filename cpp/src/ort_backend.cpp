@@ -60,7 +60,6 @@ class ZeroedBytes {
   std::unique_ptr<uint8_t, Free> p_;
 };
 
-
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');
   return p == std::string::npos ? s : s.substr(0, p);

@@ -239,7 +239,7 @@ struct TrtBackend::Impl {
   Logger logger;
   Stream stream;
   DeviceMem kv, ids, pos, logits, delta, argmax, scratch;
-  std::map<std::string, DeviceMem> extras;  // named extra outputs (hidden states): bound, not read
+  std::map<std::string, DeviceMem> extras;  // named extra outputs: bound; hidden_states read only after keep_features()
   HostMem ids_host, pos_host, logits_host;
   // keep_features(): the features output of each call (batch row 0) comes back to feat_host, and every slot's
   // row lives in feat_store [S, TF], like the cache, for a head drafter on the CPU
