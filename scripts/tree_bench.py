@@ -11,7 +11,9 @@ so machine-load drift hits all alike:
 
 Per configuration: decode tok/s, tokens per target call, per category the same plus the ratio
 to the chain round it replaces; the learned step costs c(T) per pipeline. Greedy outputs of every
-configuration must agree with target-only (reported as `mismatches`).
+configuration must agree with target-only (reported as `mismatches`). With --temperature > 0 every
+configuration samples with the same seed per prompt (--seed plus the prompt's index); outputs then
+differ legitimately, so `mismatches` is null.
 
     flock /work/bench.lock python scripts/tree_bench.py TREE_BUNDLE --plain PLAIN_BUNDLE \
         > benchmarks/results/tree/smollm2-135m-instruct.json
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specedge.bench.runner import load_average, load_prompts, select_prompts  # noqa: E402
+from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts  # noqa: E402
 from specedge.bench.stats import decode_target_calls  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 
@@ -75,37 +77,45 @@ def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
     return configs
 
 
-def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_category: int | None) -> dict:
+def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_category: int | None,
+            temperature: float = 0.0, seed: int = 0, categories: list[str] | None = None) -> dict:
     configs = configurations(tree_bundle, plain, threads)
     first = next(iter(configs.values()))[0]
     tok = first.tokenizer
     suite = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
-             for p in select_prompts(load_prompts(), per_category)]
+             for p in select_prompts(load_prompts(), per_category, categories)]
     names = list(configs)
+    sampling = {"temperature": temperature, "seed": seed} if temperature > 0 else {}
     for name, (p, kw) in configs.items():  # warm-up: every shape once
-        p.generate(token_ids=suite[0]["ids"], max_new_tokens=16, **kw)
+        p.generate(token_ids=suite[0]["ids"], max_new_tokens=16, **kw, **sampling)
     recs: dict[str, list[dict]] = {name: [] for name in names}
     outputs: dict[str, dict] = {name: {} for name in names}
     for i, pr in enumerate(suite):
         for name in names[i % len(names):] + names[: i % len(names)]:
             p, kw = configs[name]
-            r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw)
+            if sampling:
+                sampling["seed"] = seed + i  # every configuration draws from the same seed on a prompt
+            r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw, **sampling)
             st = r.stats
             outputs[name][pr["id"]] = r.token_ids
             recs[name].append({"id": pr["id"], "category": pr["category"], "tokens": len(r.token_ids),
                                "decode_s": st["decode_s"], "target_calls": st.get("target_calls") or 0,
                                "drafted": st.get("drafted", 0) or 0, "accepted": st.get("accepted", 0) or 0,
-                               "fallbacks": st.get("fallbacks", 0) or 0})
+                               "fallbacks": st.get("fallbacks", 0) or 0, "tree_rounds": st.get("tree_rounds", 0),
+                               "trees_off": bool(st.get("trees_off", False))})
     base = "target-only (tree graph)"
     cats = sorted({p["category"] for p in suite})
-    out = {"bundle": tree_bundle, "plain_bundle": plain, "prompts": len(suite), "configurations": {}, "step_costs_ms": {}}
+    out = {"bundle": tree_bundle, "plain_bundle": plain, "prompts": len(suite), "temperature": temperature,
+           "seed": seed if sampling else None, "configurations": {}, "step_costs_ms": {}}
     for name in names:
         chain = name.replace("tree (", "chain (") if name.startswith("tree (") else None
         row = {"tokens_per_s": tps(recs[name]), "tokens_per_call": per_call(recs[name]),
                "tokens_per_verification": per_verification(recs[name]),
-               "mismatches": sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
+               "mismatches": None if sampling else sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
                "drafted": sum(r["drafted"] for r in recs[name]), "accepted": sum(r["accepted"] for r in recs[name]),
-               "fallbacks": sum(r["fallbacks"] for r in recs[name]), "per_category": {}}
+               "fallbacks": sum(r["fallbacks"] for r in recs[name]),
+               "tree_rounds": sum(r["tree_rounds"] for r in recs[name]),
+               "requests_with_trees_off": sum(r["trees_off"] for r in recs[name]), "per_category": {}}
         for c in cats:
             sel = [r for r in recs[name] if r["category"] == c]
             cell = {"tokens_per_s": tps(sel), "tokens_per_call": per_call(sel)}
@@ -137,11 +147,23 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts-per-category", type=int, default=None)
+    ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    ap.add_argument("--seed", type=int, default=0, help="with --temperature: prompt i samples with seed + i")
     args = ap.parse_args(argv)
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        print(f"error: --temperature must be a finite number >= 0, got {args.temperature}", file=sys.stderr)
+        return 2
+    cats = [c for c in (args.categories or "").split(",") if c] or None
+    for c in cats or []:
+        if c not in CATEGORIES:
+            print(f"error: unknown category {c!r}; categories: {', '.join(CATEGORIES)}", file=sys.stderr)
+            return 2
     res = {"schema": "specedge.bench.tree/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "command": "python scripts/tree_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average()}
-    res.update(measure(args.bundle, args.plain, args.max_new_tokens, args.threads, args.prompts_per_category))
+    res.update(measure(args.bundle, args.plain, args.max_new_tokens, args.threads, args.prompts_per_category,
+                       args.temperature, args.seed, cats))
     res["load_avg_end"] = load_average()
     print(json.dumps(res, indent=1))
     return 0

@@ -897,8 +897,8 @@ def test_head_tree_replays_every_python_tree(head_tree_bundles, tiny_bundles, tm
 
 
 def test_head_tree_seeded_sampling_repeats(head_tree_bundles):
-    """Sampled head trees (point-mass drafts, recursive rejection over siblings) repeat run to run
-    with a seed."""
+    """Sampled head trees (the sampled chain with its q rows, point-mass siblings, recursive
+    rejection over siblings) repeat run to run with a seed."""
     b = head_tree_bundles["scatter"]
     args = (b, "hello", "--draft", "head", "--tree", "--no-guard", "--max-new-tokens", 24, "--temperature", 0.8,
             "--seed", 5, "--threads", 1)
@@ -907,8 +907,9 @@ def test_head_tree_seeded_sampling_repeats(head_tree_bundles):
     counts = ("drafted", "accepted", "target_calls", "draft_calls", "accepted_histogram")
     assert {k: a["stats"][k] for k in counts} == {k: again["stats"][k] for k in counts}
     st = a["stats"]
-    # (tree_rounds counts greedy rounds only) trees ran: more drafts per round than the chain's k
+    # trees ran (and were judged, sampled rounds too): more drafts per round than the chain's k
     assert st["drafter"] == "head" and st["drafted"] > 4 * sum(st["k_histogram"].values()) > 0
+    assert st["tree_rounds"] > 0  # judged against their chains (the first-line nodes kept), as Python's
 
 
 def python_cli_error(*args) -> str:

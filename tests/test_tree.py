@@ -366,3 +366,117 @@ def test_chain_tree_siblings_with_tied_probabilities_are_the_lower_ids():
     # 3 extra nodes: the ties after the root come before those after node 1 (larger path
     # probability), lowest ids first
     assert tree.tokens[3:] == [0, 1, 2] and tree.parents[3:] == [0, 0, 0]
+
+
+# ------------------------------------------------------------- sampled chain trees (model drafts)
+
+
+def chain_tree_outcomes(monkeypatch, target, draft, k, nodes, params, q_rows="kept"):
+    """Every tree the real `chain_tree` makes when sampling, with its probability: each chain the
+    draft could sample (`sample` forced to every token in turn, weighted by the q rows the tree
+    records), then `tree_outcomes` of that tree. The siblings it adds depend on the sampled line
+    (they are q's likeliest *other* tokens, ranked along the whole chain)."""
+    import specedge.runtime.drafters.base as base
+
+    total = defaultdict(float)
+    for chain in itertools.product(range(VOCAB), repeat=k):
+        picks = iter(chain)
+        monkeypatch.setattr(base, "sample", lambda p, rng: next(picks))
+        fed = []
+
+        def step(tok):
+            fed.append(tok)
+            return np.log(draft(tuple(fed)))
+
+        with np.errstate(divide="ignore"):  # masked draft tokens: log 0 = -inf logits
+            tree = base.chain_tree(0, np.log(draft(())), step, k, nodes, params=params, rng=object(), vocab=VOCAB)
+        w = math.prod(tree.q[j + 1][x] for j, x in enumerate(chain))
+        assert tree.tokens[1 : k + 1] == list(chain) and all(q is None for q in tree.q[k + 1 :])
+        if q_rows == "dropped":  # the sampled line tested as point masses: exact, but accepted less
+            tree = Tree(tree.tokens, tree.parents, [None] * len(tree))
+        elif q_rows == "on siblings":  # a bug: siblings tested as if drawn from their line's q
+            tree = Tree(tree.tokens, tree.parents, [tree.q[i] if i <= k else tree.q[tree.parents[i] + 1]
+                                                    for i in range(len(tree))])
+        if w > 0:
+            for seq, p in tree_outcomes(tree, target).items():
+                total[seq] += w * p
+    return total
+
+
+@pytest.mark.parametrize("k,nodes", [(1, 4), (2, 6), (3, 8)])
+def test_sampled_chain_tree_is_exact(monkeypatch, k, nodes):
+    """A model drafter's sampled tree (the sampled chain with its q rows, then point-mass siblings
+    chosen from the drawn line) emits target-only sampling's distribution to 1e-9."""
+    params = SamplingParams(temperature=1.0)
+    target, draft = Toy(11, params), Toy(12, params)
+    dist = chain_tree_outcomes(monkeypatch, target, draft, k, nodes, params)
+    assert sum(dist.values()) == pytest.approx(1.0, abs=1e-12)
+    want, got = target_joint(target, k + 1), completed(dist, target, k + 1)
+    assert max(abs(got[s] - want[s]) for s in want) < 1e-9
+
+
+def test_sampled_chain_tree_is_exact_with_masked_supports(monkeypatch):
+    params = SamplingParams(temperature=1.0, top_k=3)
+    target, draft = Toy(13, params, mask_frac=0.4), Toy(14, params, mask_frac=0.4)
+    dist = chain_tree_outcomes(monkeypatch, target, draft, 2, 6, params)
+    want, got = target_joint(target, 3), completed(dist, target, 3)
+    assert max(abs(got[s] - want[s]) for s in want) < 1e-9
+
+
+def test_the_sampled_chain_enumeration_catches_siblings_tested_against_q(monkeypatch):
+    params = SamplingParams(temperature=1.0)
+    target, draft = Toy(11, params), Toy(12, params)
+    got = completed(chain_tree_outcomes(monkeypatch, target, draft, 2, 6, params, q_rows="on siblings"), target, 3)
+    want = target_joint(target, 3)
+    assert max(abs(got[s] - want[s]) for s in want) > 1e-3
+
+
+def expected_length(dist) -> float:
+    return sum(len(seq) * p for seq, p in dist.items())
+
+
+@pytest.mark.parametrize("seed", [11, 21, 31])
+def test_a_sampled_chain_tree_emits_at_least_what_its_chain_would(monkeypatch, seed):
+    """Tokens per call: the tree (its first line tested with q, as the chain round tests it, then
+    siblings) never emits fewer on average than the chain alone (the tree cut to k + 1 nodes), and
+    more than the same tree whose line is tested as point masses."""
+    params = SamplingParams(temperature=1.0)
+    target, draft = Toy(seed, params), Toy(seed + 1, params)
+    tree = expected_length(chain_tree_outcomes(monkeypatch, target, draft, 2, 6, params))
+    chain = expected_length(chain_tree_outcomes(monkeypatch, target, draft, 2, 3, params))
+    points = expected_length(chain_tree_outcomes(monkeypatch, target, draft, 2, 6, params, q_rows="dropped"))
+    assert tree >= chain - 1e-12 and tree > points + 1e-3, (tree, chain, points)
+
+
+def test_sampled_chain_tree_draws_the_chain_propose_would_and_keeps_its_q_rows():
+    """The same rows and tie rules as the C++ case (cpp/tests/test_tree.cpp): rows over 6 draft
+    ids mapped to target ids 10..15 of 16; one draw per chain token; siblings are point masses."""
+    from specedge.runtime.drafters.base import chain_tree
+    from specedge.runtime.sampling import sample
+
+    first = np.array([1.0, 0.5, 0.0, -1.0, 0.2, 0.1], np.float32)
+    second = np.array([0.0, 2.0, 1.0, 0.5, -2.0, 0.3], np.float32)
+    ids = np.arange(10, 16)
+    warm = SamplingParams(temperature=0.7)
+    rng, same = make_rng(3), make_rng(3)
+    tree = chain_tree(1, first, lambda t: second, 2, 6, ids=ids, params=warm, rng=rng, vocab=16)
+    q1, q2 = probs_from_logits(first, warm), probs_from_logits(second, warm)
+    x1, x2 = sample(q1, same), sample(q2, same)
+    assert rng.random() == same.random()  # one draw per chain token, no more
+    assert len(tree) == 6 and tree.tokens[:3] == [1, 10 + x1, 10 + x2] and tree.parents[:3] == [-1, 0, 1]
+    assert tree.q[1].tolist() == [0.0] * 10 + q1.tolist() and tree.q[2].tolist() == [0.0] * 10 + q2.tolist()
+    for i in range(3, 6):
+        assert tree.q[i] is None and tree.tokens[i] != tree.tokens[tree.parents[i] + 1]
+    with pytest.raises(ValueError, match="a sampled chain tree needs the request's rng and the target's vocab"):
+        chain_tree(1, first, lambda t: second, 2, 6, ids=ids, params=warm, rng=None, vocab=16)
+    assert chain_tree(1, first, lambda t: second, 2, 6, params=SamplingParams()).q is None  # greedy: point masses
+
+
+def test_first_line_kept_counts_the_chain_nodes_a_sampled_path_kept():
+    from specedge.runtime.tree import first_line_kept
+
+    tree = Tree([1, 5, 7, 8, 9], [-1, 0, 1, 0, 1])
+    assert first_line_kept(tree, [0, 1, 2]) == 2
+    assert first_line_kept(tree, [0, 1, 2], 1) == 1
+    assert first_line_kept(tree, [0, 1, 4]) == 1  # a sibling of node 2 taken: the chain stopped there
+    assert first_line_kept(tree, [0, 3]) == 0 and first_line_kept(tree, [0]) == 0

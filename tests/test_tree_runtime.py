@@ -211,6 +211,35 @@ def test_self_draft_tree_is_the_greedy_chain_plus_ranked_siblings(tiny_bundle_fa
     assert len(tree) == 9 and all(p < 4 for p in tree.parents[5:])  # siblings of chain nodes, leaves
     assert all(not tree.children(i) for i in range(5, 9))
     assert drafter.propose_tree(REPEATS, 4, 1, SamplingParams()) is None
+    assert_sampled_tree_is_the_sampled_chain(drafter, REPEATS, 9)
+
+
+def assert_sampled_tree_is_the_sampled_chain(drafter, history, nodes):
+    """Sampling: the tree's first line is the chain `propose` samples with the same draws, each
+    node with its q row (so it is accepted with min(1, p/q), as in a chain round); siblings are
+    point masses unlike the line's token at their depth."""
+    from specedge.runtime.sampling import SamplingParams, make_rng
+
+    warm = SamplingParams(temperature=0.9)
+    a, b = make_rng(11), make_rng(11)
+    chain = drafter.propose(history, 4, warm, a)
+    tree = drafter.propose_tree(history, 4, nodes, warm, b)
+    assert a.random() == b.random()  # the same number of draws
+    assert tree.tokens[1:5] == chain.tokens and tree.parents[:5] == [-1, 0, 1, 2, 3]
+    assert all(np.array_equal(tree.q[j + 1], chain.probs[j]) for j in range(4))
+    assert len(tree) == nodes and all(tree.q[i] is None for i in range(5, nodes))
+    assert all(tree.tokens[i] != tree.tokens[tree.parents[i] + 1] for i in range(5, nodes))
+
+
+def test_sampled_trees_are_judged_against_their_chain(tiny_bundle_factory):
+    """The guard judges sampled tree rounds too (the first-line nodes kept stand for the chain),
+    so a tree that loses to its chain under sampling is turned off as a greedy one is."""
+    from specedge.runtime.api import load
+
+    pipe = load(tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True), threads=1,
+                verify="size", draft="model")
+    r = pipe.generate(token_ids=REPEATS, max_new_tokens=40, temperature=0.8, seed=5, tree=True)
+    assert r.stats["tree_rounds"] > 0 and isinstance(r.stats["trees_off"], bool) and len(r.token_ids) == 40
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +277,7 @@ def test_head_tree_is_its_greedy_chain_plus_ranked_siblings_in_its_vocabulary(he
     assert drafter.calls - calls <= 4  # the chain's calls (a catch-up plus k - 1 steps), no more
     assert drafter.propose_tree(history, 4, 1, SamplingParams()) is None
     assert drafter.propose_tree(history[:1], 4, 8, SamplingParams()) is None  # no features yet
+    assert_sampled_tree_is_the_sampled_chain(drafter, history, 10)
 
 
 def test_greedy_head_tree_output_equals_target_only(head_tree_bundle):

@@ -167,7 +167,7 @@ typedef struct specedge_stats {
   double alpha_estimate;   /* the guard's decayed per-token acceptance estimate at the end */
   int64_t draft_calls;     /* draft model backend calls (0 for the n-gram drafter) */
   int64_t draft_kv_copied; /* draft cache slots copied from the target's K/V (self-draft) */
-  int64_t tree_rounds;     /* greedy tree rounds (gen params tree; 0 otherwise) */
+  int64_t tree_rounds;     /* tree rounds judged against their chain (gen params tree; 0 otherwise) */
   int trees_off;           /* 1: the guard turned trees off for the rest of the request */
 } specedge_stats;
 

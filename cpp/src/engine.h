@@ -98,9 +98,11 @@ class ModelDrafter {
   // Tokens, and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
                                std::vector<double>* q);
-  // The greedy chain of k drafts plus ranked runner-up siblings, at most `nodes` nodes
-  // (model.py propose_tree; tree_round.cpp); nullopt when k < 1 or nodes < 2.
-  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes);
+  // The chain of k drafts propose would make (greedy, or sampled with its q rows) plus ranked
+  // runner-up siblings, at most `nodes` nodes (model.py propose_tree; tree_round.cpp); nullopt
+  // when k < 1 or nodes < 2.
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes, const SamplingParams& p,
+                                   Rng& rng);
 
  private:
   int sync(const std::vector<int32_t>& history);  // roll back to the common prefix; tokens kept
@@ -135,7 +137,7 @@ struct Stats {
   std::map<int, int64_t> k_histogram;
   double alpha_estimate = 0;
   int64_t draft_calls = 0, draft_kv_copied = 0;
-  int64_t tree_rounds = 0;  // greedy tree rounds (Python's stats key, present only when > 0)
+  int64_t tree_rounds = 0;  // tree rounds the guard judged (Python's stats key, present only when > 0)
   bool trees_off = false;   // the guard turned trees off for the rest of the request
 };
 

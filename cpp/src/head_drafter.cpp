@@ -127,7 +127,8 @@ std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, i
   return out;
 }
 
-std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes) {
+std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes,
+                                              const SamplingParams& p, Rng& rng) {
   std::optional<Tree> tree;
   const int n = int(history.size());
   if (k >= 1 && nodes >= 2 && n >= 2) k = std::min(k, head_->max_seq() - (n - 1));
@@ -145,7 +146,7 @@ std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& histor
     ++calls_;
     return lg;
   };
-  tree = chain_tree(history.back(), row, vd_, step, k, nodes, d2t_.data());
+  tree = chain_tree(history.back(), row, vd_, step, k, nodes, d2t_.data(), &p, &rng, vocab_);
   if (observe_tree) observe_tree(history, &*tree);
   return tree;
 }

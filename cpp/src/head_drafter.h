@@ -42,11 +42,13 @@ class HeadDrafter {
   // Tokens (target ids), and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
                                std::vector<double>* q);
-  // A tree of at most `nodes` nodes (drafters/head.py propose_tree): the head's greedy chain of k
-  // drafts plus its runner-up tokens, mapped through d2t, as ranked leaf siblings (chain_tree, the
-  // same tree, order and tie rule as Python's); point masses, so exact for sampling too. nullopt
-  // (the round drafts a chain) when k < 1, nodes < 2, no target features yet or no head slots left.
-  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes);
+  // A tree of at most `nodes` nodes (drafters/head.py propose_tree): the head's chain of k drafts
+  // (greedy, or sampled with its q rows as propose draws it) plus its runner-up tokens, mapped
+  // through d2t, as ranked point-mass leaf siblings (chain_tree, the same tree, order and tie rule
+  // as Python's). nullopt (the round drafts a chain) when k < 1, nodes < 2, no target features yet
+  // or no head slots left.
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes, const SamplingParams& p,
+                                   Rng& rng);
   // Called after every tree proposal with (history, the tree or nullptr): tests check each tree
   // against the Python head's.
   std::function<void(const std::vector<int32_t>&, const Tree*)> observe_tree;

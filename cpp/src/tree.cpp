@@ -222,10 +222,13 @@ std::vector<int> top_ids(const std::vector<double>& p, int n) {
 }
 
 Tree chain_tree(int32_t root, const float* first_row, int V, const std::function<const float*(int32_t)>& step, int k,
-                int nodes, const int32_t* ids) {
+                int nodes, const int32_t* ids, const SamplingParams* params, Rng* rng, int vocab) {
+  const bool sampled = params && !params->greedy();
+  if (sampled && (!rng || vocab <= 0)) fail_arg("a sampled chain tree needs the request's rng and the target's vocab");
   int extra = std::max(0, nodes - 1 - k);
   const float* row = first_row;
   std::vector<int32_t> chain;
+  std::vector<std::vector<double>> qs;  // sampling: each chain token's q row over the target's ids
   struct Alt {
     double prob;
     int parent;
@@ -235,17 +238,30 @@ Tree chain_tree(int32_t root, const float* first_row, int V, const std::function
   double reach = 1.0;
   std::vector<double> p(static_cast<size_t>(V));
   for (int j = 0; j < k; ++j) {
-    int best = argmax(row, V);
-    if (extra) {
-      double zb = double(row[best]);
-      for (int v = 0; v < V; ++v) p[size_t(v)] = std::exp(double(row[v]) - zb);
-      double total = pairwise_sum(p.data(), p.size());
-      for (double& x : p) x /= total;
-      for (int t : top_ids(p, extra + 1))
-        if (t != best) alts.push_back({reach * p[size_t(t)], j, ids ? ids[t] : int32_t(t)});
-      reach *= p[size_t(best)];
+    int pick;
+    if (sampled) {
+      // base.py: the chain `propose` would sample, one uniform per token, its q rows kept so the
+      // first child is tested with min(1, p/q) as in a chain round
+      probs_from_logits(row, V, *params, p);
+      pick = sample(p.data(), V, *rng);
+      std::vector<double> q(static_cast<size_t>(vocab), 0.0);
+      for (int v = 0; v < V; ++v) q[size_t(ids ? ids[v] : v)] = p[size_t(v)];
+      qs.push_back(std::move(q));
+    } else {
+      pick = argmax(row, V);
+      if (extra) {
+        double zb = double(row[pick]);
+        for (int v = 0; v < V; ++v) p[size_t(v)] = std::exp(double(row[v]) - zb);
+        double total = pairwise_sum(p.data(), p.size());
+        for (double& x : p) x /= total;
+      }
     }
-    const int32_t tok = ids ? ids[best] : int32_t(best);
+    if (extra) {
+      for (int t : top_ids(p, extra + 1))
+        if (t != pick && p[size_t(t)] > 0) alts.push_back({reach * p[size_t(t)], j, ids ? ids[t] : int32_t(t)});
+      reach *= p[size_t(pick)];
+    }
+    const int32_t tok = ids ? ids[pick] : int32_t(pick);
     chain.push_back(tok);
     if (j < k - 1) row = step(tok);
   }
@@ -264,7 +280,22 @@ Tree chain_tree(int32_t root, const float* first_row, int V, const std::function
     tokens.push_back(alts[i].token);
     parents.push_back(alts[i].parent);  // chain node `parent` is the depth-`parent` prefix
   }
-  return Tree(std::move(tokens), std::move(parents)).prefix(nodes);
+  Tree tree(std::move(tokens), std::move(parents));
+  if (sampled) {
+    tree.q.assign(size_t(tree.size()), {});  // siblings: empty rows, point masses
+    for (int j = 0; j < k; ++j) tree.q[size_t(j) + 1] = std::move(qs[size_t(j)]);
+  }
+  return tree.prefix(nodes);
+}
+
+int first_line_kept(const Tree& tree, const std::vector<int>& path, int limit) {
+  int n = 0;
+  for (size_t i = 1; i < path.size(); ++i) {
+    const auto& kids = tree.children(path[i - 1]);
+    if ((limit >= 0 && n >= limit) || kids.empty() || kids[0] != path[i]) break;
+    ++n;
+  }
+  return n;
 }
 
 int max_tree_nodes() { return reserved_call_size(0); }

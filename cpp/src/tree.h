@@ -67,13 +67,20 @@ std::vector<int> top_ids(const std::vector<double>& p, int n);
 // numpy's pairwise float64 sum (np.sum of a contiguous row), so the tree ranking's probabilities
 // are the Python runtime's to the last bit.
 double pairwise_sum(const double* a, size_t n);
-// The greedy chain of k drafts plus ranked runner-up leaf siblings (drafters/base.py chain_tree):
+// The draft's chain of k drafts plus ranked runner-up leaf siblings (drafters/base.py chain_tree):
 // first_row: the draft's logits [V] after `root`; step(token) feeds a chain token and returns the
 // next row [V] (called k - 1 times); at most `nodes` nodes. ids: maps a row index to a target id
 // (a head's draft vocabulary, d2t, V entries; the tie rule then compares mapped ids, as Python's);
-// nullptr: the same.
+// nullptr: the same. Greedy (params null or greedy): the argmax line, every node a point mass.
+// Sampling: the chain sampled from probs_from_logits(row, params) with one rng uniform per token,
+// as propose draws it, each chain node carrying its q row over the target's `vocab` ids; the
+// siblings, q's likeliest other tokens, stay point masses.
 Tree chain_tree(int32_t root, const float* first_row, int V, const std::function<const float*(int32_t)>& step, int k,
-                int nodes, const int32_t* ids = nullptr);
+                int nodes, const int32_t* ids = nullptr, const SamplingParams* params = nullptr, Rng* rng = nullptr,
+                int vocab = 0);
+// tree.py first_line_kept: the first-line nodes (each node's first child) a sampled verification
+// kept before leaving the line, at most `limit` (< 0: no limit): what the chain would have kept.
+int first_line_kept(const Tree& tree, const std::vector<int>& path, int limit = -1);
 
 // tree_size.py: the extra cost a tree call may have over the chain call of k + 1 tokens, the most
 // nodes (the host buffers' reserved call size), and how far past the largest measured size it grows.

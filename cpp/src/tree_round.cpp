@@ -125,7 +125,8 @@ std::optional<Tree> NgramDrafter::propose_tree(const std::vector<int32_t>& histo
   return Tree(std::move(tree.tokens), std::move(tree.parents));
 }
 
-std::optional<Tree> ModelDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes) {
+std::optional<Tree> ModelDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes,
+                                               const SamplingParams& p, Rng& rng) {
   if (k < 1 || nodes < 2) return std::nullopt;
   if (history.empty()) fail_arg("cannot draft after an empty sequence");
   int n = sync(history);
@@ -136,7 +137,7 @@ std::optional<Tree> ModelDrafter::propose_tree(const std::vector<int32_t>& histo
     ++calls_;
     return cache_.feed(&tok, 1);
   };
-  return chain_tree(history.back(), row, vocab_, step, k, nodes);
+  return chain_tree(history.back(), row, vocab_, step, k, nodes, nullptr, &p, &rng, vocab_);
 }
 
 
@@ -146,8 +147,8 @@ std::optional<Engine::TreeRound> Engine::tree_round(const std::vector<int32_t>& 
                                                     const SamplingParams& params, Rng& rng, int depth) {
   double t0 = now();
   // the model drafter and the head stay at depth k (a level deeper is one more of their calls)
-  std::optional<Tree> tree = drafter_ ? drafter_->propose_tree(tokens, k, nodes)
-                             : head_  ? head_->propose_tree(tokens, k, nodes)
+  std::optional<Tree> tree = drafter_ ? drafter_->propose_tree(tokens, k, nodes, params, rng)
+                             : head_  ? head_->propose_tree(tokens, k, nodes, params, rng)
                                       : ngram_->propose_tree(tokens, k, nodes, std::max(k, depth), vocab_);
   double t1 = now();
   if (!tree) return std::nullopt;  // no tree: the chain round runs
@@ -183,6 +184,7 @@ std::optional<Engine::TreeRound> Engine::tree_round(const std::vector<int32_t>& 
     auto verdict = verify_tree_sampling(*tree, p_all, vocab_, rng);
     path = std::move(verdict.first);
     r.tokens = std::move(verdict.second);
+    r.chain_accepted = first_line_kept(*tree, path, k);
   }
   // the commit (cache.py keep_path): the root + the accepted nodes, == position + tokens emitted;
   // the backend moves their K/V and, kept for a head, their feature rows (the head's next catch-up

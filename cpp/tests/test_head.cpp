@@ -192,7 +192,7 @@ TEST_CASE("head drafter: a tree is its greedy chain plus ranked runner-ups in it
   Rng rng(1);
   std::vector<int32_t> chain = h.propose(history, 4, greedy, rng, nullptr);
   int64_t calls = h.calls();
-  std::optional<Tree> t = h.propose_tree(history, 4, 10);
+  std::optional<Tree> t = h.propose_tree(history, 4, 10, greedy, rng);
   REQUIRE(t);
   CHECK(h.calls() - calls == 4);  // the chain's calls (a catch-up plus k - 1 steps), no more
   REQUIRE(t->size() == 10);
@@ -205,10 +205,32 @@ TEST_CASE("head drafter: a tree is its greedy chain plus ranked runner-ups in it
     CHECK(t->children(i).empty());
     CHECK(t->tokens[size_t(i)] != t->tokens[size_t(t->parents[size_t(i)] + 1)]);
   }
-  CHECK(h.propose_tree(history, 4, 3)->size() == 3);  // cut to the nodes asked for
-  CHECK(!h.propose_tree(history, 4, 1));
-  CHECK(!h.propose_tree(history, 0, 8));
-  CHECK(!h.propose_tree({5}, 4, 8));  // no target features yet
+  CHECK(t->q.empty());  // greedy: point masses
+  CHECK(h.propose_tree(history, 4, 3, greedy, rng)->size() == 3);  // cut to the nodes asked for
+  CHECK(!h.propose_tree(history, 4, 1, greedy, rng));
+  CHECK(!h.propose_tree(history, 0, 8, greedy, rng));
+  CHECK(!h.propose_tree({5}, 4, 8, greedy, rng));  // no target features yet
+  // sampling: the first line is the chain propose samples with the same draws, with its q rows
+  // (over the target's ids); the siblings are point masses
+  SamplingParams warm;
+  warm.temperature = 0.9;
+  Rng ra(11), rb(11);
+  std::vector<double> q;
+  std::vector<int32_t> sampled = h.propose(history, 4, warm, ra, &q);
+  std::optional<Tree> st = h.propose_tree(history, 4, 10, warm, rb);
+  REQUIRE(st);
+  REQUIRE(st->size() == 10);
+  REQUIRE(st->q.size() == 10);
+  CHECK(ra.uniform() == rb.uniform());  // the same number of draws
+  for (int j = 0; j < 4; ++j) {
+    CHECK(st->tokens[size_t(j) + 1] == sampled[size_t(j)]);
+    CHECK(st->q[size_t(j) + 1] == std::vector<double>(q.begin() + long(j) * V, q.begin() + long(j + 1) * V));
+  }
+  for (int i = 5; i < st->size(); ++i) {
+    CHECK(st->q[size_t(i)].empty());
+    CHECK(st->tokens[size_t(i)] != st->tokens[size_t(st->parents[size_t(i)] + 1)]);
+    CHECK(allowed.count(st->tokens[size_t(i)]) == 1);
+  }
 }
 
 TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_replay]") {

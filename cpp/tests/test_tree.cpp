@@ -105,6 +105,41 @@ TEST_CASE("tree: chain_tree is the greedy chain plus ranked runner-ups, ties to 
   CHECK(cut.tokens == std::vector<int32_t>{1, 5});
 }
 
+TEST_CASE("tree: a sampled chain_tree's first line is the sampled chain with its q rows; siblings are point masses") {
+  // as tests/test_tree.py: rows over 6 draft ids mapped to target ids 10..15 of a vocab of 16
+  std::vector<float> first{1.f, 0.5f, 0.f, -1.f, 0.2f, 0.1f}, second{0.f, 2.f, 1.f, 0.5f, -2.f, 0.3f};
+  const int32_t ids[] = {10, 11, 12, 13, 14, 15};
+  SamplingParams warm;
+  warm.temperature = 0.7;
+  auto step = [&](int32_t) -> const float* { return second.data(); };
+  Rng rng(3), same(3);
+  Tree t = chain_tree(1, first.data(), 6, step, 2, 6, ids, &warm, &rng, 16);
+  std::vector<double> q1, q2;
+  probs_from_logits(first.data(), 6, warm, q1);
+  probs_from_logits(second.data(), 6, warm, q2);
+  const int x1 = sample(q1.data(), 6, same), x2 = sample(q2.data(), 6, same);
+  CHECK(rng.uniform() == same.uniform());  // one draw per chain token, no more
+  REQUIRE(t.size() == 6);
+  CHECK(std::vector<int32_t>(t.tokens.begin(), t.tokens.begin() + 3) == std::vector<int32_t>{1, ids[x1], ids[x2]});
+  REQUIRE(t.q.size() == 6);
+  for (int v = 0; v < 16; ++v) {
+    CHECK(t.q[1][size_t(v)] == (v >= 10 ? q1[size_t(v - 10)] : 0.0));
+    CHECK(t.q[2][size_t(v)] == (v >= 10 ? q2[size_t(v - 10)] : 0.0));
+  }
+  for (int i = 3; i < 6; ++i) {
+    CHECK(t.q[size_t(i)].empty());
+    CHECK(t.tokens[size_t(i)] != t.tokens[size_t(t.parents[size_t(i)] + 1)]);
+  }
+  CHECK_THROWS(chain_tree(1, first.data(), 6, step, 2, 6, ids, &warm, nullptr, 16));
+  // what the chain would have kept: the first-line nodes on the path, at most limit
+  Tree b(std::vector<int32_t>{1, 5, 7, 8, 9}, std::vector<int>{-1, 0, 1, 0, 1});
+  CHECK(first_line_kept(b, {0, 1, 2}) == 2);
+  CHECK(first_line_kept(b, {0, 1, 2}, 1) == 1);
+  CHECK(first_line_kept(b, {0, 1, 4}) == 1);  // a sibling of node 2 taken: the chain stopped there
+  CHECK(first_line_kept(b, {0, 3}) == 0);
+  CHECK(first_line_kept(b, {0}) == 0);
+}
+
 TEST_CASE("tree: tree_nodes grows with cheap calls only, capped past the largest measured size") {
   CostModel flat;
   flat.target = {{1, 1.0}, {5, 1.0}, {40, 1.0}};

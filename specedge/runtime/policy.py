@@ -128,8 +128,9 @@ class SpecController:
     and an n-gram tree that goes deeper than k is priced as the call that stood in for the chain
     of k. A chain's figures are
     the same either way, so the rules above (and the chain replay vectors) are unchanged for chains.
-    Trees are also judged against the chain they replace: a greedy tree round knows how many of
-    its tokens the chain alone (the tree's first line) would have given (`chain_accepted`), so
+    Trees are also judged against the chain they replace: a tree round knows how many of its
+    tokens the chain alone (the tree's first line) would have given (`chain_accepted`: greedy, from
+    the target's argmax; sampling, from the first-line nodes its verification kept), so
     after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
     c(call) and c(k + 1), and turns trees off for the rest of the request (`use_tree`) when the
     chain would have been faster. Like a hopeless draft's fallback, that verdict goes on across
@@ -300,8 +301,8 @@ class SpecController:
                      call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
         """One round: k asked for, n_accepted drafts kept, `drafted` drafts verified in a target
         call of `call` tokens (default drafted + 1) made of `depth` draft steps (default drafted):
-        a tree's call and depth differ from its node count. `chain_accepted`: for a greedy tree
-        round, the drafts its first line alone would have had accepted."""
+        a tree's call and depth differ from its node count. `chain_accepted`: for a tree round,
+        the drafts its first line alone would have had accepted."""
         call = drafted + 1 if call is None else int(call)
         depth = drafted if depth is None else int(depth)
         if call > depth + 1:

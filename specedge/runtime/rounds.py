@@ -62,7 +62,7 @@ class Round:
     k: int = 0
     call: int = 0
     depth: int = 0
-    chain_accepted: int | None = None  # greedy trees: drafts the tree's first line alone would have kept
+    chain_accepted: int | None = None  # trees: drafts the tree's first line alone would have kept
 
     @property
     def accepted(self) -> int:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .sampling import sample
 
-__all__ = ["Tree", "chain_accepted", "compaction_moves", "sibling_rule", "verify_tree_greedy", "verify_tree_sampling"]
+__all__ = ["Tree", "chain_accepted", "compaction_moves", "first_line_kept", "sibling_rule", "verify_tree_greedy", "verify_tree_sampling"]
 
 
 @dataclass
@@ -140,6 +140,21 @@ def chain_accepted(tree: Tree, target_argmax: Sequence[int], limit: int | None =
         if tree.tokens[first] != best[node]:
             break
         n, node = n + 1, first
+    return n
+
+
+def first_line_kept(tree: Tree, path: Sequence[int], limit: int | None = None) -> int:
+    """How many nodes of the tree's first line (each node's first child) a sampled verification
+    kept before leaving it, at most `limit`: what a chain round of those drafts would have kept on
+    the same draws. The first child is tested first, against p itself, with the chain's own rule,
+    so its acceptance is the chain's; a sibling taken after it was rejected is where the chain
+    would have stopped."""
+    n = 0
+    for parent, node in zip(path, path[1:]):
+        kids = tree.children(parent)
+        if (limit is not None and n >= limit) or not kids or kids[0] != node:
+            break
+        n += 1
     return n
 
 

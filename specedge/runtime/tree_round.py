@@ -12,7 +12,7 @@ from __future__ import annotations
 from .drafters.base import Drafter
 from .rounds import Round, TargetView, clock, speculative_round, target_step
 from .sampling import SamplingParams, probs_from_logits
-from .tree import chain_accepted, verify_tree_greedy, verify_tree_sampling
+from .tree import chain_accepted, first_line_kept, verify_tree_greedy, verify_tree_sampling
 
 __all__ = ["tree_round"]
 
@@ -22,7 +22,8 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
     """Draft a tree of at most `nodes` nodes after `tokens` in place of a chain of k, at most
     `depth` deep (>= k, default k; the drafter may stay shallower), verify it in one target call,
     commit the accepted path. `Round.drafted` counts the tree's drafted nodes; its chain_accepted
-    what the chain of k would have kept."""
+    what the chain of k would have kept (greedy: from the target's argmax; sampling: the first-line
+    nodes the verification kept), so the guard judges trees against chains in both modes."""
     t0 = clock()
     tree = drafter.propose_tree(tokens, k, nodes, params, rng, depth=max(k, depth or k))
     t1 = clock()
@@ -36,13 +37,13 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
     cache = target.cache
     position = cache.position  # == len(tokens) - 1: the pending token (the root) is not in the cache
     logits = cache.feed_tree(tree.tokens, tree.ancestor_mask())[:, : target.vocab]
-    chain = None
     if params.greedy:
         best = logits.argmax(axis=-1).tolist()
         path, new = verify_tree_greedy(tree, best)
         chain = chain_accepted(tree, best, k)
     else:
         path, new = verify_tree_sampling(tree, probs_from_logits(logits, params), rng)
+        chain = first_line_kept(tree, path, k)
     cache.keep_path(position, path)  # the root + the accepted nodes, == position + len(new)
     return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()),
                  chain_accepted=chain)

@@ -127,9 +127,10 @@ class HeadDrafter(Drafter):
 
     def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
                      depth: int | None = None) -> Tree | None:
-        """A tree of at most `nodes` nodes: the head's greedy chain of k drafts plus its runner-up
-        tokens (mapped through the draft vocabulary) as ranked leaf siblings (base.chain_tree);
-        depth k whatever `depth` allows (a level deeper would be one more head call)."""
+        """A tree of at most `nodes` nodes: the head's chain of k drafts (greedy, or sampled with
+        its q rows as `propose` draws it) plus its runner-up tokens (mapped through the draft
+        vocabulary) as ranked leaf siblings (base.chain_tree); depth k whatever `depth` allows (a
+        level deeper would be one more head call)."""
         if k < 1 or nodes < 2:
             return None
         history = history if isinstance(history, list) else list(history)
@@ -146,4 +147,4 @@ class HeadDrafter(Drafter):
             self.calls += 1
             return lg[-1]
 
-        return chain_tree(history[-1], row, step, k, nodes, ids=self.d2t)
+        return chain_tree(history[-1], row, step, k, nodes, ids=self.d2t, params=params, rng=rng, vocab=self.vocab)

@@ -135,9 +135,10 @@ class ModelDrafter(Drafter):
 
     def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
                      depth: int | None = None) -> Tree | None:
-        """A tree of at most `nodes` nodes: the greedy chain of k drafts plus the runner-up tokens
-        as ranked leaf siblings (base.chain_tree); depth k whatever `depth` allows (a level deeper
-        would be one more draft call)."""
+        """A tree of at most `nodes` nodes: the chain of k drafts `propose` would make (greedy, or
+        sampled with its q rows) plus the runner-up tokens as ranked leaf siblings
+        (base.chain_tree); depth k whatever `depth` allows (a level deeper would be one more draft
+        call)."""
         if k < 1 or nodes < 2:
             return None
         history = history if isinstance(history, list) else list(history)
@@ -153,4 +154,4 @@ class ModelDrafter(Drafter):
             self.calls += 1
             return c.feed([tok])[0, :V]
 
-        return chain_tree(history[-1], row[:V], step, k, nodes)
+        return chain_tree(history[-1], row[:V], step, k, nodes, params=params, rng=rng, vocab=V)
