@@ -12,8 +12,10 @@ so machine-load drift hits all alike:
 Per configuration: decode tok/s, tokens per target call, per category the same plus the ratio
 to the chain round it replaces; the learned step costs c(T) per pipeline. Greedy outputs of every
 configuration must agree with target-only (reported as `mismatches`). With --temperature > 0 every
-configuration samples with the same seed per prompt (--seed plus the prompt's index); outputs then
-differ legitimately, so `mismatches` is null.
+configuration samples (outputs then differ legitimately, so `mismatches` is null): with --seed S,
+prompt i with seed S + i in every configuration (a seeded request is reproducible, so its guard
+learns nothing across requests and judges trees afresh in each); without, with fresh entropy,
+as an unseeded server request (the guard carries its verdicts across requests).
 
     flock /work/bench.lock python scripts/tree_bench.py TREE_BUNDLE --plain PLAIN_BUNDLE \
         > benchmarks/results/tree/smollm2-135m-instruct.json
@@ -78,7 +80,7 @@ def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
 
 
 def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_category: int | None,
-            temperature: float = 0.0, seed: int = 0, categories: list[str] | None = None) -> dict:
+            temperature: float = 0.0, seed: int | None = None, categories: list[str] | None = None) -> dict:
     configs = configurations(tree_bundle, plain, threads)
     first = next(iter(configs.values()))[0]
     tok = first.tokenizer
@@ -93,7 +95,7 @@ def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_categ
     for i, pr in enumerate(suite):
         for name in names[i % len(names):] + names[: i % len(names)]:
             p, kw = configs[name]
-            if sampling:
+            if sampling and seed is not None:
                 sampling["seed"] = seed + i  # every configuration draws from the same seed on a prompt
             r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw, **sampling)
             st = r.stats
@@ -149,7 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-per-category", type=int, default=None)
     ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    ap.add_argument("--seed", type=int, default=0, help="with --temperature: prompt i samples with seed + i")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="with --temperature: prompt i samples with seed + i (default: fresh entropy)")
     args = ap.parse_args(argv)
     if not args.temperature >= 0 or args.temperature == float("inf"):
         print(f"error: --temperature must be a finite number >= 0, got {args.temperature}", file=sys.stderr)

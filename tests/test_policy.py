@@ -396,3 +396,19 @@ def test_a_sampled_request_does_not_carry_tree_verdicts_into_the_shared_costs():
     assert not ctl.use_tree and ctl.costs.carry_chain == policy.TREE_RETRY_START
     assert costs.carry_chain == 0  # a copy (a seeded sampled request's costs) leaves the shared model alone
     assert CostModel(carry_chain=3, tree_backoff=64).copy().carry_chain == 3
+
+
+def test_only_tree_requests_count_down_a_carried_tree_verdict():
+    """A chain request's rounds say nothing about trees: they leave the carried verdict alone, so a
+    tree request after chain requests on the same pipeline does not retry trees (and pay their
+    trial rounds) every time; a tree request whose trees are off counts its rounds down."""
+    costs = CostModel({1: 0.010, 5: 0.012}, 0.001, carry_chain=10, tree_backoff=32)
+    chain = SpecController(4, costs, trees=False)
+    for _ in range(6):
+        chain.record_round(4, 4, 0.004, 0.012, 4)
+    assert costs.carry_chain == 10
+    tree = SpecController(4, costs)
+    assert not tree.use_tree  # carried off
+    for _ in range(6):
+        tree.record_round(4, 4, 0.004, 0.012, 4)
+    assert costs.carry_chain == 4

@@ -431,7 +431,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
   bool deterministic = !params.greedy() && cfg.seed.has_value();
   CostModel local = static_costs_;
   CostModel* costs = deterministic ? &local : &costs_;
-  SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k);
+  SpecController ctl(k, costs, cfg.guard, !deterministic, cfg.adaptive_k, kMaxSpecTokens, cfg.tree);
   int64_t calls = 0, drafted_total = 0, accepted_total = 0;
   const int64_t draft_calls0 = drafter_ ? drafter_->calls() : (head_ ? head_->calls() : 0);
   const int64_t draft_copied0 = drafter_ ? drafter_->copied() : 0;

@@ -42,8 +42,8 @@ void CostModel::observe_target(int t, double s) {
 
 void CostModel::observe_draft(double s) { draft = ema(draft, s); }
 
-SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive, int k_max)
-    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn), adaptive_(adaptive),
+SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive, int k_max, bool trees)
+    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn), adaptive_(adaptive), trees_(trees),
       k_max_(std::max(k_max, k)), k_seen_(k) {
   if (guard_ && learn_) {
     // an earlier request found this draft cannot pay: go on with its fallback
@@ -198,7 +198,7 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
   }
   ++since_plain_;
   after_plain_ = false;
-  if (guard_ && learn_ && !use_tree && costs_->carry_chain > 0) --costs_->carry_chain;
+  if (guard_ && learn_ && trees_ && !use_tree && costs_->carry_chain > 0) --costs_->carry_chain;
   acc_ = acc_ * policy::kDecay + n_accepted;
   rej_ = rej_ * policy::kDecay + (n_accepted < std::min(depth, k) ? 1 : 0);
   if (recent_.empty()) k_seen_ = k;

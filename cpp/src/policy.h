@@ -60,8 +60,10 @@ struct CostModel {
 // without such a timing 1-token steps are taken (a probe).
 class SpecController {
  public:
+  // trees: the request asked for trees; only its rounds count down a carried tree verdict
+  // (policy.py SpecController.trees)
   SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false,
-                 int k_max = kMaxSpecTokens);
+                 int k_max = kMaxSpecTokens, bool trees = true);
   int next_k() const { return fallback_left_ > 0 || probe_due() ? 0 : k_; }
   void record_plain(int n_tokens, double seconds);
   // A tree round (policy.py record_round's call/depth/chain_accepted) also passes its call size
@@ -93,7 +95,7 @@ class SpecController {
 
  private:
   CostModel* costs_;
-  bool guard_, learn_, adaptive_;
+  bool guard_, learn_, adaptive_, trees_;
   int k_max_;
   double acc_ = policy::kPriorAccepted, rej_ = policy::kPriorRejected;
   std::deque<int> recent_;  // accepted counts of the latest rounds, newest last

@@ -111,3 +111,18 @@ TEST_CASE("policy vectors: the same k decisions as the Python policy") {
       CHECK(ctl.local_draft == Approx(f["local_draft"].get<double>()).epsilon(1e-12));
   }
 }
+
+TEST_CASE("policy: only tree requests count down a carried tree verdict (test_policy.py)") {
+  CostModel costs;
+  costs.target = {{1, 0.010}, {5, 0.012}};
+  costs.draft = 0.001;
+  costs.carry_chain = 10;
+  costs.tree_backoff = 32;
+  SpecController chain(4, &costs, true, true, false, kMaxSpecTokens, false);
+  for (int i = 0; i < 6; ++i) chain.record_round(4, 4, 0.004, 0.012, 4);
+  CHECK(costs.carry_chain == 10);
+  SpecController tree(4, &costs, true, true);
+  CHECK(!tree.use_tree);  // carried off
+  for (int i = 0; i < 6; ++i) tree.record_round(4, 4, 0.004, 0.012, 4);
+  CHECK(costs.carry_chain == 4);
+}

@@ -200,7 +200,8 @@ class Generator:
         deterministic = not params.greedy and params.seed is not None
         costs = self.static_costs.copy() if deterministic else self.costs
         k = int(cfg.spec_tokens or self.spec_tokens)
-        ctl = SpecController(k, costs, adaptive=cfg.adaptive_k, guard=cfg.guard, learn=not deterministic)
+        ctl = SpecController(k, costs, adaptive=cfg.adaptive_k, guard=cfg.guard, learn=not deterministic,
+                             trees=cfg.tree)
         return _Request(cfg, params, make_rng(params.seed), ctl, TextStreamer(self.decode, cfg.stop or ()), list(prompt))
 
     def _step(self, req: _Request, speculative: bool) -> Round:

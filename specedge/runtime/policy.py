@@ -134,18 +134,23 @@ class SpecController:
     after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
     c(call) and c(k + 1), and turns trees off for the rest of the request (`use_tree`) when the
     chain would have been faster. Like a hopeless draft's fallback, that verdict goes on across
-    requests through the shared CostModel (`carry_chain`: TREE_RETRY_START chain rounds, doubling
-    up to TREE_RETRY_MAX on each turn-off in a row), so short requests do not each pay MIN_ROUNDS
-    losing tree rounds to learn it again; a request whose trees pay clears it.
+    requests through the shared CostModel (`carry_chain`: TREE_RETRY_START chain rounds of tree
+    requests (`trees`), doubling up to TREE_RETRY_MAX on each turn-off in a row), so short requests
+    do not each pay MIN_ROUNDS losing tree rounds to learn it again; a request whose trees pay
+    clears it.
     """
 
     def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
                  learn: bool = True, k_max: int = MAX_SPEC_TOKENS, min_rounds: int = MIN_ROUNDS, decay: float = DECAY,
-                 keep: float = KEEP):
+                 keep: float = KEEP, trees: bool = True):
         self.k = self.k_start = int(k)
         self.k_max = max(int(k_max), self.k)
         self.costs = costs
         self.adaptive, self.guard, self.learn = adaptive, guard, learn
+        # whether the request asked for trees: only its rounds count down a carried tree verdict
+        # (a chain request's rounds say nothing about trees; counting them let a tree request that
+        # followed chain requests on the same pipeline retry trees, and pay their trial, every time)
+        self.trees = trees
         self.min_rounds, self.decay = min_rounds, decay
         self.keep = keep
         self.acc, self.rej = PRIOR_ACCEPTED, PRIOR_REJECTED
@@ -316,7 +321,7 @@ class SpecController:
             self.local[call] = self._local_ema(self.local.get(call), verify_s)
         self.since_plain += 1
         self.after_plain = False
-        if self.guard and self.learn and not self.use_tree and self.costs.carry_chain > 0:
+        if self.guard and self.learn and self.trees and not self.use_tree and self.costs.carry_chain > 0:
             self.costs.carry_chain -= 1
         # decayed counts: recent rounds matter more (a request can change character midway)
         self.acc = self.acc * self.decay + n_accepted
