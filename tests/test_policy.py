@@ -303,8 +303,9 @@ def test_chain_rounds_are_unchanged_by_the_tree_arguments():
 
 def test_the_guard_drops_trees_whose_call_costs_more_than_they_gain():
     """A chain that pays (c(5) = 1.2 c(1), 2.5 tokens per round) but a 20-node tree whose call costs
-    3 c(1) for the same accepted paths: judged as a chain it would be kept, judged by its call it
-    falls back."""
+    3 c(1) for the same accepted paths: judged by its call the tree does not pay, so the guard
+    drops the trees and keeps k, which pays as a chain (it used to shrink k or fall back, and a
+    shrink lasts the request)."""
     costs = CostModel({1: 0.010, 5: 0.012, 20: 0.030}, 0.0001)
     tree = SpecController(4, CostModel(dict(costs.target), costs.draft))
     chain = SpecController(4, CostModel(dict(costs.target), costs.draft))
@@ -314,7 +315,29 @@ def test_the_guard_drops_trees_whose_call_costs_more_than_they_gain():
     chain.record_plain(1, 0.010)
     chain.record_plain(1, 0.010)
     assert chain.fallbacks == 0 and chain.next_k() > 0
-    assert tree.fallbacks >= 1 or tree.k < 4
+    assert not tree.use_tree and tree.k == 4 and tree.fallbacks == 0 and tree.shrinks == 0
+    assert tree.costs.tree_backoff == policy.TREE_RETRY_START and tree.costs.carry_chain > 0  # carried
+
+
+def test_trees_go_before_k_and_k_shrinks_when_the_chain_does_not_pay_either():
+    """The summarization case: two misses in the first 4 rounds priced at the tree's 8-token call
+    made k = 4 look worse than k = 1, a shrink that lasted the request; now the trees go and k = 4
+    is judged afresh as a chain on MIN_ROUNDS chain rounds: kept when they pay, shrunk as before
+    when they do not."""
+    def run(chain_rounds):
+        ctl = SpecController(4, CostModel({1: 0.017, 2: 0.018, 5: 0.020, 8: 0.026}, 0.0088))
+        for n in (4, 4, 1, 1):
+            ctl.record_round(4, n, 4 * 0.0088, 0.026, 7, call=8, depth=4)
+        assert ctl.k == 4 and not ctl.use_tree and ctl.shrinks == 0 and ctl.fallbacks == 0
+        for n in chain_rounds:
+            ctl.record_round(4, n, 4 * 0.0088, 0.020, 4)
+        return ctl
+
+    kept = run([4, 4, 4, 4])
+    assert kept.k == 4 and kept.shrinks == 0 and kept.fallbacks == 0
+    poor = run([0, 1, 0, 0])  # the chain of 4 does not pay either: k shrinks (or falls back)
+    assert poor.k < 4 or poor.fallbacks == 1
+    assert poor.next_k() < 4
 
 
 def test_chain_accepted_follows_the_first_line_of_a_tree():

@@ -161,6 +161,15 @@ std::pair<double, double> SpecController::tree_vs_chain() const {
   return {tree, chain};
 }
 
+void SpecController::trees_off() {
+  use_tree = false;
+  if (learn_) {
+    int doubled = std::min(2 * costs_->tree_backoff, policy::kTreeRetryMax);
+    costs_->tree_backoff = doubled ? doubled : policy::kTreeRetryStart;
+    costs_->carry_chain = costs_->tree_backoff;
+  }
+}
+
 void SpecController::judge_tree(int n_accepted, int chain_accepted) {
   ++tree_rounds;
   tree_gain = tree_gain * policy::kDecay + n_accepted + 1;
@@ -169,12 +178,7 @@ void SpecController::judge_tree(int n_accepted, int chain_accepted) {
   if (guard_ && use_tree && tree_rounds >= policy::kMinRounds) {
     auto [tree, chain] = tree_vs_chain();
     if (tree < chain) {
-      use_tree = false;
-      if (learn_) {
-        int doubled = std::min(2 * costs_->tree_backoff, policy::kTreeRetryMax);
-        costs_->tree_backoff = doubled ? doubled : policy::kTreeRetryStart;
-        costs_->carry_chain = costs_->tree_backoff;
-      }
+      trees_off();
     } else if (learn_ && tree_rounds == policy::kMinRounds) {
       costs_->tree_backoff = 0;  // trees pay again: the next turn-off starts afresh
     }
@@ -224,6 +228,13 @@ void SpecController::record_round(int k, int n_accepted, double draft_s, double 
     if (speedup(k_) >= policy::kKeep) {
       backoff_ = policy::kBackoffStart;
       if (learn_) costs_->carry_fallback = costs_->carry_backoff = 0;
+      return;
+    }
+    if (use_tree && !tree_call.empty()) {
+      // k does not pay with trees: drop the trees and judge k afresh as a chain, on kMinRounds
+      // chain rounds of its own (policy.py record_round)
+      trees_off();
+      rounds_since_ = 0;
       return;
     }
     int best = 0;

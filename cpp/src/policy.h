@@ -106,6 +106,7 @@ class SpecController {
   bool carried_ = false;      // the fallback in progress is a hopeless draft's, shared with later requests
   bool probe_due() const { return guard_ && learn_ && since_plain_ >= policy::kProbeRounds; }
   void judge_tree(int n_accepted, int chain_accepted);
+  void trees_off();  // chains for the rest of the request and, learning, the next requests' rounds
 };
 
 }  // namespace specedge

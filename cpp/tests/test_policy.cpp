@@ -1,7 +1,10 @@
 // The speculation policy (src/policy.h) against the vectors recorded from specedge/runtime/policy.py
 // (tests/data/policy_vectors.json, read from the source tree): same events in, same k decisions out.
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "catch.h"
@@ -125,4 +128,24 @@ TEST_CASE("policy: only tree requests count down a carried tree verdict (test_po
   CHECK(!tree.use_tree);  // carried off
   for (int i = 0; i < 6; ++i) tree.record_round(4, 4, 0.004, 0.012, 4);
   CHECK(costs.carry_chain == 4);
+}
+
+TEST_CASE("policy: trees go before k; k shrinks when the chain does not pay either (test_policy.py)") {
+  auto run = [](std::vector<int> chain_rounds) {
+    auto costs = std::make_unique<CostModel>();
+    costs->target = {{1, 0.017}, {2, 0.018}, {5, 0.020}, {8, 0.026}};
+    costs->draft = 0.0088;
+    auto ctl = std::make_unique<SpecController>(4, costs.get(), true, true);
+    for (int n : {4, 4, 1, 1}) ctl->record_round(4, n, 4 * 0.0088, 0.026, 7, 8, 4);
+    CHECK(ctl->next_k() == 4);
+    CHECK(!ctl->use_tree);
+    CHECK(ctl->shrinks == 0);
+    for (int n : chain_rounds) ctl->record_round(4, n, 4 * 0.0088, 0.020, 4);
+    return std::make_pair(std::move(costs), std::move(ctl));
+  };
+  auto kept = run({4, 4, 4, 4});
+  CHECK(kept.second->next_k() == 4);
+  CHECK(kept.second->shrinks == 0);
+  auto poor = run({0, 1, 0, 0});
+  CHECK(poor.second->next_k() < 4);
 }

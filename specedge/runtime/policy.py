@@ -122,6 +122,10 @@ class SpecController:
     adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
     -1 when the rejection came in the first half.
 
+    When k stops paying while trees are on, the trees go first: they are turned off (as the tree
+    judgement does, carried) and k is judged afresh as a chain after MIN_ROUNDS more rounds; only
+    then may k shrink.
+
     Tree rounds (both runtimes; the tree cases of the replay vectors pin them) are judged by what they cost: the target call of
     all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
     whose accepted path reached k (or the tree's depth, when shallower) counts as fully accepted,
@@ -287,6 +291,13 @@ class SpecController:
         chain = self.chain_gain / self.gain_weight * t1 / chain_cost if chain_cost > 0 else float("inf")
         return tree, chain
 
+    def _trees_off(self) -> None:
+        """Chains for the rest of the request, and (learning) for the next requests' rounds."""
+        self.use_tree = False
+        if self.learn:
+            self.costs.tree_backoff = min(2 * self.costs.tree_backoff, TREE_RETRY_MAX) or TREE_RETRY_START
+            self.costs.carry_chain = self.costs.tree_backoff
+
     def _judge_tree(self, n_accepted: int, chain_accepted: int) -> None:
         self.tree_rounds += 1
         self.tree_gain = self.tree_gain * self.decay + n_accepted + 1
@@ -295,10 +306,7 @@ class SpecController:
         if self.guard and self.use_tree and self.tree_rounds >= self.min_rounds:
             tree, chain = self.tree_vs_chain()
             if tree < chain:
-                self.use_tree = False
-                if self.learn:
-                    self.costs.tree_backoff = min(2 * self.costs.tree_backoff, TREE_RETRY_MAX) or TREE_RETRY_START
-                    self.costs.carry_chain = self.costs.tree_backoff
+                self._trees_off()
             elif self.learn and self.tree_rounds == self.min_rounds:
                 self.costs.tree_backoff = 0  # trees pay again: the next turn-off starts afresh
 
@@ -350,6 +358,15 @@ class SpecController:
                 self.backoff = BACKOFF_START
                 if self.learn:
                     self.costs.carry_fallback = self.costs.carry_backoff = 0
+                return
+            if self.use_tree and self.tree_call:
+                # k does not pay with trees: drop the trees (the extra, dearer part of the call)
+                # and judge k afresh as a chain, on MIN_ROUNDS chain rounds of its own. A shrink
+                # lasts the request, and 4 tree rounds priced at the tree's call (a sibling
+                # accepted in each of two missed rounds) made k = 4 look worse than k = 1: the
+                # self-draft's summarization trees then ran 42 calls where its chain ran 20
+                self._trees_off()
+                self.rounds_since = 0
                 return
             best = max(range(1, self.k), key=self.speedup, default=None)
             if best is not None and self.speedup(best) >= SHRINK_MIN:
