@@ -72,7 +72,7 @@ CASES = [
      dict(phases=[(150, 0.95), (380, 0.95, 1.0, 0.25)], target=(0.0102, 0.0015), draft=0.0092,
           request_events=100)),
     # tree rounds (docs/design.md "Tree calls"): a round verifies `nodes` nodes of depth k in one call,
-    # timed as c(nodes); greedy trees also report what their first line alone would have kept
+    # timed as c(nodes); trees also report what their first line alone would have kept
     # (chain_accepted: the tree's accepted count, or with probability `branch` fewer), and the guard
     # turns trees off when the chain would have been faster. "boost": the tree's extra acceptance.
     ("tree_rounds_that_pay_stay_on", 17, dict(k=4), ({1: 0.010, 5: 0.011, 9: 0.012}, 0.001),
@@ -81,9 +81,10 @@ CASES = [
     ("trees_costing_more_than_they_gain_are_turned_off", 18, dict(k=4), ({1: 0.010, 5: 0.012, 20: 0.030}, 0.0005),
      dict(phases=[(150, 0.7)], target=(0.010, 0.001), draft=0.0005,
           tree=dict(nodes=20, boost=0.0, branch=0.05))),
-    ("sampled_trees_are_not_compared_with_their_chain", 19, dict(k=4), ({1: 0.010, 5: 0.012, 12: 0.016}, 0.001),
+    # sampled trees report the first-line nodes their verification kept, so they are judged too
+    ("sampled_trees_are_compared_with_their_chain", 19, dict(k=4), ({1: 0.010, 5: 0.012, 12: 0.016}, 0.001),
      dict(phases=[(150, 0.5)], target=(0.010, 0.0005), draft=0.001, miss=0.2,
-          tree=dict(nodes=12, boost=0.1, branch=0.5, greedy=False))),
+          tree=dict(nodes=12, boost=0.1, branch=0.5))),
     ("trees_without_guard_stay_on", 20, dict(k=3, guard=False), ({1: 0.010, 4: 0.012, 16: 0.03}, 0.001),
      dict(phases=[(120, 0.4)], target=(0.010, 0.0012), draft=0.001,
           tree=dict(nodes=16, boost=0.0, branch=0.0))),
@@ -96,6 +97,11 @@ CASES = [
     ("carried_tree_verdict_cleared_when_trees_pay", 22, dict(k=4), ({1: 0.010, 5: 0.012, 9: 0.013}, 0.0005),
      dict(phases=[(200, 0.5)], target=(0.010, 0.0003), draft=0.0005, request_events=15,
           tree=dict(nodes=9, boost=0.3, branch=0.9), start_carry=(40, 64))),
+    # trees that beat their chain but leave k not paying at the tree's call: the trees go first and
+    # k is judged afresh as a chain on MIN_ROUNDS rounds of its own (docs/design.md, step 6a)
+    ("trees_go_before_k", 40, dict(k=4), ({1: 0.010, 5: 0.012, 12: 0.018}, 0.001),
+     dict(phases=[(150, 0.5)], target=(0.010, 0.0008), draft=0.001,
+          tree=dict(nodes=12, boost=0.2, branch=0.6))),
 ]
 
 
@@ -151,9 +157,7 @@ def simulate(seed: int, settings: dict, costs: tuple, req: dict) -> dict:
                 accepted = 0
                 while accepted < depth and rng.random() < min(alpha + tree["boost"], 1.0):
                     accepted += 1
-                chain = None
-                if tree.get("greedy", True):
-                    chain = rng.randint(0, accepted - 1) if accepted and rng.random() < tree["branch"] else accepted
+                chain = rng.randint(0, accepted - 1) if accepted and rng.random() < tree["branch"] else accepted
                 draft_s = noisy(req["draft"] * draft_scale * depth)
                 verify_s = noisy(t1 + per_token * (nodes - 1))
                 ctl.record_round(k, accepted, draft_s, verify_s, nodes - 1, nodes, depth, chain)

@@ -80,9 +80,30 @@ def test_vectors_cover_every_rule():
     assert any(e.get("request") == [] and k > 0 for c in CASES.values() for e, k in zip(c["events"], c["next_k"]))
     # tree rounds (priced by their call, judged against their chain), the C++ policy replays them too
     trees = [e["round"] for c in CASES.values() for e in c["events"] if len(e.get("round", ())) == 8]
-    assert any(r[7] is None for r in trees) and any(r[7] is not None and r[7] < r[1] for r in trees)
+    assert trees and all(r[7] is not None for r in trees)  # greedy and sampled trees both report their chain
+    assert any(r[7] < r[1] for r in trees)
     assert any(not f["use_tree"] for f in finals.values())  # trees turned off for the chain
     assert any(f["use_tree"] and f["tree_rounds"] > policy.MIN_ROUNDS for f in finals.values())
+
+
+def test_the_vectors_turn_trees_off_before_k():
+    """Step 6a is in the replay (so the C++ policy is held to it): in `trees_go_before_k` trees go
+    off in a round where they still beat their chain, because k did not pay at the tree's call;
+    k is kept there and judged afresh as a chain."""
+    case = CASES["trees_go_before_k"]
+    costs = CostModel({int(t): c for t, c in case["costs"]["target"].items()}, case["costs"]["draft"])
+    ctl = SpecController(case["k"], costs)
+    flips = []
+    for e in case["events"]:
+        before, k = ctl.use_tree, ctl.k
+        if "round" in e:
+            ctl.record_round(*e["round"])
+        else:
+            ctl.record_plain(*e["plain"])
+        if before and not ctl.use_tree:
+            tree, chain = ctl.tree_vs_chain()
+            flips.append((tree >= chain, ctl.k == k, ctl.rounds_since))
+    assert flips == [(True, True, 0)]
 
 
 def test_a_retry_forgets_the_round_times_from_before_the_fallback():
