@@ -565,6 +565,48 @@ TEST_CASE("self-draft: the draft takes the target's K/V instead of a prefill") {
   }
 }
 
+TEST_CASE("self-draft trees: greedy, the argmax chain; sampled, the chain propose samples with its q rows") {
+  const char* root = std::getenv("SPECEDGE_TINY_BUNDLES");
+  std::string b = root ? (fs::path(root) / "scatter_self").string() : "";
+  if (b.empty() || !fs::exists(fs::path(b) / "manifest.json")) {
+    WARN("skipped: SPECEDGE_TINY_BUNDLES not set up (tests/test_cpp.py sets it)");
+    return;
+  }
+  specedge::Manifest m = specedge::load_manifest(b, "full");
+  specedge::BackendOptions o;
+  o.threads = 1;
+  specedge::OrtBackend db(m, m.draft, o);
+  const int vocab = db.vocab_size();
+  specedge::ModelDrafter d(&db, m.prefill_chunk, vocab);
+  const std::vector<int32_t> hist{5, 9, 13, 2, 7, 11, 3, 8, 21, 4, 6};
+  specedge::SamplingParams greedy, warm;
+  warm.temperature = 0.9;
+  specedge::Rng rng(0);
+  std::vector<int32_t> chain = d.propose(hist, 4, greedy, rng, nullptr);
+  std::optional<specedge::Tree> t = d.propose_tree(hist, 4, 9, greedy, rng);
+  REQUIRE(t);
+  REQUIRE(t->size() == 9);
+  CHECK(std::vector<int32_t>(t->tokens.begin() + 1, t->tokens.begin() + 5) == chain);
+  CHECK(t->q.empty());
+  specedge::Rng ra(7), rb(7);
+  std::vector<double> q;
+  std::vector<int32_t> sampled = d.propose(hist, 4, warm, ra, &q);
+  std::optional<specedge::Tree> st = d.propose_tree(hist, 4, 9, warm, rb);
+  REQUIRE(st);
+  CHECK(ra.uniform() == rb.uniform());  // the same number of draws
+  REQUIRE(st->q.size() == 9);
+  for (int j = 0; j < 4; ++j) {
+    CHECK(st->tokens[size_t(j) + 1] == sampled[size_t(j)]);
+    CHECK(st->parents[size_t(j) + 1] == j);
+    CHECK(st->q[size_t(j) + 1] == std::vector<double>(q.begin() + long(j) * vocab, q.begin() + long(j + 1) * vocab));
+  }
+  for (int i = 5; i < st->size(); ++i) {
+    CHECK(st->q[size_t(i)].empty());  // point-mass runner-ups, leaves of the line
+    CHECK(st->children(i).empty());
+    CHECK(st->tokens[size_t(i)] != st->tokens[size_t(st->parents[size_t(i)] + 1)]);
+  }
+}
+
 namespace {
 // Records each run() and returns logits whose row i holds the i-th token id in column 0.
 class RecordingBackend : public Backend {
