@@ -67,14 +67,14 @@ class SpecController {
   int next_k() const { return fallback_left_ > 0 || probe_due() ? 0 : k_; }
   void record_plain(int n_tokens, double seconds);
   // A tree round (policy.py record_round's call/depth/chain_accepted) also passes its call size
-  // (nodes, root included), its depth (draft steps) and, when greedy, the drafts its first line
+  // (nodes, root included), its depth (draft steps) and the drafts its first line
   // alone would have had accepted; -1 = a chain's (drafted + 1, drafted, none).
   void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted, int call = -1,
                     int depth = -1, int chain_accepted = -1);
   // Tokens in the target call of a round with k draft steps: the last tree's size while this
   // request verifies trees of that depth, else k + 1.
   int call_size(int k) const;
-  // (tree, chain) expected speed-ups over this request's greedy tree rounds (policy.py tree_vs_chain).
+  // (tree, chain) expected speed-ups over this request's tree rounds (policy.py tree_vs_chain).
   std::pair<double, double> tree_vs_chain() const;
   double expected(int k) const;
   double load_scale() const;
@@ -89,7 +89,7 @@ class SpecController {
   std::map<int, double> local;  // this request's own target step times, T -> seconds
   std::map<int, int> tree_call;  // k -> tokens in the last tree call with k draft steps
   bool use_tree = true;          // trees (when asked for) still pay at least what the chain would
-  int tree_rounds = 0;           // greedy tree rounds judged against their chain
+  int tree_rounds = 0;           // tree rounds judged against their chain (greedy and sampled)
   double tree_gain = 0, chain_gain = 0, gain_weight = 0;  // decayed tokens per round, both ways
   double local_draft = -1.0;    // its draft seconds per token; < 0 before one is measured
 
