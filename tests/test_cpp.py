@@ -920,6 +920,18 @@ def python_cli_error(*args) -> str:
     return line
 
 
+def test_trees_on_a_padded_int4_target_are_python_s_sentence(tiny_bundle_factory):
+    """A tree request on an int4 target whose single-token steps are padded (ONNX Runtime's
+    kernels) would not be exact: refused by both runtimes with the same sentence."""
+    from specedge.runtime.generator import inexact_tree_refusal
+
+    want = inexact_tree_refusal("int4")  # the sentence itself: tests/test_tree_runtime.py
+    b = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    assert_usage_error(run_cpp(b, "hello", "--tree", "--max-new-tokens", 4, check=False), want)
+    assert python_cli_error(b, "hello", "--tree", "--max-new-tokens", 4) == "error: " + want
+    assert len(cpp_json(b, "hello", "--max-new-tokens", 4)["token_ids"]) == 4  # chains still run
+
+
 def test_a_prompt_token_the_model_lacks_is_python_s_sentence(tiny_bundle_factory):
     """The tiny qwen2 tokenizer's <|endoftext|> (id 256) is past its 256-row model: text naming it
     is refused by both runtimes with the same sentence naming the token (Engine::generate checks

@@ -343,3 +343,30 @@ def test_tree_refused_on_a_backend_without_tree_calls_names_the_backend_not_the_
     assert "export the bundle with --tree" not in str(e.value)
     # chains still run on it
     assert len(pipe.generate(token_ids=REPEATS, max_new_tokens=4).token_ids) == 4
+
+
+INEXACT_INT4 = ("tree verification would not be exact on this int4 target: ONNX Runtime's attention orders a tree "
+                "node's sums differently from a chain's, enough to change its picks; leave tree off, or re-export "
+                "with --int4-kernel specedge (batch-invariant kernels, exact trees)")
+
+
+def test_trees_are_refused_where_single_token_steps_are_padded(tiny_bundle_factory):
+    """An int4 target on ONNX Runtime's kernels pads its single-token steps to stay exact; the same
+    attention sums a tree node's keys in another order than a chain's (masked siblings between
+    them), which changed greedy picks on 2 of 10 bench prompts of the int4 default model: a tree
+    request there is one sentence, in Python (and C++: tests/test_cpp.py). Target-only requests
+    with tree=True, and a pipeline loaded with padding turned off on purpose, are not refused."""
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    pipe = load(bundle, threads=1, verify="size")
+    assert pipe.target.describe().get("invariant_steps") is True
+    with pytest.raises(ValueError) as e:
+        pipe.generate(token_ids=REPEATS, max_new_tokens=8, tree=True)
+    assert str(e.value) == INEXACT_INT4
+    with pytest.raises(ValueError, match="would not be exact on this int4 target"):
+        pipe.stream(token_ids=REPEATS, max_new_tokens=8, tree=True, temperature=0.7)
+    plain = pipe.generate(token_ids=REPEATS, max_new_tokens=8, speculative=False, tree=True)
+    assert len(plain.token_ids) == 8
+    unpadded = load(bundle, threads=1, verify="size", invariant_steps=False)
+    assert len(unpadded.generate(token_ids=REPEATS, max_new_tokens=8, tree=True).token_ids) == 8

@@ -423,6 +423,8 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     for (const auto& g : m_.target.graphs) graph_takes = graph_takes || g.tree;
     fail_arg(tree_refusal(graph_takes, target_->name()));
   }
+  if (cfg.tree && cfg.speculative && (drafter_ || ngram_ || head_) && tcache_->invariant_steps())
+    fail_arg(inexact_tree_refusal(m_.target.precision));
   const SamplingParams& params = cfg.sampling;
   uint64_t seed = cfg.seed ? *cfg.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   Rng rng(seed);

@@ -341,4 +341,12 @@ void Backend::keep_path(int /*position*/, const std::vector<int>& /*path*/) {
   fail_backend("backend '" + name() + "' does not run tree calls yet");
 }
 
+std::string inexact_tree_refusal(const std::string& precision) {
+  std::string fix = precision == "int4" ? ", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
+                                        : "";
+  return "tree verification would not be exact on this " + precision +
+         " target: ONNX Runtime's attention orders a tree node's sums differently from a chain's, enough to change "
+         "its picks; leave tree off" + fix;
+}
+
 }  // namespace specedge

@@ -93,5 +93,8 @@ int tree_nodes(const CostModel& costs, int k, double slack = kTreeSlack, int lim
 // Why a tree request cannot run on a target backend that takes no tree calls: a bundle exported
 // without --tree, or (graph_takes_trees) a backend that runs none on a graph that does.
 std::string tree_refusal(bool graph_takes_trees, const std::string& backend);
+// generator.py inexact_tree_refusal: a target whose single-token steps are padded (kernels whose
+// sums depend on the call's shape) would not verify trees exactly.
+std::string inexact_tree_refusal(const std::string& precision);
 
 }  // namespace specedge

@@ -48,6 +48,19 @@ def tree_refusal(backend) -> str:
     return "tree verification needs a target graph that takes trees: export the bundle with --tree"
 
 
+def inexact_tree_refusal(precision: str) -> str:
+    """Why a tree request is refused on a target whose single-token steps are padded to stay exact
+    (runtime/invariant.py): the same kernels that round a 1-token call differently from a 2-token
+    one (ONNX Runtime's attention) also sum a tree node's keys in another order than the chain's
+    when masked siblings sit between them, which flips greedy picks at this precision (3 of 10
+    bench prompts on the int4 default model, 0 with specedge's int4 kernels, which sum in key
+    order: scripts/tree_exactness.py)."""
+    fix = (", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
+           if precision == "int4" else "")
+    return (f"tree verification would not be exact on this {precision} target: ONNX Runtime's attention "
+            f"orders a tree node's sums differently from a chain's, enough to change its picks; leave tree off{fix}")
+
+
 @dataclass
 class GenerationConfig:
     """Everything one request can set. `spec_tokens=None` takes the bundle's k."""
@@ -189,11 +202,16 @@ class Generator:
             self.drafter.reset()
 
     def check_tree(self, cfg: GenerationConfig) -> None:
-        """Refuse a tree request this target cannot serve (a graph without tree calls)."""
+        """Refuse a tree request this target cannot serve (a graph without tree calls) or not
+        serve exactly (padded steps: kernels whose sums depend on the call's shape)."""
         if not isinstance(cfg.tree, bool):
             raise ValueError(f"tree must be True or False, got {cfg.tree!r}")
-        if cfg.tree and cfg.speculative and self.drafter is not None and not self.target.backend.takes_trees:
-            raise ValueError(tree_refusal(self.target.backend))
+        if cfg.tree and cfg.speculative and self.drafter is not None:
+            backend = self.target.backend
+            if not backend.takes_trees:
+                raise ValueError(tree_refusal(backend))
+            if backend.describe().get("invariant_steps"):
+                raise ValueError(inexact_tree_refusal(backend.spec.precision))
 
     def _request(self, prompt: list[int], cfg: GenerationConfig) -> _Request:
         params = cfg.sampling
