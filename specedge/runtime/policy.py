@@ -364,7 +364,8 @@ class SpecController:
                 # and judge k afresh as a chain, on MIN_ROUNDS chain rounds of its own. A shrink
                 # lasts the request, and 4 tree rounds priced at the tree's call (a sibling
                 # accepted in each of two missed rounds) made k = 4 look worse than k = 1: the
-                # self-draft's summarization trees then ran 42 calls where its chain ran 20
+                # self-draft's summarization trees then emitted 0.79x the chain's tokens per call
+                # (BENCHMARKS.md, tree run 18)
                 self._trees_off()
                 self.rounds_since = 0
                 return

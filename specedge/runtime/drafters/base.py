@@ -100,7 +100,8 @@ def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarra
     target's `vocab` ids), so the first child is accepted with min(1, p/q) exactly as in a chain
     round; the siblings, q's likeliest other tokens, are point masses tested on the residual.
     A greedy line under sampling would be accepted only with p(x), far less when the draft is
-    good (tokens per call fell from 4.9 to 3.5 with the int4 self-draft at temperature 0.8).
+    good (the int4 self-draft at temperature 0.8: 2.92 tokens per call against the chain's 4.68,
+    BENCHMARKS.md tree run 14).
     Exact either way (runtime/tree.py: a sibling may be any function of the draft's earlier choices)."""
     sampled = params is not None and not params.greedy
     if sampled and (rng is None or vocab is None):
