@@ -15,7 +15,10 @@ configuration must agree with target-only (reported as `mismatches`). With --tem
 configuration samples (outputs then differ legitimately, so `mismatches` is null): with --seed S,
 prompt i with seed S + i in every configuration (a seeded request is reproducible, so its guard
 learns nothing across requests and judges trees afresh in each); without, with fresh entropy,
-as an unseeded server request (the guard carries its verdicts across requests).
+as an unseeded server request (the guard carries its verdicts across requests). With --no-guard
+every round speculates and trees stay on: the raw comparison, whose tree rounds do not depend on
+the timings the guard judges by (on a tiny model a draft step costs about a target step, so the
+guard may rightly drop speculation there).
 
     flock /work/bench.lock python scripts/tree_bench.py TREE_BUNDLE --plain PLAIN_BUNDLE \
         > benchmarks/results/tree/smollm2-135m-instruct.json
@@ -80,24 +83,28 @@ def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
 
 
 def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_category: int | None,
-            temperature: float = 0.0, seed: int | None = None, categories: list[str] | None = None) -> dict:
+            temperature: float = 0.0, seed: int | None = None, categories: list[str] | None = None,
+            guard: bool = True) -> dict:
     configs = configurations(tree_bundle, plain, threads)
     first = next(iter(configs.values()))[0]
     tok = first.tokenizer
     suite = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
              for p in select_prompts(load_prompts(), per_category, categories)]
     names = list(configs)
-    sampling = {"temperature": temperature, "seed": seed} if temperature > 0 else {}
+    # generate() keywords every configuration shares
+    request = {"temperature": temperature, "seed": seed} if temperature > 0 else {}
+    if not guard:
+        request["guard"] = False
     for name, (p, kw) in configs.items():  # warm-up: every shape once
-        p.generate(token_ids=suite[0]["ids"], max_new_tokens=16, **kw, **sampling)
+        p.generate(token_ids=suite[0]["ids"], max_new_tokens=16, **kw, **request)
     recs: dict[str, list[dict]] = {name: [] for name in names}
     outputs: dict[str, dict] = {name: {} for name in names}
     for i, pr in enumerate(suite):
         for name in names[i % len(names):] + names[: i % len(names)]:
             p, kw = configs[name]
-            if sampling and seed is not None:
-                sampling["seed"] = seed + i  # every configuration draws from the same seed on a prompt
-            r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw, **sampling)
+            if temperature > 0 and seed is not None:
+                request["seed"] = seed + i  # every configuration draws from the same seed on a prompt
+            r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw, **request)
             st = r.stats
             outputs[name][pr["id"]] = r.token_ids
             recs[name].append({"id": pr["id"], "category": pr["category"], "tokens": len(r.token_ids),
@@ -108,12 +115,12 @@ def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_categ
     base = "target-only (tree graph)"
     cats = sorted({p["category"] for p in suite})
     out = {"bundle": tree_bundle, "plain_bundle": plain, "prompts": len(suite), "temperature": temperature,
-           "seed": seed if sampling else None, "configurations": {}, "step_costs_ms": {}}
+           "seed": seed if temperature > 0 else None, "guard": guard, "configurations": {}, "step_costs_ms": {}}
     for name in names:
         chain = name.replace("tree (", "chain (") if name.startswith("tree (") else None
         row = {"tokens_per_s": tps(recs[name]), "tokens_per_call": per_call(recs[name]),
                "tokens_per_verification": per_verification(recs[name]),
-               "mismatches": None if sampling else sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
+               "mismatches": None if temperature > 0 else sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
                "drafted": sum(r["drafted"] for r in recs[name]), "accepted": sum(r["accepted"] for r in recs[name]),
                "fallbacks": sum(r["fallbacks"] for r in recs[name]),
                "tree_rounds": sum(r["tree_rounds"] for r in recs[name]),
@@ -153,6 +160,10 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     ap.add_argument("--seed", type=int, default=None,
                     help="with --temperature: prompt i samples with seed + i (default: fresh entropy)")
+    ap.add_argument("--no-guard", action="store_true",
+                    help="every round speculates, trees included (the guard neither shrinks k, falls back nor "
+                         "turns trees off): the raw tree-vs-chain comparison, and a run whose tree rounds do "
+                         "not hang on the machine's timings")
     args = ap.parse_args(argv)
     if not args.temperature >= 0 or args.temperature == float("inf"):
         print(f"error: --temperature must be a finite number >= 0, got {args.temperature}", file=sys.stderr)
@@ -166,7 +177,7 @@ def main(argv=None) -> int:
            "command": "python scripts/tree_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average()}
     res.update(measure(args.bundle, args.plain, args.max_new_tokens, args.threads, args.prompts_per_category,
-                       args.temperature, args.seed, cats))
+                       args.temperature, args.seed, cats, guard=not args.no_guard))
     res["load_avg_end"] = load_average()
     print(json.dumps(res, indent=1))
     return 0
