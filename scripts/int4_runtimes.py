@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     if not args.bundle:
         ap.error("the following arguments are required: bundle")
     sys.path.insert(0, str(REPO))
-    from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts
+    from specedge.bench.runner import load_average, load_prompts, parse_categories, select_prompts
     from specedge.manifest import load_manifest
     from specedge.runtime.api import Tokenizer
 
@@ -276,10 +276,10 @@ def main(argv=None) -> int:
             ap.error(f"unknown configuration {c!r}")
     manifest = load_manifest(Path(args.bundle), verify="size")
     tok = Tokenizer(manifest)
-    wanted = [c for c in (args.categories or "").split(",") if c] or None
-    for c in wanted or ():
-        if c not in CATEGORIES:
-            ap.error(f"unknown category {c!r}; categories: {', '.join(CATEGORIES)}")
+    try:
+        wanted = parse_categories(args.categories)
+    except ValueError as e:
+        ap.error(str(e))
     suite = select_prompts(load_prompts(), args.prompts_per_category, wanted)
     prompts = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])} for p in suite]
     eos = list(manifest.eos_token_ids)

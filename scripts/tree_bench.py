@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specedge.bench.runner import CATEGORIES, load_average, load_prompts, select_prompts  # noqa: E402
+from specedge.bench.runner import load_average, load_prompts, parse_categories, select_prompts  # noqa: E402
 from specedge.bench.stats import decode_target_calls  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 
@@ -168,11 +168,11 @@ def main(argv=None) -> int:
     if not args.temperature >= 0 or args.temperature == float("inf"):
         print(f"error: --temperature must be a finite number >= 0, got {args.temperature}", file=sys.stderr)
         return 2
-    cats = [c for c in (args.categories or "").split(",") if c] or None
-    for c in cats or []:
-        if c not in CATEGORIES:
-            print(f"error: unknown category {c!r}; categories: {', '.join(CATEGORIES)}", file=sys.stderr)
-            return 2
+    try:
+        cats = parse_categories(args.categories)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     res = {"schema": "specedge.bench.tree/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "command": "python scripts/tree_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average()}

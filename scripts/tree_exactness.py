@@ -5,7 +5,8 @@ Every other bench prompt (chat template, greedy) is decoded target-only, with ch
 n-gram trees (guard off, so trees run every round), with the runtime's tree refusal lifted for
 the measurement. Reports, per prompt, whether the chain and the tree output equal target-only.
 
-    python scripts/tree_exactness.py BUNDLE [--max-new-tokens 64] > benchmarks/results/tree/exactness_NAME.json
+    python scripts/tree_exactness.py BUNDLE [--max-new-tokens 64] [--categories code,chat] \
+        > benchmarks/results/tree/exactness_NAME.json
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specedge.bench.runner import load_average, load_prompts  # noqa: E402
+from specedge.bench.runner import load_average, load_prompts, parse_categories  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 from specedge.runtime.generator import Generator  # noqa: E402
 
@@ -28,11 +29,21 @@ def main(argv=None) -> int:
     ap.add_argument("bundle")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--categories", default=None,
+                    help="comma-separated prompt categories, of the every-other prompts (default all)")
     args = ap.parse_args(argv)
+    try:
+        cats = parse_categories(args.categories)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.max_new_tokens < 1:
+        print(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}", file=sys.stderr)
+        return 2
     Generator.check_tree = lambda self, cfg: None  # measure what the refusal prevents
     pipe = load(args.bundle, threads=args.threads, verify="size", draft="ngram")
     rows = []
-    for pr in load_prompts()[::2]:
+    for pr in (p for p in load_prompts()[::2] if not cats or p["category"] in cats):
         ids = pipe.tokenizer.encode_chat(pr["messages"])
         want = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, speculative=False).token_ids
         chain = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, guard=False).token_ids

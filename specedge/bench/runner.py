@@ -83,6 +83,7 @@ __all__ = [
     "SCHEMA",
     "BenchConfig",
     "load_prompts",
+    "parse_categories",
     "select_prompts",
     "run_bench",
     "summarize_runs",
@@ -124,6 +125,16 @@ def load_prompts(path: str | os.PathLike | None = None) -> list[dict]:
             raise ValueError(f"prompt '{pid}' must have non-empty chat messages")
         out.append({"id": pid, "category": item["category"], "messages": msgs})
     return out
+
+
+def parse_categories(text: str | None) -> list[str] | None:
+    """A comma-separated category list (scripts' --categories): None for all, ValueError naming
+    the known categories for one that is not."""
+    cats = [c.strip() for c in (text or "").split(",") if c.strip()] or None
+    for c in cats or ():
+        if c not in CATEGORIES:
+            raise ValueError(f"unknown category {c!r}; categories: {', '.join(CATEGORIES)}")
+    return cats
 
 
 def select_prompts(prompts: Sequence[dict], per_category: int | None = None,
@@ -188,9 +199,7 @@ class BenchConfig:
         if self.per_category is not None and self.per_category < 1:
             raise ValueError(f"prompts per category must be >= 1, got {self.per_category}")
         if self.categories:
-            for c in self.categories:
-                if c not in CATEGORIES:
-                    raise ValueError(f"unknown category {c!r}; categories: {', '.join(CATEGORIES)}")
+            parse_categories(",".join(self.categories))
         return self
 
     @classmethod
