@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specedge.bench.runner import load_average, load_prompts, parse_categories  # noqa: E402
+from specedge.bench.runner import load_average, load_prompts, parse_categories, select_prompts  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 from specedge.runtime.generator import Generator  # noqa: E402
 
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     Generator.check_tree = lambda self, cfg: None  # measure what the refusal prevents
     pipe = load(args.bundle, threads=args.threads, verify="size", draft="ngram")
     rows = []
-    for pr in (p for p in load_prompts()[::2] if not cats or p["category"] in cats):
+    for pr in select_prompts(load_prompts()[::2], None, cats):
         ids = pipe.tokenizer.encode_chat(pr["messages"])
         want = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, speculative=False).token_ids
         chain = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, guard=False).token_ids

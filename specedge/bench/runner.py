@@ -83,6 +83,7 @@ __all__ = [
     "SCHEMA",
     "BenchConfig",
     "load_prompts",
+    "check_categories",
     "parse_categories",
     "select_prompts",
     "run_bench",
@@ -127,13 +128,17 @@ def load_prompts(path: str | os.PathLike | None = None) -> list[dict]:
     return out
 
 
-def parse_categories(text: str | None) -> list[str] | None:
-    """A comma-separated category list (scripts' --categories): None for all, ValueError naming
-    the known categories for one that is not."""
-    cats = [c.strip() for c in (text or "").split(",") if c.strip()] or None
-    for c in cats or ():
+def check_categories(categories: Sequence[str]) -> None:
+    """ValueError naming the known categories for one that is not."""
+    for c in categories:
         if c not in CATEGORIES:
             raise ValueError(f"unknown category {c!r}; categories: {', '.join(CATEGORIES)}")
+
+
+def parse_categories(text: str | None) -> list[str] | None:
+    """A comma-separated category list (scripts' --categories), checked: None for all."""
+    cats = [c.strip() for c in (text or "").split(",") if c.strip()] or None
+    check_categories(cats or ())
     return cats
 
 
@@ -199,7 +204,7 @@ class BenchConfig:
         if self.per_category is not None and self.per_category < 1:
             raise ValueError(f"prompts per category must be >= 1, got {self.per_category}")
         if self.categories:
-            parse_categories(",".join(self.categories))
+            check_categories(self.categories)
         return self
 
     @classmethod
