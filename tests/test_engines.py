@@ -730,3 +730,107 @@ def test_loaded_manifest_plan_checks_work_with_real_manifest(tmp_path):
     m = load_manifest(b)
     sha = m.files["target/model.onnx"]["sha256"]
     check_against_manifest(info(onnx_sha256=sha, max_seq=S), m, m.target, "target/model.onnx")
+
+
+# ----------------------------------------------------------------------------- the TensorRT table in the build
+
+
+def _tiny_copy(tiny_bundle_factory, tmp_path, kv_mode):
+    """A copy (build-engines writes into it) of a tiny fp32 bundle with a portable target graph, as
+    today's export writes it (opset 24, RMSNormalization; TensorScatter in scatter mode)."""
+    import shutil
+
+    kw = {"graphs": "portable"} if kv_mode == "scatter" else {}
+    src = tiny_bundle_factory("llama", kv_mode=kv_mode, draft="ngram", features=True, **kw)
+    return Path(shutil.copytree(src, tmp_path / f"fp32-{kv_mode}"))
+
+
+def _stand_in_parse(fake, onnx_path):
+    parser = fake.OnnxParser(fake.Builder(None).create_network(0), None)
+    return parser.parse_from_file(str(onnx_path)), [parser.get_error(i) for i in range(parser.num_errors)]
+
+
+def test_fp32_scatter_bundle_fails_on_the_10_3_stand_in_and_builds_on_10_16(tiny_bundle_factory, tmp_path, fake_trt,
+                                                                              capsys):
+    b = _tiny_copy(tiny_bundle_factory, tmp_path, "scatter")
+    m = load_manifest(b)
+    graph = m.path(m.target.graph_for("tensorrt").path)
+
+    # The stand-in's parser itself refuses what TensorRT 10.3's parser does not import ...
+    fake = fake_trt("10.3.0.30", manifest=m)
+    ok, errors = _stand_in_parse(fake, graph)
+    assert not ok and len(errors) == 1
+    assert "operator: RMSNormalization" in errors[0] or "operator: TensorScatter" in errors[0]
+    # ... and build-engines stops before it, with the sentence naming the export flag.
+    capsys.readouterr()  # the export's progress
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this bundle updates the KV cache in place") and err.count("\n") == 1
+    assert not (b / "engines").exists()
+
+    fake = fake_trt("10.16.0.31", manifest=m)
+    assert _stand_in_parse(fake, graph) == (True, [])
+    infos = build_engines(b, BuildOptions(), log=lambda s: None)
+    assert fake.calls["builds"] == 1 and [i.role for i in infos] == ["target"]
+    assert fake.calls["parsed"] == [str(graph)] * 2  # the direct parse above, then the build's
+
+
+def test_fp32_delta_bundle_is_refused_on_10_3_with_the_table_sentence(tiny_bundle_factory, tmp_path, fake_trt, capsys):
+    b = _tiny_copy(tiny_bundle_factory, tmp_path, "delta")
+    m = load_manifest(b)
+    fake = fake_trt("10.3.0.30", manifest=m)
+    graph = str(m.path(m.target.graph_for("tensorrt").path))
+    ok, errors = _stand_in_parse(fake, graph)
+    assert not ok and "operator: RMSNormalization" in errors[0]
+    capsys.readouterr()  # the export's progress
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: TensorRT 10.3's ONNX parser cannot import this bundle (target/model.onnx uses opset 24 (from 10.15), "
+        "RMSNormalization (from 10.15)): export the bundle with `export-models --tensorrt 10.3`\n")
+    assert fake.calls["parsed"] == [graph] and not (b / "engines").exists()  # only the direct parse above
+    # JetPack 7.0 / 7.1 (TensorRT 10.13 / 10.14) do not import RMSNormalization either.
+    for version in ("10.13.3.9", "10.14.1.48"):
+        fake_trt(version, manifest=m)
+        assert main(["build-engines", str(b)]) == 2
+        assert "RMSNormalization (from 10.15)" in capsys.readouterr().err
+    fake = fake_trt("10.15.1.29", manifest=m)
+    build_engines(b, BuildOptions(), log=lambda s: None)
+    assert fake.calls["builds"] == 1
+
+
+def test_build_engines_refuses_a_bundle_exported_for_a_newer_tensorrt(tmp_path, fake_trt, capsys):
+    fake = fake_trt(version="10.3.0.30", kv_mode="delta")
+    b = _bundle(tmp_path, "delta", opset=20, exported_for="10.16")
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: this bundle was exported for TensorRT 10.16 and this machine has TensorRT 10.3: "
+        "export it again with `export-models --tensorrt 10.3`\n")
+    assert fake.calls["parsed"] == [] and not (b / "engines").exists()
+
+
+def test_build_engines_takes_a_bundle_exported_for_its_tensorrt_or_an_older_one(tmp_path, fake_trt):
+    for i, (exported_for, installed) in enumerate((("10.3", "10.3.0.30"), ("10.3", "10.16.0.31"))):
+        fake = fake_trt(version=installed, kv_mode="delta")
+        b = _bundle(tmp_path / str(i), "delta", opset=20, exported_for=exported_for)
+        build_engines(b, BuildOptions(), log=lambda s: None)
+        assert fake.calls["builds"] == 1
+
+
+def test_build_engines_refuses_a_bundle_without_a_graph_for_tensorrt(tmp_path, fake_trt, capsys):
+    fake = fake_trt()
+    b = _bundle(tmp_path, flavour="ort", backends=("ort-cpu", "ort-cuda"))
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
+        "export it with `export-models --tensorrt 10.15`\n")
+    assert fake.calls["parsed"] == []
+
+
+def test_build_engines_refuses_tensorrt_older_than_the_table(tmp_path, fake_trt, capsys):
+    fake_trt(version="10.1.0.27", kv_mode="delta")
+    b = _bundle(tmp_path, "delta", opset=20)
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: TensorRT 10.1.0.27 is older than 10.3, the oldest TensorRT specedge supports: "
+        "install one of 10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1 (or newer)\n")
