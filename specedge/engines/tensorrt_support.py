@@ -16,6 +16,10 @@ and the source each line was read from); this module only reads it:
 
 A bundle's manifest records the version it was exported for under the key "tensorrt" (absent
 for bundles exported without `export-models --tensorrt`).
+
+For an exporter choosing what to write for a line: `ops_for(line)`, `line_info(line)["opset"]`
+(documented range) and `["ir_max"]`, `dq_types(line)` and `dq_builder(line)` (which DequantizeLinear
+inputs and blocked forms it takes), `op_added_in(op)`.
 """
 
 from __future__ import annotations
