@@ -81,11 +81,12 @@ def serve_on_ray(args, model: str, api_key: str | None) -> int:
 
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
+        interrupted = False
         try:
             stop.wait()
         except KeyboardInterrupt:
-            pass
+            interrupted = True
     finally:
         serve.shutdown()
         ray.shutdown()
-    return 0
+    return 130 if interrupted else 0  # as without --ray: SIGTERM is a clean stop, Ctrl-C an interrupt

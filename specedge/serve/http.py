@@ -1,0 +1,192 @@
+"""The HTTP/1.1 connection layer under the app: uvicorn's httptools protocol with read limits.
+
+What uvicorn leaves open, and this closes:
+- a client that sends its request head (or body) slowly holds a connection for ever: the head
+  must arrive within `header_timeout` seconds of the connection (or of the request's first byte
+  on a kept-alive one) and the body within `body_timeout` of the head, else 408;
+- a head over `max_header_bytes` is refused with 431 (llhttp sets no limit of its own);
+- a request the parser refuses (a non-numeric Content-Length, a bad header) got uvicorn's
+  text/plain 400: every refusal here is an OpenAI error object, as the app's are;
+- a client that half-closes its side after sending a request (shutdown(SHUT_WR)) got no answer,
+  because the transport closed on end-of-file: a complete request is now answered first. Before a
+  response starts a half-close cannot be told from a client that left, so such a request runs to
+  its end (bounded by the request deadline); one that leaves mid-response is noticed as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from .errors import ApiError
+
+__all__ = ["HttpLimits", "protocol_class", "uvicorn_config",
+           "DEFAULT_HEADER_TIMEOUT", "DEFAULT_BODY_TIMEOUT", "DEFAULT_MAX_HEADER_BYTES"]
+
+DEFAULT_HEADER_TIMEOUT = 10.0  # seconds for a request's head
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body, once the head is in
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    on_error: Callable[[str], None] | None = None  # counts a refusal by kind (the app's error metric)
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+def _answer(err: ApiError) -> bytes:
+    body = json.dumps(err.body(), separators=(",", ":")).encode()
+    return b"".join([STATUS_LINE[err.status], b"content-type: application/json\r\n",
+                     b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body])
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    limits = HttpLimits()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._timer = None
+        self._head_bytes = 0
+        self._in_head = True
+        self._eof = False
+        self._received = False
+
+    # --- timers
+    def _arm(self, seconds: float, handler) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, handler)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _refuse(self, err: ApiError) -> None:
+        """Answer `err` and close; for a request the app already runs, that request ends too."""
+        self._disarm()
+        if self.limits.on_error is not None:
+            self.limits.on_error(err.kind)
+        if not self.transport.is_closing():
+            self.transport.write(_answer(err))
+            self.transport.close()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            # a pipelined head arrives slowly behind a response still going out: end after it
+            self.cycle.keep_alive = False
+            return
+        if not self._received:
+            self.transport.close()  # connected and said nothing: no request to answer
+            return
+        self._refuse(ApiError(408, f"the request head did not arrive within {self.limits.header_timeout:g} s",
+                              code="request_timeout", kind="timeout"))
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body:
+            return
+        if cycle.response_started:  # the app answered without the body: no more of it is read
+            cycle.keep_alive = False
+            if cycle.response_complete:
+                self.transport.close()
+            return
+        self._refuse(ApiError(408, f"the request body did not arrive within {self.limits.body_timeout:g} s",
+                              code="request_timeout", kind="timeout"))
+
+    # --- parsing
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        self._received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no protocol upgrades are served (ws="none"): the request is answered as plain HTTP
+        except httptools.HttpParserError as e:
+            if isinstance(e.__context__, _HeadTooLarge):
+                self._refuse(ApiError(431, f"the request head is over the server's limit of "
+                                           f"{self.limits.max_header_bytes} bytes", kind="too_large"))
+            else:
+                reason = str(e).strip().rstrip(".") or "malformed"
+                self._refuse(ApiError(400, f"the request is not valid HTTP/1.1: {reason}"))
+
+    def send_400_response(self, msg: str) -> None:  # uvicorn's own refusals, should any remain
+        self._refuse(ApiError(400, f"the request is not valid HTTP/1.1: {msg.rstrip('.')}"))
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.limits.max_header_bytes:
+            raise _HeadTooLarge()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
+        if self._timer is None:  # a kept-alive connection's next request: its head's clock starts now
+            self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self.limits.body_timeout, self._body_timed_out)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._eof and not self.transport.is_closing() and not self.pipeline:
+            self.transport.close()  # the client half-closed: nothing more can come
+
+    def eof_received(self) -> bool | None:
+        # a complete request still being answered: keep the sending side open for its response
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body and not cycle.response_complete and not cycle.response_started:
+            self._eof = True
+            cycle.keep_alive = False
+            self._disarm()
+            return True
+        return None  # the transport closes (the client left, or sent nothing to answer)
+
+
+def protocol_class(limits: HttpLimits) -> type:
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+
+
+def uvicorn_config(app, limits: HttpLimits, **kwargs):
+    """uvicorn's Config for `app` with this protocol; `kwargs` go to uvicorn.Config."""
+    import uvicorn
+
+    kwargs.setdefault("log_level", "warning")
+    kwargs.setdefault("access_log", False)
+    return uvicorn.Config(app, http=protocol_class(limits), ws="none", lifespan="on", **kwargs)
