@@ -113,7 +113,11 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
     async def _http(request: Request, exc: StarletteHTTPException):
         kind = _STATUS_KIND.get(exc.status_code, "bad_request")
         status = 400 if exc.status_code == 422 else exc.status_code
-        return answer(ApiError(status, str(exc.detail), kind=kind))
+        detail = str(exc.detail)
+        if status == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not decode the body
+            detail = "the request body is not valid JSON" + (
+                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else "")
+        return answer(ApiError(status, detail, kind=kind))
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception):
