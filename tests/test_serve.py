@@ -80,7 +80,7 @@ class Server:
     def __init__(self, pipes, **options):
         self.pipes = pipes
         self.scheduler = Scheduler(pipes, options.pop("queue", 16))
-        options_http = {k: options.pop(k) for k in ("header_timeout", "body_timeout", "max_header_bytes")
+        options_http = {k: options.pop(k) for k in ("header_timeout", "body_timeout", "max_header_bytes", "write_timeout")
                         if k in options}
         grace = options.pop("grace", 30.0)
         self.app = create_app(self.scheduler, "tiny", **options)

@@ -240,6 +240,45 @@ def test_slow_heads_and_bodies_are_cut_off_and_others_still_served(pipe):
         assert samples(s.url)[("specedge_errors_total", (("kind", "timeout"),))] == 20
 
 
+def test_a_client_that_stops_reading_is_disconnected_after_the_write_timeout(pipe):
+    with serving([pipe], write_timeout=0.5) as s:
+        stats = {"tokens": 5, "prompt_tokens": 3, "tokens_per_s": 10.0, "speculative": True, "drafted": 8,
+                 "accepted": 4, "target_calls": 2, "accepted_histogram": [0, 1, 0, 1, 0]}
+        for i in range(DEFAULT_MAX_TASKS):  # a /metrics page of a few hundred kB
+            s.app.state.metrics.finished("chat", f"t{i}", stats, 0.1, 0.1, 0.2)
+        with socket.socket() as c:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.connect(("127.0.0.1", s.port))
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n" * 40)  # pipelined, never read
+            wait_until(lambda: samples(s.url).get(("specedge_errors_total", (("kind", "timeout"),))) == 1,
+                       "the server to give up on the client that does not read", timeout=30)
+            c.settimeout(10)
+            with pytest.raises((ConnectionResetError, AssertionError)):
+                while c.recv(1 << 20):
+                    pass
+                raise AssertionError("closed")  # an orderly end after the data is also a close
+        assert ("specedge_errors_total", (("kind", "internal"),)) not in samples(s.url)
+
+
+def test_an_internal_error_is_one_log_line_and_a_500_object(pipe, caplog, capfd):
+    encode = pipe.encode
+
+    def broken(*a, **kw):
+        raise RuntimeError("first line of a fault\nsecond line\nthird line")
+
+    with serving([pipe]) as s:
+        pipe.encode = broken
+        try:
+            with caplog.at_level("INFO", logger="specedge.serve"):
+                r = httpx.post(s.url + "/v1/completions", json={"prompt": "x"})
+        finally:
+            pipe.encode = encode
+    assert r.status_code == 500 and r.json()["error"]["message"] == "internal error: RuntimeError"
+    lines = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert lines == ["specedge serve: POST /v1/completions: internal error: RuntimeError: first line of a fault"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
 # ----------------------------------------------------------------------------- start-up
 
 
@@ -294,6 +333,7 @@ def test_broken_bundle_really_fails_to_load(broken_bundle):
     (["--header-timeout", "inf"], "--header-timeout must be a finite number"),
     (["--body-timeout", "nan"], "--body-timeout must be a finite number"),
     (["--metrics-max-tasks", "-1"], "--metrics-max-tasks must be >= 0"),
+    (["--ray", "--grace", "5"], "apply without --ray only"),
 ])
 def test_new_options_are_checked(bundle, args, fragment):
     p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True,

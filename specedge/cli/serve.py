@@ -96,6 +96,9 @@ def check_args(args) -> str | None:
         raise UserError("--model-name must not be empty")
     if not args.ray and (args.ray_address is not None or args.ray_num_cpus is not None or args.ray_num_gpus):
         raise UserError("--ray-address, --ray-num-cpus and --ray-num-gpus apply with --ray only")
+    if args.ray and any(getattr(args, n) is not None for n in ("header_timeout", "body_timeout", "grace")):
+        raise UserError("--header-timeout, --body-timeout and --grace apply without --ray only "
+                        "(Ray Serve's own proxy reads the requests and stops the replicas)")
     if args.ray_num_cpus is not None and not args.ray_num_cpus > 0:
         raise UserError(f"--ray-num-cpus must be > 0, got {args.ray_num_cpus}")
     if not args.ray_num_gpus >= 0:

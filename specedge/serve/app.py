@@ -121,6 +121,7 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception):
+        request.scope["specedge.logged"] = True  # http.py's wrapper then does not log it again
         first = str(exc).strip().splitlines()
         log.error("specedge serve: %s %s: internal error: %s%s", request.method, request.url.path,
                   type(exc).__name__, f": {first[0]}" if first else "")

@@ -5,6 +5,8 @@ What uvicorn leaves open, and this closes:
   must arrive within `header_timeout` seconds of the connection (or of the request's first byte
   on a kept-alive one) and the body within `body_timeout` of the head, else 408;
 - a head over `max_header_bytes` is refused with 431 (llhttp sets no limit of its own);
+- a client that stops reading its response holds its connection and request task for ever: once
+  the socket's send buffer is full, `write_timeout` seconds without progress close the connection;
 - a request the parser refuses (a non-numeric Content-Length, a bad header) got uvicorn's
   text/plain 400: every refusal here is an OpenAI error object, as the app's are;
 - a client that half-closes its side after sending a request (shutdown(SHUT_WR)) got no answer,
@@ -16,6 +18,7 @@ What uvicorn leaves open, and this closes:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,12 +27,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .errors import ApiError
 
+log = logging.getLogger("specedge.serve")
+
 __all__ = ["HttpLimits", "protocol_class", "uvicorn_config",
            "DEFAULT_HEADER_TIMEOUT", "DEFAULT_BODY_TIMEOUT", "DEFAULT_MAX_HEADER_BYTES"]
 
 DEFAULT_HEADER_TIMEOUT = 10.0  # seconds for a request's head
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body, once the head is in
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_WRITE_TIMEOUT = 30.0  # seconds a response may wait for a client that does not read it
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class HttpLimits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
     on_error: Callable[[str], None] | None = None  # counts a refusal by kind (the app's error metric)
 
 
@@ -60,6 +67,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._eof = False
         self._received = False
+        self._write_timer = None
+        self._running = None
 
     # --- timers
     def _arm(self, seconds: float, handler) -> None:
@@ -77,7 +86,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if self.limits.on_error is not None:
+            self.limits.on_error("timeout")
+        for cycle in {self.cycle, self._running} - {None}:  # the client stopped reading: as if it had left
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.abort()
+
+    def _start_asgi_task(self, cycle, app) -> None:
+        self._running = cycle  # the request being answered (self.cycle is the last one parsed)
+        super()._start_asgi_task(cycle, app)
 
     def _refuse(self, err: ApiError) -> None:
         """Answer `err` and close; for a request the app already runs, that request ends too."""
@@ -183,10 +218,31 @@ def protocol_class(limits: HttpLimits) -> type:
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
 
 
+class _OneLineErrors:
+    """ASGI wrapper: an exception that escapes the app after it was answered (Starlette re-raises
+    it for the server to log, which uvicorn does with a traceback) is logged in one line here; the
+    traceback goes to the debug level."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - a fault: the client got its 500 or a cut stream
+            if not scope.get("specedge.logged"):
+                first = str(exc).strip().splitlines()
+                log.error("specedge serve: %s %s: internal error: %s%s", scope.get("method"), scope.get("path"),
+                          type(exc).__name__, f": {first[0]}" if first else "")
+            log.debug("specedge serve: the traceback of that error", exc_info=exc)
+
+
 def uvicorn_config(app, limits: HttpLimits, **kwargs):
     """uvicorn's Config for `app` with this protocol; `kwargs` go to uvicorn.Config."""
     import uvicorn
 
     kwargs.setdefault("log_level", "warning")
     kwargs.setdefault("access_log", False)
-    return uvicorn.Config(app, http=protocol_class(limits), ws="none", lifespan="on", **kwargs)
+    return uvicorn.Config(_OneLineErrors(app), http=protocol_class(limits), ws="none", lifespan="on", **kwargs)
