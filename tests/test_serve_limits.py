@@ -237,7 +237,17 @@ def test_slow_heads_and_bodies_are_cut_off_and_others_still_served(pipe):
         # a connection that says nothing is closed too, without an answer
         elapsed, out = raw(s.port, b"")
         assert out == b"" and elapsed < 5
-        assert samples(s.url)[("specedge_errors_total", (("kind", "timeout"),))] == 20
+        # blank lines, which the parser skips, do not keep a connection open either
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            t0 = time.monotonic()
+            try:
+                for _ in range(40):
+                    c.sendall(b"\r\n")
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert status_and_error(c.recv(65536))[0] == 408 and time.monotonic() - t0 < 3
+        assert samples(s.url)[("specedge_errors_total", (("kind", "timeout"),))] == 21
 
 
 def test_a_client_that_stops_reading_is_disconnected_after_the_write_timeout(pipe):
@@ -439,6 +449,16 @@ def test_sigterm_finishes_the_running_stream_and_answers_the_queue_503(bundle, p
     assert "".join(c["choices"][0]["text"] for c in chunks) == want  # finished in full
     assert rc == 0, "".join(s.lines)
     assert any("stopped by SIGTERM" in line for line in s.lines) and not any("Traceback" in x for x in s.lines)
+
+
+def test_a_draining_server_refuses_new_work_and_reports_stopping(pipe):
+    with serving([pipe]) as s:
+        assert httpx.get(s.url + "/health").json()["status"] == "ok"
+        s.scheduler.drain()  # what the first signal does, before the listening socket closes
+        health = httpx.get(s.url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "stopping"
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.headers["retry-after"] == "5" and r.json()["error"]["code"] == "shutdown"
 
 
 def test_grace_period_ends_a_stream_with_an_error_event(bundle, tmp_path):

@@ -28,7 +28,7 @@ from .errors import ApiError, bad_request
 from .metrics import CONTENT_TYPE_LATEST, DEFAULT_MAX_TASKS, ServeMetrics
 from .schemas import ChatRequest, CompletionRequest, describe_validation_error
 from .sse import DONE, FINISH, Formatter, event, extension, usage
-from .worker import Job, QueueFull, Scheduler, shutting_down
+from .worker import SHUTDOWN_RETRY_AFTER, Job, QueueFull, Scheduler, shutting_down
 
 __all__ = ["create_app", "DEFAULT_MAX_BODY"]
 
@@ -146,6 +146,9 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
              "waiting": scheduler.waiting}
         if instance is not None:
             h["instance"] = instance
+        if scheduler.closed:  # a load balancer takes this server out of rotation while it stops
+            h["status"] = "stopping"
+            return JSONResponse(h, status_code=503, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
         return h
 
     @app.get("/metrics", dependencies=auth)

@@ -155,6 +155,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         self._received = True
+        if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+            # bytes between requests (even ones the parser skips, like blank lines) start the clock
+            self._arm(self.limits.header_timeout, self._head_timed_out)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:

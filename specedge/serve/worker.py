@@ -190,6 +190,12 @@ class Scheduler:
                 self._dispatch()
 
     @property
+    def closed(self) -> bool:
+        """No new requests are taken (the server is stopping)."""
+        with self._cv:
+            return self._closed
+
+    @property
     def waiting(self) -> int:
         with self._cv:
             return len(self._pending)
