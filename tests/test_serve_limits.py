@@ -186,6 +186,7 @@ BODIES = [
     (b'{"prompt": "x", "temperature": -Infinity}', "'temperature': Input should be a finite number", "temperature"),
     (b'{"prompt": "\xff"}', "the request body is not valid JSON (it is not UTF-8 text)", None),
     (b'{"prompt": "x", "max_tokens": 1e400}', "'max_tokens'", "max_tokens"),
+    (b'{"prompt": {"a": 1}}', "invalid 'prompt': Input should be a valid string", "prompt"),
 ]
 
 

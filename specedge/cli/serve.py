@@ -142,7 +142,7 @@ def _need_serve_packages() -> None:
     from ..errors import UserError
 
     missing = []
-    for mod in ("fastapi", "uvicorn", "prometheus_client"):
+    for mod in ("fastapi", "uvicorn", "httptools", "prometheus_client"):
         try:
             __import__(mod)
         except ImportError:

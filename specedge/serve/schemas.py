@@ -167,7 +167,8 @@ def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     # union members appear as loc entries like 'str' / 'list[...]': keep the field path only
-    path = [x for x in loc if not (x in ("str", "int", "float", "bool") or "[" in x or x.startswith("function-"))]
+    path = [x for x in loc if not (x in ("str", "int", "float", "bool") or "[" in x
+                                   or x.startswith(("function-", "constrained-")))]
     param = ".".join(path) or None
     msg = e.get("msg", "invalid value")
     if msg.startswith("Value error, "):
