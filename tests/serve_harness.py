@@ -2,8 +2,9 @@
 tests (signals need a process of their own). Usage: python serve_harness.py SERVE-ARGS...
 
 Once SPECEDGE_TEST_FREE target calls have run, a call waits while the file SPECEDGE_TEST_HOLD
-exists (at most two minutes), after creating HOLD + ".held"; deleting HOLD lets it go on. The
-server itself is the real command: only the backend calls are wrapped."""
+exists (at most two minutes), after creating HOLD + ".held"; deleting HOLD lets it go on. With
+SPECEDGE_TEST_LOAD_HOLD the model load ends only once that file is gone. The server itself is the
+real command: only the load and the backend calls are wrapped."""
 
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ _load = serve_cli.load_replicas
 
 def _load_gated(args):
     pipes = _load(args)
+    loading = os.environ.get("SPECEDGE_TEST_LOAD_HOLD")  # the load "lasts" while this file exists
+    if loading:
+        open(loading + ".loading", "w").close()
+        end = time.monotonic() + 120
+        try:
+            while os.path.exists(loading) and time.monotonic() < end:
+                time.sleep(0.01)
+        except BaseException:
+            for p in pipes:
+                p.close()
+            raise
     for p in pipes:
         backend = p.generator.target.backend
         for name in ("run", "argmax"):

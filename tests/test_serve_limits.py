@@ -500,3 +500,21 @@ def test_second_signal_ends_streams_at_once_and_sigint_exits_130(bundle, tmp_pat
         rc = s.finish()
     assert stream["events"][-1] == "[DONE]" and json.loads(stream["events"][-2])["error"]["code"] == "shutdown"
     assert rc == 130, "".join(s.lines)
+
+
+def test_sigterm_while_the_model_loads_exits_0_after_cleanup(bundle, tmp_path):
+    loading = tmp_path / "loading"
+    loading.touch()
+    port = free_port()
+    p = serve_cmd(bundle, "--port", str(port), harness=True,
+                  env={"SPECEDGE_TEST_HOLD": str(tmp_path / "unused"), "SPECEDGE_TEST_LOAD_HOLD": str(loading)})
+    try:
+        wait_until(lambda: Path(str(loading) + ".loading").exists() or p.poll() is not None, "the model to load")
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # the port is bound while the model loads
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and "Traceback" not in err and " on http://" not in err, err
