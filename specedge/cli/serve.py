@@ -151,6 +151,12 @@ def _need_serve_packages() -> None:
         raise UserError(f"specedge serve needs {', '.join(missing)}: pip install 'specedge[serve]'")
 
 
+def _warn_without_key(host: str, key: str | None) -> None:
+    if not is_loopback(host) and key is None:
+        print(f"warning: serving on {host} without an API key: anyone who can reach this port can use it "
+              f"(set --api-key or ${API_KEY_ENV})", file=sys.stderr)
+
+
 class _Stopped(Exception):
     """SIGTERM while the model loads: ends the command after its cleanup."""
 
@@ -170,9 +176,6 @@ def run(args) -> int:
     _need_serve_packages()
     load_manifest(args.bundle, verify="none")  # a wrong folder fails here, before any weights load
     model = args.model_name or Path(args.bundle).resolve().name
-    if not is_loopback(args.host) and key is None:
-        print(f"warning: serving on {args.host} without an API key: anyone who can reach this port can use it "
-              f"(set --api-key or ${API_KEY_ENV})", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if getattr(args, "debug", False):
         logging.getLogger("specedge.serve").setLevel(logging.DEBUG)
@@ -188,6 +191,7 @@ def run(args) -> int:
 
         for s in listen(args.host, args.port):  # Ray's proxy binds it; a port in use fails here, first
             s.close()
+        _warn_without_key(args.host, key)
         return serve_on_ray(args, model, key)
 
     from ..serve.app import create_app
@@ -197,6 +201,7 @@ def run(args) -> int:
     from ..serve.worker import Scheduler
 
     socks = listen(args.host, args.port)
+    _warn_without_key(args.host, key)
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     pipes = []
     try:
