@@ -461,16 +461,22 @@ def test_a_draining_server_refuses_new_work_and_reports_stopping(pipe):
         assert r.status_code == 503 and r.headers["retry-after"] == "5" and r.json()["error"]["code"] == "shutdown"
 
 
-def test_grace_period_ends_a_stream_with_an_error_event(bundle, tmp_path):
-    s = Held(bundle, tmp_path, 3, "--grace", "1")
+def test_grace_period_ends_running_requests_with_an_error(bundle, tmp_path):
+    s = Held(bundle, tmp_path, 3, "--grace", "1", "--replicas", "2")
     try:
         stream: dict = {}
         t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True},
                              stream)
         wait_until(s.held, "the stream's replica to be held mid-generation")
+        whole: dict = {}  # on the other replica, held at its first call
+        w = threading.Thread(target=lambda: whole.update(r=httpx.post(s.url + "/v1/completions", timeout=60, json={
+            "prompt": PROMPTS[1], "max_tokens": 8})))
+        w.start()
+        wait_until(lambda: httpx.get(s.url + "/health").json()["busy"] == 2, "both replicas to be busy")
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         t.join(60)
+        w.join(60)
         elapsed = time.monotonic() - t0
     finally:
         rc = s.finish()
@@ -478,7 +484,9 @@ def test_grace_period_ends_a_stream_with_an_error_event(bundle, tmp_path):
     assert stream["status"] == 200 and stream["events"][-1] == "[DONE]"
     err = json.loads(stream["events"][-2])["error"]
     assert err["code"] == "shutdown" and "shut down before this request finished" in err["message"]
-    assert rc == 0 and any("1 request(s) ended before they finished" in line for line in s.lines), "".join(s.lines)
+    r = whole["r"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutdown" and r.headers["retry-after"] == "5"
+    assert rc == 0 and any("2 request(s) ended before they finished" in line for line in s.lines), "".join(s.lines)
 
 
 def test_second_signal_ends_streams_at_once_and_sigint_exits_130(bundle, tmp_path):
