@@ -80,15 +80,15 @@ class Server:
     def __init__(self, pipes, **options):
         self.pipes = pipes
         self.scheduler = Scheduler(pipes, options.pop("queue", 16))
-        options_http = {k: options.pop(k) for k in ("header_timeout", "body_timeout", "max_header_bytes", "write_timeout")
-                        if k in options}
+        http_options = ("header_timeout", "body_timeout", "max_header_bytes", "write_timeout")
+        options_http = {k: options.pop(k) for k in http_options if k in options}
         grace = options.pop("grace", 30.0)
         self.app = create_app(self.scheduler, "tiny", **options)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        limits = HttpLimits(**{k: options_http[k] for k in options_http}, on_error=self.app.state.metrics.error)
+        limits = HttpLimits(**options_http, on_error=self.app.state.metrics.error)
         self.server = LifecycleServer(uvicorn_config(self.app, limits), self.scheduler, grace=grace)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
