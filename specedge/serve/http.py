@@ -119,6 +119,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         if self.limits.on_error is not None:
             self.limits.on_error(err.kind)
+        running = self._running
+        if running is not None and running.response_started and not running.response_complete:
+            # a pipelined request went wrong behind a response still going out: that one ends
+            # whole, then the connection closes (an answer now would land inside it)
+            running.keep_alive = False
+            self.transport.pause_reading()
+            return
         if not self.transport.is_closing():
             self.transport.write(_answer(err))
             self.transport.close()
