@@ -25,7 +25,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from test_serve import PROMPTS, complete, free_port, serving, wait_until  # noqa: E402
+from test_serve import PROMPTS, Gate, complete, free_port, serving, wait_until  # noqa: E402
 
 from specedge.runtime.api import load  # noqa: E402
 from specedge.serve.metrics import DEFAULT_MAX_TASKS, OVERFLOW_TASK  # noqa: E402
@@ -203,13 +203,36 @@ def test_a_client_that_half_closes_after_sending_gets_its_answer(pipe):
         want = complete(s.client, PROMPTS[0], max_tokens=8).choices[0].text
         body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}).encode()
         _, out = raw(s.port, post("/v1/completions", body), half_close=True)
-        head, _, payload = out.partition(b"\r\n\r\n")
+        interim = b"HTTP/1.1 100 Continue\r\n\r\n"  # the server's probe: HTTP/1.1 clients skip it
+        assert out.startswith(interim)
+        head, _, payload = out[len(interim):].partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and json.loads(payload)["choices"][0]["text"] == want
         body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}).encode()
         _, out = raw(s.port, post("/v1/completions", body), half_close=True)
         events = [line for line in out.split(b"\n") if line.startswith(b"data: ")]
         assert events[-1] == b"data: [DONE]"
         assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == want
+
+
+def test_a_client_that_closes_while_queued_or_running_is_still_noticed(pipe):
+    """Answering half-closed clients must not keep the requests of clients that left entirely."""
+    gate = Gate(pipe)
+    with serving([pipe], [gate], queue=4) as s:
+        gate.hold_after(1)
+        blocker = threading.Thread(target=lambda: complete(s.client, PROMPTS[0], max_tokens=8))
+        blocker.start()
+        assert gate.held.wait(60)
+        running = s.scheduler.replicas[0].job
+        body = json.dumps({"prompt": PROMPTS[1], "max_tokens": 8}).encode()
+        with socket.create_connection(("127.0.0.1", s.port)) as c:
+            c.sendall(post("/v1/completions", body))
+            wait_until(lambda: s.scheduler.waiting == 1, "the request to wait in the queue")
+        wait_until(lambda: s.scheduler.waiting == 0, "the queued request of the client that left to be dropped")
+        assert not running.cancel.is_set()
+        gate.release()
+        blocker.join(60)
+        key = ("specedge_requests_total", (("endpoint", "completions"), ("outcome", "cancelled"), ("task", "default")))
+        wait_until(lambda: samples(s.url).get(key) == 1, "the cancelled request in the metrics")
 
 
 def test_slow_heads_and_bodies_are_cut_off_and_others_still_served(pipe):

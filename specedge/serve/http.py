@@ -10,15 +10,18 @@ What uvicorn leaves open, and this closes:
 - a request the parser refuses (a non-numeric Content-Length, a bad header) got uvicorn's
   text/plain 400: every refusal here is an OpenAI error object, as the app's are;
 - a client that half-closes its side after sending a request (shutdown(SHUT_WR)) got no answer,
-  because the transport closed on end-of-file: a complete request is now answered first. Before a
-  response starts a half-close cannot be told from a client that left, so such a request runs to
-  its end (bounded by the request deadline); one that leaves mid-response is noticed as before.
+  because the transport closed on end-of-file: a complete request is now answered first. The
+  end-of-file alone cannot tell a half-close from a client that left, so the server sends an
+  interim `100 Continue` (which HTTP/1.1 clients skip): a client that closed entirely answers it
+  with a reset, which the connection's state shows (checked every PROBE_S seconds until the
+  response starts), and its request is cancelled as when a client leaves.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +39,8 @@ DEFAULT_HEADER_TIMEOUT = 10.0  # seconds for a request's head
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body, once the head is in
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_WRITE_TIMEOUT = 30.0  # seconds a response may wait for a client that does not read it
+PROBE_S = 0.1  # how often a half-closed connection is checked for a reset, until its response starts
+_TCP_CLOSE = 7  # Linux's tcpi_state once a reset arrived (a half-closed peer leaves it at CLOSE_WAIT)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._received = False
         self._write_timer = None
         self._running = None
+        self._probe = None
 
     # --- timers
     def _arm(self, seconds: float, handler) -> None:
@@ -86,8 +92,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        if self._write_timer is not None:
-            self._write_timer.cancel()
+        for timer in (self._write_timer, self._probe):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -105,7 +112,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._write_timer = None
         if self.limits.on_error is not None:
             self.limits.on_error("timeout")
-        for cycle in {self.cycle, self._running} - {None}:  # the client stopped reading: as if it had left
+        self._client_left()  # it stopped reading
+
+    def _client_left(self) -> None:
+        """End the connection as if the client had closed it: its requests see a disconnect."""
+        for cycle in {self.cycle, self._running} - {None}:
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.abort()
@@ -220,8 +231,35 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._eof = True
             cycle.keep_alive = False
             self._disarm()
+            if cycle.scope.get("http_version") != "1.0":  # no 1xx to HTTP/1.0 clients (RFC 9110, 15.2)
+                cycle.waiting_for_100_continue = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._probe = self.loop.call_later(PROBE_S, self._check_peer)
             return True
         return None  # the transport closes (the client left, or sent nothing to answer)
+
+    def _check_peer(self) -> None:
+        self._probe = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or cycle.response_started:
+            return
+        if _reset(self.transport.get_extra_info("socket")):
+            self._client_left()
+            return
+        self._probe = self.loop.call_later(PROBE_S, self._check_peer)
+
+
+def _reset(sock) -> bool:
+    """Whether the peer reset the connection (it had closed it entirely, then got our probe)."""
+    if sock is None:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE
+    except (OSError, AttributeError):  # no TCP_INFO here: a pending error says the same
+        try:
+            return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+        except OSError:
+            return True
 
 
 def protocol_class(limits: HttpLimits) -> type:
