@@ -202,15 +202,11 @@ def run(args) -> int:
 
     socks = listen(args.host, args.port)
     _warn_without_key(args.host, key)
+    # until the server's own handlers take over, SIGTERM ends the command after its cleanup
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     pipes = []
     try:
-        try:
-            pipes = load_replicas(args)
-        except _Stopped:
-            return 0
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        pipes = load_replicas(args)
         scheduler = Scheduler(pipes, args.queue)
         metrics = ServeMetrics(args.metrics_max_tasks if args.metrics_max_tasks is not None else DEFAULT_MAX_TASKS,
                                model)
@@ -225,7 +221,10 @@ def run(args) -> int:
               f"queue {args.queue}, drafter {drafter}{', API key required' if key else ''})", file=sys.stderr,
               flush=True)
         server.run(sockets=socks)
+    except _Stopped:
+        return 0
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for s in socks:
             s.close()
         for p in pipes:
