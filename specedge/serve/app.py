@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime.generator import GenerationConfig
-from .errors import ApiError, bad_request
+from .errors import ApiError, bad_request, log_fault
 from .metrics import CONTENT_TYPE_LATEST, DEFAULT_MAX_TASKS, ServeMetrics
 from .schemas import ChatRequest, CompletionRequest, describe_validation_error
 from .sse import DONE, FINISH, Formatter, event, extension, usage
@@ -122,10 +122,7 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception):
         request.scope["specedge.logged"] = True  # http.py's wrapper then does not log it again
-        first = str(exc).strip().splitlines()
-        log.error("specedge serve: %s %s: internal error: %s%s", request.method, request.url.path,
-                  type(exc).__name__, f": {first[0]}" if first else "")
-        log.debug("specedge serve: the traceback of that error", exc_info=exc)
+        log_fault(request.method, request.url.path, exc)
         return answer(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error", kind="internal"))
 
     async def authorized(request: Request) -> None:

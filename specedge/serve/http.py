@@ -20,7 +20,6 @@ What uvicorn leaves open, and this closes:
 from __future__ import annotations
 
 import json
-import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,9 +27,7 @@ from dataclasses import dataclass
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .errors import ApiError
-
-log = logging.getLogger("specedge.serve")
+from .errors import ApiError, log_fault
 
 __all__ = ["HttpLimits", "protocol_class", "uvicorn_config",
            "DEFAULT_HEADER_TIMEOUT", "DEFAULT_BODY_TIMEOUT", "DEFAULT_MAX_HEADER_BYTES"]
@@ -281,10 +278,7 @@ class _OneLineErrors:
             await self.app(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - a fault: the client got its 500 or a cut stream
             if not scope.get("specedge.logged"):
-                first = str(exc).strip().splitlines()
-                log.error("specedge serve: %s %s: internal error: %s%s", scope.get("method"), scope.get("path"),
-                          type(exc).__name__, f": {first[0]}" if first else "")
-            log.debug("specedge serve: the traceback of that error", exc_info=exc)
+                log_fault(scope.get("method"), scope.get("path"), exc)
 
 
 def uvicorn_config(app, limits: HttpLimits, **kwargs):
