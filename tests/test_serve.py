@@ -21,11 +21,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-import uvicorn  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from specedge.runtime.api import load  # noqa: E402
 from specedge.serve.app import create_app  # noqa: E402
+from specedge.serve.http import HttpLimits, uvicorn_config  # noqa: E402
+from specedge.serve.lifecycle import Server as LifecycleServer  # noqa: E402
 from specedge.serve.worker import Scheduler  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,"]
@@ -79,12 +80,16 @@ class Server:
     def __init__(self, pipes, **options):
         self.pipes = pipes
         self.scheduler = Scheduler(pipes, options.pop("queue", 16))
+        http_options = ("header_timeout", "body_timeout", "max_header_bytes", "write_timeout")
+        options_http = {k: options.pop(k) for k in http_options if k in options}
+        grace = options.pop("grace", 30.0)
         self.app = create_app(self.scheduler, "tiny", **options)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        limits = HttpLimits(**options_http, on_error=self.app.state.metrics.error)
+        self.server = LifecycleServer(uvicorn_config(self.app, limits), self.scheduler, grace=grace)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started, "the server to start")

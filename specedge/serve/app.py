@@ -3,8 +3,10 @@
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
 GET /metrics. Every error is an OpenAI error object (`{"error": {...}}`) with its status: 400
 for a bad request, 401 for a missing or wrong API key, 413 for a body over the size limit, 429
-(with Retry-After) when the queue is full, 504 past the request deadline, 500 for a fault (no
-traceback is sent; it is logged).
+(with Retry-After) when the queue is full, 503 (with Retry-After) while the server shuts down,
+504 past the request deadline, 500 for a fault (no traceback is sent; one line is logged, the
+traceback at debug level). The HTTP layer's own refusals (malformed requests, read timeouts) are
+error objects too: see http.py.
 """
 
 from __future__ import annotations
@@ -22,19 +24,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime.generator import GenerationConfig
-from .errors import ApiError, bad_request
-from .metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from .errors import ApiError, bad_request, log_fault
+from .metrics import CONTENT_TYPE_LATEST, DEFAULT_MAX_TASKS, ServeMetrics
 from .schemas import ChatRequest, CompletionRequest, describe_validation_error
 from .sse import DONE, FINISH, Formatter, event, extension, usage
-from .worker import Job, QueueFull, Scheduler
+from .worker import SHUTDOWN_RETRY_AFTER, Job, QueueFull, Scheduler, shutting_down
 
 __all__ = ["create_app", "DEFAULT_MAX_BODY"]
 
 log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY = 1 << 20  # bytes of a request body
 POLL_S = 0.2  # how often a waiting request checks that its client is still connected
-_STATUS_KIND = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "too_large",
-                422: "bad_request", 429: "queue_full", 504: "timeout"}
+_STATUS_KIND = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 408: "timeout",
+                413: "too_large", 422: "bad_request", 429: "queue_full", 503: "shutdown", 504: "timeout"}
 
 
 class _ClientGone(Exception):
@@ -72,11 +74,13 @@ class _BodyLimit:
 
 def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, timeout: float = 300.0,
                max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 256,
-               metrics: ServeMetrics | None = None, instance: str | None = None) -> FastAPI:
+               metrics: ServeMetrics | None = None, instance: str | None = None,
+               max_tasks: int = DEFAULT_MAX_TASKS) -> FastAPI:
     """The app serving `scheduler`'s replicas as model `model`. The scheduler's threads start
     with the app and stop when it shuts down. `instance` names this server among several behind
-    one endpoint (Ray Serve's replica id): /health and each response's `specedge` object carry it."""
-    metrics = metrics or ServeMetrics()
+    one endpoint (Ray Serve's replica id): /health and each response's `specedge` object carry it.
+    `max_tasks` caps the distinct task labels of the metrics (when `metrics` is not given)."""
+    metrics = metrics or ServeMetrics(max_tasks, model)
     scheduler._on_change = lambda waiting, busy: (metrics.queue_depth.set(waiting), metrics.busy.set(busy))
 
     @asynccontextmanager
@@ -109,11 +113,16 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
     async def _http(request: Request, exc: StarletteHTTPException):
         kind = _STATUS_KIND.get(exc.status_code, "bad_request")
         status = 400 if exc.status_code == 422 else exc.status_code
-        return answer(ApiError(status, str(exc.detail), kind=kind))
+        detail = str(exc.detail)
+        if status == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not decode the body
+            detail = "the request body is not valid JSON" + (
+                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else "")
+        return answer(ApiError(status, detail, kind=kind))
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception):
-        log.error("specedge serve: %s %s: internal error", request.method, request.url.path, exc_info=exc)
+        request.scope["specedge.logged"] = True  # http.py's wrapper then does not log it again
+        log_fault(request.method, request.url.path, exc)
         return answer(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error", kind="internal"))
 
     async def authorized(request: Request) -> None:
@@ -134,11 +143,15 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
              "waiting": scheduler.waiting}
         if instance is not None:
             h["instance"] = instance
+        if scheduler.closed:  # a load balancer takes this server out of rotation while it stops
+            h["status"] = "stopping"
+            return JSONResponse(h, status_code=503, headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
         return h
 
     @app.get("/metrics", dependencies=auth)
     async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # rendered on a worker thread: the event loop keeps serving other requests meanwhile
+        return Response(await run_in_threadpool(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     def model_card() -> dict:
         return {"id": model, "object": "model", "created": int(app.state.created), "owned_by": "specedge"}
@@ -236,8 +249,9 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             run.end(metrics, e.kind)
             raise
         if ev[0] in ("error", "cancelled"):
-            run.end(metrics, ev[0])
-            raise _failure(ev)
+            err = _failure(ev)
+            run.end(metrics, "shutdown" if err.kind == "shutdown" else "error")
+            raise err
         if body.stream:
             return StreamingResponse(_stream(ev, next_event, events, fmt, run, body.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -272,8 +286,8 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             except _ClientGone:
                 return
             if ev[0] != "done":
-                outcome = "error"
                 err = _failure(ev)
+                outcome = "shutdown" if err.kind == "shutdown" else "error"
                 metrics.error(err.kind)
                 yield event(err.body())
                 yield DONE
@@ -303,7 +317,7 @@ def _failure(ev: tuple) -> ApiError:
     client still waits: only a shutdown does that) 503."""
     if ev[0] == "error":
         return ev[1]
-    return ApiError(503, "the server is shutting down", type="server_error", kind="shutdown")
+    return shutting_down("the server shut down before this request finished")
 
 
 class _Run:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("specedge.serve")
+
 
 class ApiError(Exception):
     """An error answered to the client: HTTP `status`, one-sentence `message`, OpenAI `type`,
@@ -24,3 +28,11 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def log_fault(method: str | None, path: str | None, exc: BaseException) -> None:
+    """A fault in one line (its message's first line); the traceback at debug level (--debug)."""
+    first = str(exc).strip().splitlines()
+    log.error("specedge serve: %s %s: internal error: %s%s", method, path, type(exc).__name__,
+              f": {first[0]}" if first else "")
+    log.debug("specedge serve: the traceback of that error", exc_info=exc)

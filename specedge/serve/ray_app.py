@@ -16,6 +16,7 @@ from pathlib import Path
 from ray import serve
 
 from .app import create_app
+from .metrics import DEFAULT_MAX_TASKS
 from .worker import Scheduler
 
 __all__ = ["SpecedgeDeployment", "build", "serve_on_ray"]
@@ -43,7 +44,7 @@ class SpecedgeDeployment:
         except Exception:  # noqa: BLE001 - a name for the logs only
             instance = str(os.getpid())
         return create_app(scheduler, c["model"], api_key=c["api_key"], timeout=c["timeout"], max_body=c["max_body"],
-                          default_max_tokens=c["default_max_tokens"], instance=instance)
+                          default_max_tokens=c["default_max_tokens"], instance=instance, max_tasks=c["max_tasks"])
 
 
 def build(config: dict, replicas: int, num_cpus: float, num_gpus: float):
@@ -66,6 +67,7 @@ def serve_on_ray(args, model: str, api_key: str | None) -> int:
     config = {
         "bundle": str(Path(args.bundle).resolve()), "model": model, "queue": args.queue, "timeout": args.timeout,
         "max_body": args.max_body, "default_max_tokens": args.default_max_tokens, "api_key": api_key,
+        "max_tasks": args.metrics_max_tasks if args.metrics_max_tasks is not None else DEFAULT_MAX_TASKS,
         "load": {"backend": args.backend, "threads": threads, "draft": args.draft, "verify": args.verify,
                  "shared_pool": True},  # a replica owns its process: one spinning pool, as `generate` has
     }
@@ -81,11 +83,12 @@ def serve_on_ray(args, model: str, api_key: str | None) -> int:
 
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
+        interrupted = False
         try:
             stop.wait()
         except KeyboardInterrupt:
-            pass
+            interrupted = True
     finally:
         serve.shutdown()
         ray.shutdown()
-    return 0
+    return 130 if interrupted else 0  # as without --ray: SIGTERM is a clean stop, Ctrl-C an interrupt

@@ -56,7 +56,8 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and infinities (Python's JSON reader takes them) are refused as "a finite number"
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -166,7 +167,8 @@ def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     # union members appear as loc entries like 'str' / 'list[...]': keep the field path only
-    path = [x for x in loc if not (x in ("str", "int", "float", "bool") or "[" in x or x.startswith("function-"))]
+    path = [x for x in loc if not (x in ("str", "int", "float", "bool") or "[" in x
+                                   or x.startswith(("function-", "constrained-")))]
     param = ".".join(path) or None
     msg = e.get("msg", "invalid value")
     if msg.startswith("Value error, "):
@@ -174,6 +176,8 @@ def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
     if e.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if e.get("type") == "missing":
+        if param is None:  # the body itself is missing
+            return "the request body is empty: send a JSON object (Content-Type: application/json)", None
         return f"missing required parameter '{param}'", param
     if param is None:
         if e.get("type") in ("model_attributes_type", "dict_type") and isinstance(e.get("input"), (bytes, str)):

@@ -11,6 +11,10 @@ runs (the stream is closed, which frees the pipeline for the next request).
 
 Workers talk to the requester through `Job.emit(event)`, called on the worker thread:
 ("piece", text), ("done", Result), ("cancelled", None) or ("error", ApiError).
+
+At shutdown `drain()` refuses new requests and answers the waiting ones ("error", 503 with
+Retry-After) while the running ones go on; `cut()` then ends the running ones at once (their
+requesters hear ("error", 503) without waiting for the round in flight); `close()` joins the threads.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError
 
-__all__ = ["Job", "QueueFull", "Scheduler"]
+__all__ = ["Job", "QueueFull", "Scheduler", "SHUTDOWN_RETRY_AFTER", "shutting_down"]
+
+SHUTDOWN_RETRY_AFTER = 5  # seconds a client refused at shutdown is told to wait (a restart, another replica)
+
+
+def shutting_down(message: str = "the server is shutting down; retry later") -> ApiError:
+    return ApiError(503, message, type="server_error", code="shutdown", kind="shutdown",
+                    headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
 
 
 class QueueFull(Exception):
@@ -137,7 +148,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._closed:
-                raise ApiError(503, "the server is shutting down", type="server_error", kind="shutdown")
+                raise shutting_down()
             if len(self._pending) >= self.queue_size + len(self._idle):
                 waits = (len(self._pending) + 1) / len(self.replicas)
                 raise QueueFull(max(1, math.ceil(waits * self._service_s)))
@@ -179,6 +190,12 @@ class Scheduler:
                 self._dispatch()
 
     @property
+    def closed(self) -> bool:
+        """No new requests are taken (the server is stopping)."""
+        with self._cv:
+            return self._closed
+
+    @property
     def waiting(self) -> int:
         with self._cv:
             return len(self._pending)
@@ -188,18 +205,35 @@ class Scheduler:
         with self._cv:
             return len(self.replicas) - len(self._idle)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, cancel those waiting and running, join the threads."""
+    def drain(self) -> int:
+        """Stop taking requests and answer those waiting 503 (Retry-After); the running ones go
+        on. Returns how many were waiting."""
         with self._cv:
             self._closed = True
             pending, self._pending = list(self._pending), deque()
-            running = [r.job for r in self.replicas if r.job is not None]
+            self._changed()
             self._cv.notify_all()
         for job in pending:
             job.cancel.set()
-            job.emit(("cancelled", None))
+            job.emit(("error", shutting_down()))
+        return len(pending)
+
+    def cut(self) -> int:
+        """End the running requests now: their requesters hear 503 at once and each replica stops
+        after its round in flight. Returns how many were running."""
+        with self._cv:
+            running = [r.job for r in self.replicas if r.job is not None and not r.job.cancel.is_set()]
         for job in running:
             job.cancel.set()
+            job.emit(("error", shutting_down("the server shut down before this request finished")))
+        return len(running)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, cancel those waiting and running, join the threads."""
+        self.drain()
+        self.cut()
+        with self._cv:
+            self._cv.notify_all()
         if self._started:
             for r in self.replicas:
                 r.thread.join(timeout)
