@@ -8,7 +8,7 @@ onnxruntime-genai's: its shared past/present buffer of --max-seq slots, fed an a
 its own runtime does). For T = 1, 2 (a batch-invariant single-token step) and 5 (k + 1) at
 position 100 the two graphs are alternated --rounds times, each round the median of 40 steps;
 the JSON keeps every round's medians and their median. Then ONNX Runtime's profiler gives the
-kernel milliseconds per op type for one step at T = 1 and T = 2 (mean of 25 steps; the profiler
+kernel milliseconds per op type for one step at T = 1, 2 and 5 (mean of 25 steps; the profiler
 adds its own cost per node, so these sum to more than the timed step).
 
     flock /work/bench.lock python scripts/int4_profile.py INT4_BUNDLE ORTGENAI_INT4_DIR \
@@ -17,6 +17,8 @@ adds its own cost per node, so these sum to more than the timed step).
 INT4_BUNDLE: `export-models --precision int4 --out DIR`; ORTGENAI_INT4_DIR: onnxruntime-genai's
 builder output (`python -m onnxruntime_genai.models.builder -i HF -o DIR -p int4 -e cpu`, see
 scripts/bench_peers.py), read only as an ONNX file here: onnxruntime-genai itself is not needed.
+Without ORTGENAI_INT4_DIR only our graph is timed and profiled. "T5_over_T1" is what a k = 4
+verification call costs against a single-token step (issue 37).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from specedge.manifest import load_manifest  # noqa: E402
 
 SCHEMA = "specedge.bench.int4_profile/1"
 SIZES = (1, 2, 5)
+PROFILE_SIZES = (1, 2, 5)
 
 
 def session(path: str, profile: str | None = None, libs: list[str] = ()) -> ort.InferenceSession:
@@ -148,7 +151,8 @@ def _ops_isa() -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", help="an int4 bundle (export-models --precision int4)")
-    ap.add_argument("ortgenai", help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx)")
+    ap.add_argument("ortgenai", nargs="?",
+                    help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx); omit: ours only")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-seq", type=int, default=2048, help="onnxruntime-genai's cache slots (ours: the bundle's)")
     args = ap.parse_args()
@@ -158,25 +162,33 @@ def main() -> None:
            "specedge_ops_isa": _ops_isa(), **({"SPECEDGE_OPS_ISA": isa} if isa else {}),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 2, "position": POS,
            "load_avg_start": list(os.getloadavg())}
-    ours, genai = Ours(args.bundle), Genai(args.ortgenai, args.max_seq)
-    out["graphs"] = {"specedge": node_counts(ours.path), "onnxruntime-genai": node_counts(genai.path)}
+    ours = Ours(args.bundle)
+    genai = Genai(args.ortgenai, args.max_seq) if args.ortgenai else None
+    out["graphs"] = {"specedge": node_counts(ours.path),
+                     **({"onnxruntime-genai": node_counts(genai.path)} if genai else {})}
     out["steps"] = {}
     for t in SIZES:
         a, b = [], []
         for _ in range(args.rounds):
             a.append(ours.median_ms(t))
-            b.append(genai.median_ms(t))
-        ma, mb = float(np.median(a)), float(np.median(b))
-        out["steps"][f"T{t}"] = {"specedge_ms": round(ma, 3), "ortgenai_ms": round(mb, 3),
-                                 "specedge_over_ortgenai": round(ma / mb, 3),
-                                 "rounds_specedge_ms": [round(x, 3) for x in a],
-                                 "rounds_ortgenai_ms": [round(x, 3) for x in b]}
-        print(f"T={t}: specedge {ma:.2f} ms, onnxruntime-genai {mb:.2f} ms", file=sys.stderr)
+            if genai:
+                b.append(genai.median_ms(t))
+        ma = float(np.median(a))
+        row = {"specedge_ms": round(ma, 3), "rounds_specedge_ms": [round(x, 3) for x in a]}
+        if genai:
+            mb = float(np.median(b))
+            row.update({"ortgenai_ms": round(mb, 3), "specedge_over_ortgenai": round(ma / mb, 3),
+                        "rounds_ortgenai_ms": [round(x, 3) for x in b]})
+        out["steps"][f"T{t}"] = row
+        print(f"T={t}: specedge {ma:.2f} ms" + (f", onnxruntime-genai {row['ortgenai_ms']:.2f} ms" if genai else ""),
+              file=sys.stderr)
+    out["T5_over_T1"] = round(out["steps"]["T5"]["specedge_ms"] / out["steps"]["T1"]["specedge_ms"], 3)
     del ours, genai
     out["profiles"] = {}
-    for t in (1, 2):
+    for t in PROFILE_SIZES:
         out["profiles"][f"specedge_T{t}"] = op_profile(lambda p: Ours(args.bundle, p), t)
-        out["profiles"][f"ortgenai_T{t}"] = op_profile(lambda p: Genai(args.ortgenai, args.max_seq, p), t)
+        if args.ortgenai:
+            out["profiles"][f"ortgenai_T{t}"] = op_profile(lambda p: Genai(args.ortgenai, args.max_seq, p), t)
     out["load_avg_end"] = list(os.getloadavg())
     json.dump(out, sys.stdout, indent=1)
     print()
