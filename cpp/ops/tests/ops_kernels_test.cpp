@@ -8,7 +8,8 @@
 // the aarch64 build under qemu and compares). Exit 1 with one line per mismatch.
 //
 //   ops_kernels_test            the checks and the hashes
-//   ops_kernels_test --bench    also time MatMulQ41 at T = 1..5 per path (one thread, CPU time)
+//   ops_kernels_test --bench    also time MatMulQ41 at T = 1..5 and attention per path
+//                              (one thread, CPU time)
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -199,6 +200,22 @@ void Bench(const std::vector<Isa>& paths) {
     }
     std::printf("bench %-10s T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0], ms[1], ms[2], ms[3], ms[4],
                 ms[4] / ms[0]);
+  }
+  // attention: the default model's 9 heads of 64 over 105 keys, 30 layers (one T = 1 step's rows)
+  constexpr int64_t kD = 64, kKeys = 105;
+  std::vector<float> kv(2 * kKeys * kD), q(kD), out(kD), e;
+  for (float& x : kv) x = rng.Float();
+  for (float& x : q) x = rng.Float();
+  for (Isa isa : paths) {
+    double best = 1e30;
+    for (int rep = 0; rep < 15; ++rep) {
+      const double t0 = CpuMs();
+      for (int row = 0; row < 9 * 30; ++row)
+        Attend(isa, AttnRow{q.data(), kv.data(), kv.data() + kKeys * kD, nullptr, out.data(), 0, kKeys - 1}, kD,
+               0.125f, e);
+      best = std::min(best, CpuMs() - t0);
+    }
+    std::printf("bench %-10s attention, 270 rows: %.3f ms\n", IsaName(isa), best);
   }
 }
 
