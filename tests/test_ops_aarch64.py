@@ -22,7 +22,7 @@ OPS = ROOT / "cpp" / "ops"
 ORT_INCLUDE = ROOT / "third_party" / "onnxruntime" / "include"  # scripts/cpp_setup.sh puts the headers there
 SOURCES = [OPS / "isa.cpp", OPS / "q41_kernel.cpp", OPS / "gqa_kernel.cpp", OPS / "tests" / "ops_kernels_test.cpp"]
 # as CMake builds libspecedge_ops (Release: -O3), and no contraction of a*b+c into fma on any target
-FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
+FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 HOST_CXX = shutil.which("g++") or shutil.which("c++")
 CROSS_CXX = shutil.which("aarch64-linux-gnu-g++")  # binutils-aarch64-linux-gnu comes with it
 QEMU = shutil.which("qemu-aarch64")
