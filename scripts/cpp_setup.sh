@@ -30,8 +30,11 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # 1. Debian packages: compiler, cmake, JSON library, test framework, strace (the hostile-bundle
-#    tests record every file the C++ runtime opens with it).
+#    tests record every file the C++ runtime opens with it), the aarch64 cross tools.
 PKGS=(g++ make cmake nlohmann-json3-dev catch2 libssl-dev ca-certificates strace)
+# on x86-64, an aarch64 cross compiler and qemu-user: tests/test_ops_aarch64.py runs the kernels'
+# aarch64 build under emulation and compares its bits with this machine's
+if [ "$(uname -m)" = x86_64 ]; then PKGS+=(g++-aarch64-linux-gnu qemu-user); fi
 if [ "${SKIP_APT_INSTALL:-0}" != 1 ]; then
   missing=()
   for p in "${PKGS[@]}"; do

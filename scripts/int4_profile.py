@@ -8,7 +8,7 @@ onnxruntime-genai's: its shared past/present buffer of --max-seq slots, fed an a
 its own runtime does). For T = 1, 2 (a batch-invariant single-token step) and 5 (k + 1) at
 position 100 the two graphs are alternated --rounds times, each round the median of 40 steps;
 the JSON keeps every round's medians and their median. Then ONNX Runtime's profiler gives the
-kernel milliseconds per op type for one step at T = 1 and T = 2 (mean of 25 steps; the profiler
+kernel milliseconds per op type for one step at T = 1, 2 and 5 (mean of 25 steps; the profiler
 adds its own cost per node, so these sum to more than the timed step).
 
     flock /work/bench.lock python scripts/int4_profile.py INT4_BUNDLE ORTGENAI_INT4_DIR \
@@ -17,6 +17,8 @@ adds its own cost per node, so these sum to more than the timed step).
 INT4_BUNDLE: `export-models --precision int4 --out DIR`; ORTGENAI_INT4_DIR: onnxruntime-genai's
 builder output (`python -m onnxruntime_genai.models.builder -i HF -o DIR -p int4 -e cpu`, see
 scripts/bench_peers.py), read only as an ONNX file here: onnxruntime-genai itself is not needed.
+Without ORTGENAI_INT4_DIR only our graph is timed and profiled. "T5_over_T1" is what a k = 4
+verification call costs against a single-token step (issue 37).
 """
 
 from __future__ import annotations
@@ -46,14 +48,21 @@ from specedge.manifest import load_manifest  # noqa: E402
 
 SCHEMA = "specedge.bench.int4_profile/1"
 SIZES = (1, 2, 5)
+# --cpu-clock: one thread without spinning, each step timed by this process's CPU time, so that other
+# processes on a busy machine do not count (they still share its caches and memory bandwidth)
+SETTINGS = {"threads": 2, "cpu_clock": False}
+PROFILE_SIZES = (1, 2, 5)
+# --cpu-clock: one thread without spinning, each step timed by this process's CPU time, so that other
+# processes on a busy machine do not count (they still share its caches and memory bandwidth)
+SETTINGS = {"threads": 2, "cpu_clock": False}
 
 
 def session(path: str, profile: str | None = None, libs: list[str] = ()) -> ort.InferenceSession:
     so = ort.SessionOptions()
     custom_ops.register(so, list(libs))  # a --int4-kernel specedge graph needs libspecedge_ops
-    so.intra_op_num_threads = 2
+    so.intra_op_num_threads = SETTINGS["threads"]
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0" if SETTINGS["cpu_clock"] else "1")
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = profile
@@ -85,7 +94,7 @@ class Graph(ABC):
 
     def median_ms(self, t: int, reps: int = 40) -> float:
         self.feed(t, POS)
-        return median_step_ms(self.step, reps)
+        return median_step_ms(self.step, reps, clock=time.process_time if SETTINGS["cpu_clock"] else time.perf_counter)
 
 
 class Ours(Graph):
@@ -148,35 +157,49 @@ def _ops_isa() -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", help="an int4 bundle (export-models --precision int4)")
-    ap.add_argument("ortgenai", help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx)")
+    ap.add_argument("ortgenai", nargs="?",
+                    help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx); omit: ours only")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--cpu-clock", action="store_true",
+                    help="1 thread, no spinning, steps timed by CPU time (a busy machine); profiles as usual")
     ap.add_argument("--max-seq", type=int, default=2048, help="onnxruntime-genai's cache slots (ours: the bundle's)")
     args = ap.parse_args()
+    if args.cpu_clock:
+        SETTINGS.update(threads=1, cpu_clock=True)
     isa = os.environ.get("SPECEDGE_OPS_ISA")
     out = {"schema": SCHEMA, "command": " ".join(["python", *sys.argv]), "onnxruntime": ort.__version__,
            # the path specedge's kernels took (SPECEDGE_OPS_ISA=avx2|portable forces a narrower one)
            "specedge_ops_isa": _ops_isa(), **({"SPECEDGE_OPS_ISA": isa} if isa else {}),
-           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 2, "position": POS,
+           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": SETTINGS["threads"],
+           "clock": "process CPU time" if args.cpu_clock else "wall", "position": POS,
            "load_avg_start": list(os.getloadavg())}
-    ours, genai = Ours(args.bundle), Genai(args.ortgenai, args.max_seq)
-    out["graphs"] = {"specedge": node_counts(ours.path), "onnxruntime-genai": node_counts(genai.path)}
+    ours = Ours(args.bundle)
+    genai = Genai(args.ortgenai, args.max_seq) if args.ortgenai else None
+    out["graphs"] = {"specedge": node_counts(ours.path),
+                     **({"onnxruntime-genai": node_counts(genai.path)} if genai else {})}
     out["steps"] = {}
     for t in SIZES:
         a, b = [], []
         for _ in range(args.rounds):
             a.append(ours.median_ms(t))
-            b.append(genai.median_ms(t))
-        ma, mb = float(np.median(a)), float(np.median(b))
-        out["steps"][f"T{t}"] = {"specedge_ms": round(ma, 3), "ortgenai_ms": round(mb, 3),
-                                 "specedge_over_ortgenai": round(ma / mb, 3),
-                                 "rounds_specedge_ms": [round(x, 3) for x in a],
-                                 "rounds_ortgenai_ms": [round(x, 3) for x in b]}
-        print(f"T={t}: specedge {ma:.2f} ms, onnxruntime-genai {mb:.2f} ms", file=sys.stderr)
+            if genai:
+                b.append(genai.median_ms(t))
+        ma = float(np.median(a))
+        row = {"specedge_ms": round(ma, 3), "rounds_specedge_ms": [round(x, 3) for x in a]}
+        if genai:
+            mb = float(np.median(b))
+            row.update({"ortgenai_ms": round(mb, 3), "specedge_over_ortgenai": round(ma / mb, 3),
+                        "rounds_ortgenai_ms": [round(x, 3) for x in b]})
+        out["steps"][f"T{t}"] = row
+        print(f"T={t}: specedge {ma:.2f} ms" + (f", onnxruntime-genai {row['ortgenai_ms']:.2f} ms" if genai else ""),
+              file=sys.stderr)
+    out["T5_over_T1"] = round(out["steps"]["T5"]["specedge_ms"] / out["steps"]["T1"]["specedge_ms"], 3)
     del ours, genai
     out["profiles"] = {}
-    for t in (1, 2):
+    for t in PROFILE_SIZES:
         out["profiles"][f"specedge_T{t}"] = op_profile(lambda p: Ours(args.bundle, p), t)
-        out["profiles"][f"ortgenai_T{t}"] = op_profile(lambda p: Genai(args.ortgenai, args.max_seq, p), t)
+        if args.ortgenai:
+            out["profiles"][f"ortgenai_T{t}"] = op_profile(lambda p: Genai(args.ortgenai, args.max_seq, p), t)
     out["load_avg_end"] = list(os.getloadavg())
     json.dump(out, sys.stdout, indent=1)
     print()

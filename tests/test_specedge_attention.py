@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -147,22 +146,42 @@ def test_tree_calls_match_onnxruntime_gqa():
         position += t
 
 
+ROWS_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_specedge_attention import Runner, gqa_model, qkv
+from specedge import custom_ops
+from specedge.export import specedge_kernel as sk
+rng = np.random.default_rng(13)
+model = gqa_model(sk.DOMAIN, True, True, {window})
+batched, single = Runner(model), Runner(model)
+prefix = qkv(rng, 10, True)
+for t in range(1, 18):
+    for r in (batched, single):
+        r.k[:], r.v[:] = 0, 0
+        r.run(prefix, 0, 10)
+    tokens = qkv(rng, t, True)
+    rows = batched.run(tokens, 10, t)
+    for j in range(t):
+        one = single.run({{"query": tokens["query"][:, j:j + 1]}}, 10 + j, 1)
+        assert np.array_equal(one[0, 0].view(np.uint32), rows[0, j].view(np.uint32)), (t, j)
+    assert np.array_equal(batched.k, single.k) and np.array_equal(batched.v, single.v), t
+print(custom_ops.isa())
+"""
+
+
 @needs_lib
+@pytest.mark.parametrize("isa", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("window", [-1, 5])
-def test_rows_do_not_depend_on_how_many_tokens_a_call_has(window):
+def test_rows_do_not_depend_on_how_many_tokens_a_call_has(window, isa):
     """Row j of a T-token call at position p has, bit for bit, the output of a single-token call
-    at p + j after the same earlier tokens (the property exact unpadded speculation needs)."""
-    rng = np.random.default_rng(13)
-    model = gqa_model(sk.DOMAIN, True, True, window)
-    prefix, tokens = qkv(rng, 10, True), qkv(rng, 6, True)
-    batched, single = Runner(model), Runner(model)
-    batched.run(prefix, 0, 10)
-    single.run(prefix, 0, 10)
-    rows = batched.run(tokens, 10, 6)
-    for j in range(6):
-        one = single.run({"query": tokens["query"][:, j:j + 1]}, 10 + j, 1)
-        assert np.array_equal(one[0, 0].view(np.uint32), rows[0, j].view(np.uint32)), j
-    assert np.array_equal(batched.k, single.k) and np.array_equal(batched.v, single.v)
+    at p + j after the same earlier tokens (the property exact unpadded speculation needs), for
+    T = 1..17 on every path (aarch64's: tests/test_ops_aarch64.py)."""
+    from test_specedge_ops import run_on_path
+
+    ran = run_on_path(ROWS_SCRIPT, isa, window=window)
+    if isa == "portable":
+        assert ran == "portable"
 
 
 @needs_lib
@@ -202,14 +221,12 @@ np.save({out!r}, np.concatenate([o.reshape(-1) for o in outs] + [r.k.reshape(-1)
 
 @needs_lib
 def test_vector_and_portable_paths_give_the_same_bits(tmp_path):
+    from test_specedge_ops import run_on_path
+
     outs = {}
     for isa in ("native", "avx2", "portable"):  # avx2 on an AVX-512 CPU; any path it lacks falls back
-        env = dict(os.environ)
-        if isa != "native":
-            env["SPECEDGE_OPS_ISA"] = isa
         out = tmp_path / f"{isa}.npy"
-        script = ISA_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out))
-        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+        run_on_path(ISA_SCRIPT, isa, out=str(out))
         outs[isa] = np.load(out)
     for isa in ("avx2", "portable"):
         assert np.array_equal(outs["native"].view(np.uint32), outs[isa].view(np.uint32)), (custom_ops.isa(), isa)

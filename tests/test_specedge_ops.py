@@ -102,19 +102,49 @@ def test_matmulq41_matches_the_reference(rng, n, k, t):
     assert rel_err(got, a.astype(np.float64) @ w.T.astype(np.float64)) <= 2e-2
 
 
+ROWS_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_specedge_ops import q41_model, random_q41, session
+from specedge import custom_ops
+from specedge.export import specedge_kernel as sk
+rng = np.random.default_rng(4321)
+codes, d, m = random_q41(rng, 576, 576)
+proto = q41_model(sk.pack_q41(codes, d, m), 576)
+a = rng.normal(size=(1, 17, 576)).astype(np.float32)
+for threads in (1, 2):
+    s = session(proto, threads)
+    ones = [s.run(["y"], {{"a": a[:, i:i + 1]}})[0][0, 0].view(np.uint32) for i in range(17)]
+    for t in range(1, 18):
+        full = s.run(["y"], {{"a": a[:, :t]}})[0]
+        for i in range(t):
+            assert np.array_equal(ones[i], full[0, i].view(np.uint32)), (threads, t, i)
+print(custom_ops.isa())
+"""
+
+
+def run_on_path(script: str, isa: str, **fmt) -> str:
+    """`script` in a fresh interpreter whose kernels take path `isa` ("native": the widest this CPU
+    has; a path it lacks falls back to the widest it has); returns its last line of output."""
+    env = dict(os.environ)
+    env.pop("SPECEDGE_OPS_ISA", None)
+    if isa != "native":
+        env["SPECEDGE_OPS_ISA"] = isa
+    p = subprocess.run([sys.executable, "-c", script.format(tests=str(Path(__file__).parent), **fmt)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return (p.stdout.strip().splitlines() or [""])[-1]
+
+
 @needs_lib
-def test_rows_do_not_depend_on_the_batch(rng):
-    """Batch invariance: row i of a T=5 call has the bits of the same row alone (T=1), with one
-    thread or two: greedy speculation on an int4 target equals target-only decoding because of it."""
-    codes, d, m = random_q41(rng, 576, 576)
-    proto = q41_model(sk.pack_q41(codes, d, m), 576)
-    a = rng.normal(size=(1, 5, 576)).astype(np.float32)
-    for threads in (1, 2):
-        s = session(proto, threads)
-        full = s.run(["y"], {"a": a})[0]
-        for i in range(5):
-            one = s.run(["y"], {"a": a[:, i:i + 1]})[0]
-            assert np.array_equal(one[0, 0].view(np.uint32), full[0, i].view(np.uint32)), (threads, i)
+@pytest.mark.parametrize("isa", ["native", "avx2", "portable"])
+def test_rows_do_not_depend_on_the_batch(isa):
+    """Batch invariance: row i of a T-row call has the bits of the same row alone (T=1), for
+    T = 1..17, with one thread or two, on every path: greedy speculation on an int4 target equals
+    target-only decoding because of it (aarch64's path: tests/test_ops_aarch64.py)."""
+    ran = run_on_path(ROWS_SCRIPT, isa)
+    if isa == "portable":
+        assert ran == "portable"
 
 
 ISA_SCRIPT = """
@@ -133,15 +163,11 @@ np.save({out!r}, y)
 @needs_lib
 def test_vector_and_portable_paths_give_the_same_bits(tmp_path):
     native = custom_ops.isa()
-    assert native in ("avx512vnni", "avx2", "portable")
+    assert native in ("avx512vnni", "avx2", "neondot", "portable")
     outs = {}
     for isa in ("native", "avx2", "portable"):  # avx2 on an AVX-512 CPU; any path it lacks falls back
-        env = dict(os.environ)
-        if isa != "native":
-            env["SPECEDGE_OPS_ISA"] = isa
         out = tmp_path / f"{isa}.npy"
-        script = ISA_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out))
-        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+        run_on_path(ISA_SCRIPT, isa, out=str(out))
         outs[isa] = np.load(out)
     for isa in ("avx2", "portable"):
         assert np.array_equal(outs["native"].view(np.uint32), outs[isa].view(np.uint32)), (native, isa)

@@ -17,7 +17,8 @@
 //   dims i, i + 16, ...; fma chain), lanes then summed pairwise (8, 4, 2, 1);
 //   e_s = exp(score_s − max) with one fixed polynomial (0 below −87, so −inf gives 0);
 //   out = (Σ_s e_s · v_s, an fma chain in s order per dim) / (Σ_s e_s, in s order).
-// The AVX-512, AVX2 and portable paths compute the same bits.
+// The AVX-512, AVX2, NEON and portable paths (gqa_kernel.cpp) compute the same bits.
+#include "gqa_kernel.h"
 #include "ops_common.h"
 
 #include <algorithm>
@@ -27,192 +28,13 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define SPECEDGE_OPS_X86 1
-#endif
-
 namespace specedge_ops {
 namespace {
 
-constexpr int kLanes = 16;
-constexpr float kExpFloor = -87.0f;  // below: e^x is taken as 0 (also for −inf scores)
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
-constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-float ExpScalar(float x) {
-  if (!(x >= kExpFloor)) return 0.f;
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kP[0];
-  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
-  p = std::fma(p, r, 1.f);
-  p = std::fma(p, r, 1.f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // n in [-126, 0]: a normal 2^n
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-float DotScalar(const float* a, const float* b, int64_t d) {
-  float lane[kLanes] = {};
-  for (int64_t c = 0; c < d; c += kLanes)
-    for (int i = 0; i < kLanes; ++i) lane[i] = std::fma(a[c + i], b[c + i], lane[i]);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) lane[i] = lane[i] + lane[i + w];
-  return lane[0];
-}
-
-struct Row {  // one (batch, head, query row) to attend
-  const float* q;   // [D], rotated
-  const float* k;   // cache of its kv head [S, D]
-  const float* v;
-  const float* bias;  // [total] or nullptr
-  float* out;         // [D]
-  int64_t lo, hi;     // keys lo..hi inclusive
-};
-
-void AttendPortable(const Row& r, int64_t d, float scale, std::vector<float>& e) {
-  const int64_t n = r.hi - r.lo + 1;
-  e.resize(n);
-  float mx = -INFINITY;
-  for (int64_t s = 0; s < n; ++s) {
-    float x = DotScalar(r.q, r.k + (r.lo + s) * d, d) * scale;
-    if (r.bias) x = x + r.bias[r.lo + s];
-    e[s] = x;
-    mx = std::max(mx, x);
-  }
-  for (int64_t s = 0; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
-  float sum = 0.f;
-  for (int64_t s = 0; s < n; ++s) sum = sum + e[s];
-  for (int64_t c = 0; c < d; ++c) {
-    float acc = 0.f;
-    for (int64_t s = 0; s < n; ++s) acc = std::fma(e[s], r.v[(r.lo + s) * d + c], acc);
-    r.out[c] = acc / sum;
-  }
-}
-
-#ifdef SPECEDGE_OPS_X86
-#define SPECEDGE_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
-
-SPECEDGE_AVX512 inline float DotAvx512(const float* a, const float* b, int64_t d) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; c += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc);
-  // lanes i + (i + 8), then + 4, + 2, + 1: DotScalar's order
-  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
-  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
-}
-
-SPECEDGE_AVX512 inline __m512 ExpAvx512(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kP[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
-}
-
-SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vector<float>& e) {
-  const int64_t n = r.hi - r.lo + 1;
-  e.resize(n + kLanes);
-  float mx = -INFINITY;
-  for (int64_t s = 0; s < n; ++s) {
-    float x = DotAvx512(r.q, r.k + (r.lo + s) * d, d) * scale;
-    if (r.bias) x = x + r.bias[r.lo + s];
-    e[s] = x;
-    mx = std::max(mx, x);
-  }
-  const __m512 vmx = _mm512_set1_ps(mx);
-  int64_t s = 0;
-  for (; s + kLanes <= n; s += kLanes)
-    _mm512_storeu_ps(e.data() + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e.data() + s), vmx)));
-  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
-  float sum = 0.f;
-  for (s = 0; s < n; ++s) sum = sum + e[s];
-  const __m512 vsum = _mm512_set1_ps(sum);
-  for (int64_t c = 0; c < d; c += kLanes) {
-    __m512 acc = _mm512_setzero_ps();
-    const float* v = r.v + r.lo * d + c;
-    for (s = 0; s < n; ++s) acc = _mm512_fmadd_ps(_mm512_set1_ps(e[s]), _mm512_loadu_ps(v + s * d), acc);
-    _mm512_storeu_ps(r.out + c, _mm512_div_ps(acc, vsum));
-  }
-}
-#define SPECEDGE_AVX2 __attribute__((target("avx2,fma")))
-
-// The AVX-512 path's arithmetic on 8 lanes: the 16 dot-product lanes as two registers (lanes
-// 0..7 and 8..15), the exp polynomial and the P·V chains 8 dims at a time. Same bits.
-SPECEDGE_AVX2 inline float DotAvx2(const float* a, const float* b, int64_t d) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int64_t c = 0; c < d; c += kLanes) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
-  }
-  const __m256 a8 = _mm256_add_ps(lo, hi);
-  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
-  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
-}
-
-SPECEDGE_AVX2 inline __m256 ExpAvx2(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kP[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-SPECEDGE_AVX2 void AttendAvx2(const Row& r, int64_t d, float scale, std::vector<float>& e) {
-  const int64_t n = r.hi - r.lo + 1;
-  e.resize(n + 8);
-  float mx = -INFINITY;
-  for (int64_t s = 0; s < n; ++s) {
-    float x = DotAvx2(r.q, r.k + (r.lo + s) * d, d) * scale;
-    if (r.bias) x = x + r.bias[r.lo + s];
-    e[s] = x;
-    mx = std::max(mx, x);
-  }
-  const __m256 vmx = _mm256_set1_ps(mx);
-  int64_t s = 0;
-  for (; s + 8 <= n; s += 8)
-    _mm256_storeu_ps(e.data() + s, ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(e.data() + s), vmx)));
-  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
-  float sum = 0.f;
-  for (s = 0; s < n; ++s) sum = sum + e[s];
-  const __m256 vsum = _mm256_set1_ps(sum);
-  for (int64_t c = 0; c < d; c += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    const float* v = r.v + r.lo * d + c;
-    for (s = 0; s < n; ++s) acc = _mm256_fmadd_ps(_mm256_set1_ps(e[s]), _mm256_loadu_ps(v + s * d), acc);
-    _mm256_storeu_ps(r.out + c, _mm256_div_ps(acc, vsum));
-  }
-}
-#endif
-
-// q or k rotated in place, rotate-half layout over the first `rot` dims.
-void Rotate(float* x, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = x[i], b = x[i + half];
-    x[i] = a * cos[i] - b * sin[i];
-    x[i + half] = b * cos[i] + a * sin[i];
-  }
-}
+constexpr int kLanes = kAttnLanes;
 
 struct Task {
-  std::vector<Row> rows;
+  std::vector<AttnRow> rows;
   int64_t d;
   float scale;
   Isa isa;
@@ -221,11 +43,7 @@ struct Task {
 void RunRows(void* data, size_t i) {
   const Task& t = *static_cast<const Task*>(data);
   thread_local std::vector<float> e;
-#ifdef SPECEDGE_OPS_X86
-  if (t.isa == Isa::kAvx512) return AttendAvx512(t.rows[i], t.d, t.scale, e);
-  if (t.isa == Isa::kAvx2) return AttendAvx2(t.rows[i], t.d, t.scale, e);
-#endif
-  AttendPortable(t.rows[i], t.d, t.scale, e);
+  Attend(t.isa, t.rows[i], t.d, t.scale, e);
 }
 
 struct GqaKernel {
@@ -337,11 +155,11 @@ struct GqaKernel {
         for (int64_t h = 0; h < heads; ++h) {
           float* q = qr.data() + (tok * heads + h) * d;
           std::memcpy(q, q_in + tok * stride + h * d, d * sizeof(float));
-          if (rotary) Rotate(q, cos_p + rpos * half, sin_p + rpos * half, half);
+          if (rotary) RotateHalf(q, cos_p + rpos * half, sin_p + rpos * half, half);
         }
         for (int64_t g = 0; g < kv_heads; ++g) {
           std::memcpy(krow.data(), k_in + tok * kv_stride + g * d, d * sizeof(float));
-          if (rotary) Rotate(krow.data(), cos_p + rpos * half, sin_p + rpos * half, half);
+          if (rotary) RotateHalf(krow.data(), cos_p + rpos * half, sin_p + rpos * half, half);
           const int64_t at = ((b * kv_heads + g) * slots + slot) * d;
           std::memcpy(kc + at, krow.data(), d * sizeof(float));
           std::memcpy(vc + at, v_in + tok * kv_stride + g * d, d * sizeof(float));
@@ -359,7 +177,7 @@ struct GqaKernel {
               ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: attention_bias narrower than the context", ORT_INVALID_ARGUMENT);
             row_bias = bias_p + tok * bias_w;  // [B, 1, T, total]
           }
-          task.rows.push_back(Row{qr.data() + (tok * heads + h) * d, kc + (b * kv_heads + g) * slots * d,
+          task.rows.push_back(AttnRow{qr.data() + (tok * heads + h) * d, kc + (b * kv_heads + g) * slots * d,
                                   vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo, slot});
         }
       }

@@ -1,0 +1,273 @@
+// ai.specedge.GroupQueryAttention's arithmetic per query row on every path; gqa_attention.cpp
+// states the order of every sum. The AVX-512, AVX2, NEON and portable paths compute the same bits
+// (ops/tests/ops_kernels_test.cpp, on x86-64 and under qemu on aarch64).
+#include "gqa_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "simd.h"
+
+namespace specedge_ops {
+namespace {
+
+constexpr int kLanes = kAttnLanes;
+constexpr float kExpFloor = -87.0f;  // below: e^x is taken as 0 (also for −inf scores)
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+float ExpScalar(float x) {
+  if (!(x >= kExpFloor)) return 0.f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
+  p = std::fma(p, r, 1.f);
+  p = std::fma(p, r, 1.f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // n in [-126, 0]: a normal 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+float DotScalar(const float* a, const float* b, int64_t d) {
+  float lane[kLanes] = {};
+  for (int64_t c = 0; c < d; c += kLanes)
+    for (int i = 0; i < kLanes; ++i) lane[i] = std::fma(a[c + i], b[c + i], lane[i]);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) lane[i] = lane[i] + lane[i + w];
+  return lane[0];
+}
+
+using Row = AttnRow;
+
+void AttendPortable(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotScalar(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  for (int64_t s = 0; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (int64_t s = 0; s < n; ++s) sum = sum + e[s];
+  for (int64_t c = 0; c < d; ++c) {
+    float acc = 0.f;
+    for (int64_t s = 0; s < n; ++s) acc = std::fma(e[s], r.v[(r.lo + s) * d + c], acc);
+    r.out[c] = acc / sum;
+  }
+}
+
+#ifdef SPECEDGE_OPS_X86
+#define SPECEDGE_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
+
+SPECEDGE_AVX512 inline float DotAvx512(const float* a, const float* b, int64_t d) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc);
+  // lanes i + (i + 8), then + 4, + 2, + 1: DotScalar's order
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+}
+
+SPECEDGE_AVX512 inline __m512 ExpAvx512(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n + kLanes);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotAvx512(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  const __m512 vmx = _mm512_set1_ps(mx);
+  int64_t s = 0;
+  for (; s + kLanes <= n; s += kLanes)
+    _mm512_storeu_ps(e.data() + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e.data() + s), vmx)));
+  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (s = 0; s < n; ++s) sum = sum + e[s];
+  const __m512 vsum = _mm512_set1_ps(sum);
+  // P·V four registers at a time: four fma chains in flight instead of one (each dim's chain, in s
+  // order, is the same whatever the grouping)
+  int64_t c = 0;
+  for (; c + 4 * kLanes <= d; c += 4 * kLanes) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) {
+      const __m512 es = _mm512_set1_ps(e[s]);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(es, _mm512_loadu_ps(v + s * d + kLanes * i), acc[i]);
+    }
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(r.out + c + kLanes * i, _mm512_div_ps(acc[i], vsum));
+  }
+  for (; c < d; c += kLanes) {
+    __m512 acc = _mm512_setzero_ps();
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) acc = _mm512_fmadd_ps(_mm512_set1_ps(e[s]), _mm512_loadu_ps(v + s * d), acc);
+    _mm512_storeu_ps(r.out + c, _mm512_div_ps(acc, vsum));
+  }
+}
+#define SPECEDGE_AVX2 __attribute__((target("avx2,fma")))
+
+// The AVX-512 path's arithmetic on 8 lanes: the 16 dot-product lanes as two registers (lanes
+// 0..7 and 8..15), the exp polynomial and the P·V chains 8 dims at a time. Same bits.
+SPECEDGE_AVX2 inline float DotAvx2(const float* a, const float* b, int64_t d) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += kLanes) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
+  }
+  const __m256 a8 = _mm256_add_ps(lo, hi);
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+}
+
+SPECEDGE_AVX2 inline __m256 ExpAvx2(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+SPECEDGE_AVX2 void AttendAvx2(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n + 8);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotAvx2(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  const __m256 vmx = _mm256_set1_ps(mx);
+  int64_t s = 0;
+  for (; s + 8 <= n; s += 8)
+    _mm256_storeu_ps(e.data() + s, ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(e.data() + s), vmx)));
+  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (s = 0; s < n; ++s) sum = sum + e[s];
+  const __m256 vsum = _mm256_set1_ps(sum);
+  int64_t c = 0;  // P·V as AttendAvx512: four chains at a time
+  for (; c + 32 <= d; c += 32) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) {
+      const __m256 es = _mm256_set1_ps(e[s]);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm256_fmadd_ps(es, _mm256_loadu_ps(v + s * d + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(r.out + c + 8 * i, _mm256_div_ps(acc[i], vsum));
+  }
+  for (; c < d; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s) acc = _mm256_fmadd_ps(_mm256_set1_ps(e[s]), _mm256_loadu_ps(v + s * d), acc);
+    _mm256_storeu_ps(r.out + c, _mm256_div_ps(acc, vsum));
+  }
+}
+#endif
+
+
+#ifdef SPECEDGE_OPS_NEON
+// The AVX-512 path's arithmetic on 4 lanes: the 16 dot-product lanes as four registers, the exp
+// polynomial and the P·V chains 4 dims at a time. Same bits.
+inline float DotNeon(const float* a, const float* b, int64_t d) {
+  float32x4_t l[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+  for (int64_t c = 0; c < d; c += kLanes)
+    for (int i = 0; i < 4; ++i) l[i] = vfmaq_f32(l[i], vld1q_f32(a + c + 4 * i), vld1q_f32(b + c + 4 * i));
+  // lanes i + (i + 8), then + 4, + 2, + 1: DotScalar's order
+  const float32x4_t u = vaddq_f32(vaddq_f32(l[0], l[2]), vaddq_f32(l[1], l[3]));
+  const float32x2_t p = vadd_f32(vget_low_f32(u), vget_high_f32(u));
+  return vget_lane_f32(p, 0) + vget_lane_f32(p, 1);
+}
+
+inline float32x4_t ExpNeon(float32x4_t x) {
+  const uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(kExpFloor));
+  const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, kLog2e));
+  float32x4_t r = vfmaq_f32(x, n, vdupq_n_f32(-kLn2Hi));
+  r = vfmaq_f32(r, n, vdupq_n_f32(-kLn2Lo));
+  float32x4_t p = vdupq_n_f32(kP[0]);
+  for (int i = 1; i < 6; ++i) p = vfmaq_f32(vdupq_n_f32(kP[i]), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.f), p, r);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(vmulq_f32(p, vreinterpretq_f32_s32(e)))));
+}
+
+void AttendNeon(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t n = r.hi - r.lo + 1;
+  e.resize(n + 4);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    float x = DotNeon(r.q, r.k + (r.lo + s) * d, d) * scale;
+    if (r.bias) x = x + r.bias[r.lo + s];
+    e[s] = x;
+    mx = std::max(mx, x);
+  }
+  const float32x4_t vmx = vdupq_n_f32(mx);
+  int64_t s = 0;
+  for (; s + 4 <= n; s += 4) vst1q_f32(e.data() + s, ExpNeon(vsubq_f32(vld1q_f32(e.data() + s), vmx)));
+  for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
+  float sum = 0.f;
+  for (s = 0; s < n; ++s) sum = sum + e[s];
+  const float32x4_t vsum = vdupq_n_f32(sum);
+  for (int64_t c = 0; c < d; c += kLanes) {  // P·V as AttendAvx512: four chains at a time (d % 16 == 0)
+    float32x4_t acc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+    const float* v = r.v + r.lo * d + c;
+    for (s = 0; s < n; ++s)
+      for (int i = 0; i < 4; ++i) acc[i] = vfmaq_n_f32(acc[i], vld1q_f32(v + s * d + 4 * i), e[s]);
+    for (int i = 0; i < 4; ++i) vst1q_f32(r.out + c + 4 * i, vdivq_f32(acc[i], vsum));
+  }
+}
+#endif
+
+}  // namespace
+
+void Attend(Isa isa, const AttnRow& r, int64_t d, float scale, std::vector<float>& e) {
+#ifdef SPECEDGE_OPS_X86
+  if (isa == Isa::kAvx512) return AttendAvx512(r, d, scale, e);
+  if (isa == Isa::kAvx2) return AttendAvx2(r, d, scale, e);
+#endif
+#ifdef SPECEDGE_OPS_NEON
+  if (isa == Isa::kNeonDot) return AttendNeon(r, d, scale, e);
+#endif
+  AttendPortable(r, d, scale, e);
+}
+
+void RotateHalf(float* x, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+
+}  // namespace specedge_ops
