@@ -164,3 +164,41 @@ def test_a_check_stopped_by_sigterm_keeps_its_json_and_prints_its_table(tmp_path
     assert report["steps"]["torch_module"]["status"] == "stopped" and report["ok"] is False
     assert any("stopped by SIGTERM" in n for n in report["notes"])
     assert "torch_module          stopped" in out and out.rstrip().endswith("gpu_check.json")
+
+
+def test_gpu_md_renders_the_steps_of_a_budgeted_run(load_script):
+    """BENCHMARKS.md's GPU section from a run with steps: each step's status and time, the pytest
+    counts with the head tests, ort-cuda's self-draft rows and the I/O-binding verdict; a run from
+    before the steps renders as it did."""
+    import copy
+    from pathlib import Path
+
+    md = load_script("gpu_md")
+    old = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/gpu/h200_run3.json").read_text())
+    assert md.steps_lines(old) == []
+    run = copy.deepcopy(old)
+    del run["model"]  # the torch step did not run
+    run["pipeline"] = {"trees": {"error": "RuntimeError: x"}}  # what the tree step leaves when it fails
+    run["steps"] = {
+        "exports": {"status": "ok", "seconds": 0.4, "budget_s": 15},
+        "pytest_gpu": {"status": "ok", "seconds": 80.0, "budget_s": 100, "rc": 0,
+                       "counts": {"passed": 9, "skipped": 1, "failed": 0, "errors": 0},
+                       "head_beside_gpu_target": {"test_gpu_torch_target_with_the_head_equals_target_only[scatter]":
+                                                  {"outcome": "passed"}}},
+        "ort_cuda_fp16": {"status": "timeout", "error": "stopped at its budget of 90 s", "seconds": 90.0, "budget_s": 90,
+                          "self_draft": {"graphs": {"target": {"tokens_per_s": 300.0}, "draft_backend": "ort-cuda",
+                                                    "speculative": {"tokens_per_s": 360.0, "mean_accepted": 2.5},
+                                                    "speedup": 1.2, "speculative_equals_target_only": True}}},
+        "ort_io_binding": {"status": "ok", "seconds": 3.0, "budget_s": 30, "how": "profile",
+                           "target": {"memcpy_nodes_per_run": 0.0, "memcpy_bytes_per_run": 0.0, "one_layer_kv_bytes": 1024,
+                                      "ops_on_cpu": [], "outputs_stay_on_bound_addresses": True,
+                                      "no_host_cache_copies": True}},
+    }
+    lines = md.run_table("h200_run4.json", run)
+    assert "| ort_cuda_fp16 | timeout: stopped at its budget of 90 s | 90.0 | 90 |" in lines
+    assert any(x.startswith("- `pytest -m gpu`: 9 passed, 1 skipped, 0 failed, 0 errors (exit 0); a draft head beside "
+                            "a GPU target: `test_gpu_torch_target_with_the_head_equals_target_only[scatter]` passed") for x in lines)
+    assert any("CUDA graphs on: target-only 300.0 tok/s, speculative 360.0 tok/s (1.20x, 2.50 tokens/call" in x for x in lines)
+    assert any("no host copies of the cache: **True** (profile)" in x and "ops on the CPU: none" in x for x in lines)
+    assert "- pipeline trees: error: RuntimeError: x" in lines
+    assert not any(x.startswith("- pipeline: `export-models") for x in lines)  # that line is the old pipeline check's
