@@ -17,8 +17,8 @@
 #                    at the tree sizes the cost model picks on this GPU
 #   torch_module_more  the torch backend at the other --dtypes (bf16); --compile adds torch.compile
 #
-# Prints a short table last; writes ${OUT:-gpu_out}/gpu_check.json (and pytest_gpu.log / .xml,
-# export_*.log). scripts/gpu_check.py --help lists the options (--steps, --budget, --dtypes ...).
+# Prints a short table last; writes ${OUT:-gpu_out}/gpu_check.json (and gpu_check.log,
+# pytest_gpu.log / .xml, export_*.log). scripts/gpu_check.py --help lists the options (--steps, --budget, --dtypes ...).
 # On an offline host, scripts/offline_gpu_pack.py carries onnxruntime-gpu, gguf and the default
 # model there and runs this script (docs/gpu.md).
 #
@@ -77,4 +77,7 @@ except ImportError:
 EOF
 
 # Every step and its budget: gpu_check.py --budget (450 s) plus start-up, under the 8 minutes.
-timeout 470 "$PY" scripts/gpu_check.py --out "$OUT_DIR" "$@"
+# The log is kept beside the JSON: a device call's reply holds only the end of the output.
+set +e
+timeout 470 "$PY" scripts/gpu_check.py --out "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -202,3 +202,22 @@ def test_gpu_md_renders_the_steps_of_a_budgeted_run(load_script):
     assert any("no host copies of the cache: **True** (profile)" in x and "ops on the CPU: none" in x for x in lines)
     assert "- pipeline trees: error: RuntimeError: x" in lines
     assert not any(x.startswith("- pipeline: `export-models") for x in lines)  # that line is the old pipeline check's
+
+
+def test_gpu_check_sh_without_a_gpu_says_so_and_exits_0(tmp_path):
+    """The last device call runs gpu_check.sh; on a machine whose torch sees no GPU it writes one
+    skipped line and JSON, and succeeds (nothing to check)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the check would run")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(["bash", str(root / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "gpu_check: skipped: no CUDA GPU"
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == {"skipped": "no CUDA GPU"}
