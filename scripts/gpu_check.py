@@ -690,9 +690,10 @@ def run_pytest_gpu(rec: dict, out: Path, timeout_s: float) -> None:
 class Check:
     """What the steps share: the arguments, the report, the exported bundles and the model."""
 
-    def __init__(self, args, report: dict, out: Path, save):
+    def __init__(self, args, report: dict, out: Path, runner: StepRunner):
         self.args = args
-        self.save = save  # writes the report: a step calls it after each figure it adds
+        self.runner = runner
+        self.save = runner.save  # writes the report: a step calls it after each figure it adds
         self.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
         self.report = report
         self.out = out
@@ -707,14 +708,17 @@ class Check:
         self.tmp = Path(tempfile.mkdtemp(prefix="specedge-gpu-check-"))
 
     # --- shared resources
-    def bundle(self, precision: str) -> Path:
+    def bundle(self, precision: str, rec: dict | None = None) -> Path:
+        """The bundle of that precision: given, or the background export's, waited for (the wait
+        counts against the total, not against the step's budget)."""
         if self.bundles.get(precision):
             return Path(self.bundles[precision])
         e = self.exports.get(precision)
         if e is None:
             raise Skip(self.report["steps"].get("exports", {}).get(precision, {}).get("reason")
                        or f"no {precision} bundle (give one with --bundle-{precision})")
-        rc = e["proc"].wait()  # the step's budget bounds the wait
+        with self.runner.waiting(rec if rec is not None else {}):
+            rc = e["proc"].wait()
         e["rc"] = rc
         e["seconds"] = time.perf_counter() - e["t0"]
         self.report["steps"]["exports"][precision].update(rc=rc, seconds=round(e["seconds"], 1))
@@ -790,7 +794,7 @@ class Check:
             from specedge.runtime.backends.ort_cuda import OrtCudaBackend
 
             opts = self.ort_ready()
-            bundle = self.bundle(precision)
+            bundle = self.bundle(precision, rec)
             m = load_manifest(bundle, verify="size")
             prompt = self._prompt(m)
             label = f"ort-cuda-{precision}"
@@ -865,7 +869,7 @@ class Check:
         from specedge.manifest import load_manifest
 
         opts = self.ort_ready()
-        m = load_manifest(self.bundle("fp16"), verify="size")
+        m = load_manifest(self.bundle("fp16", rec), verify="size")
         rec["target"] = check_io_binding(m, m.target, opts.get("device", "cuda"))
         log(f"ort-cuda I/O binding (target): {rec['target']['memcpy_nodes_per_run']:.1f} Memcpy nodes and "
             f"{rec['target']['memcpy_bytes_per_run']:.0f} bytes per run; outputs on their bound addresses "
@@ -883,7 +887,7 @@ class Check:
     def step_trees(self, rec: dict) -> None:
         if self.args.tree_prompts <= 0:
             raise Skip("--tree-prompts 0")
-        bundle = self.bundle("fp16")
+        bundle = self.bundle("fp16", rec)
         dtype = "float32" if self.on_cpu else "float16"
         row = check_trees(bundle, self.args.device, dtype, self.args.tokens, self.args.tree_prompts,
                           cuda_graphs=not self.on_cpu, draft="ngram")
@@ -902,7 +906,7 @@ class Check:
 
         if self.on_cpu or not self.has_tensorrt():
             raise Skip("neither onnxruntime-gpu's TensorRT provider nor tensorrt + cuda-python is installed")
-        bundle = self.bundle("fp16")
+        bundle = self.bundle("fp16", rec)
         m = load_manifest(bundle, verify="size")
         prompt = self._prompt(m)
         wb, kb, gpu = m.target.weight_bytes or 0, m.target.kv_bytes(m.max_seq), self.env["gpu"]
@@ -999,7 +1003,7 @@ def main(argv=None) -> int:
     # on the CPU the steps check logic, not speed: their budgets are stretched (--budget-scale)
     scale = args.budget_scale or (10.0 if args.device == "cpu" else 1.0)
     runner = StepRunner(out / "gpu_check.json", report, args.budget * scale, log=lambda m: log(m))
-    check = Check(args, report, out, runner.save)
+    check = Check(args, report, out, runner)
     steps = check.steps(only)
     for st in steps:
         st.budget_s *= scale

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -66,6 +67,22 @@ class StepRunner:
 
     def left(self) -> float:
         return self.deadline - self.clock()
+
+    @contextmanager
+    def waiting(self, rec: dict):
+        """Time a step spends in here, waiting on work running in the background (an export),
+        does not count against its own budget; the total still bounds it. rec["waited_s"] says
+        how long it waited."""
+        remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        if remaining > 0:  # inside a step: bounded by the total meanwhile
+            signal.setitimer(signal.ITIMER_REAL, max(self.left(), 0.01))
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            rec["waited_s"] = round(rec.get("waited_s", 0) + self.clock() - t0, 2)
+        if remaining > 0:  # back to what was left of the step's budget (reached on a normal exit only)
+            signal.setitimer(signal.ITIMER_REAL, max(min(remaining, self.left()), 0.01))
 
     def run(self, steps: list[Step]) -> dict:
         for st in steps:

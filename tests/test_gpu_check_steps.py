@@ -221,3 +221,26 @@ def test_gpu_check_sh_without_a_gpu_says_so_and_exits_0(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "gpu_check: skipped: no CUDA GPU"
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == {"skipped": "no CUDA GPU"}
+
+
+def test_waiting_on_background_work_is_not_charged_to_the_step(load_script, tmp_path):
+    """A step that waits for an export running in the background keeps its own budget for its
+    work; the wait is bounded by the total and recorded."""
+    gr = load_script("gpu_runner")
+    report = {}
+    runner = gr.StepRunner(tmp_path / "r.json", report, total_s=3.0, log=lambda m: None)
+
+    def waits_then_works(rec):
+        with runner.waiting(rec):
+            time.sleep(1.0)  # twice the step's budget
+        time.sleep(0.2)  # its own work, inside the budget
+        rec["done"] = True
+
+    def waits_too_long(rec):
+        with runner.waiting(rec):
+            time.sleep(30)
+
+    runner.run([gr.Step("waits", 0.5, waits_then_works), gr.Step("outlasts_the_total", 0.5, waits_too_long)])
+    s = report["steps"]
+    assert s["waits"]["status"] == "ok" and s["waits"]["done"] and s["waits"]["waited_s"] >= 1.0
+    assert s["outlasts_the_total"]["status"] == "timeout" and 1.0 < s["outlasts_the_total"]["waited_s"] < 3.0
