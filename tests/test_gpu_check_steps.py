@@ -244,3 +244,18 @@ def test_waiting_on_background_work_is_not_charged_to_the_step(load_script, tmp_
     s = report["steps"]
     assert s["waits"]["status"] == "ok" and s["waits"]["done"] and s["waits"]["waited_s"] >= 1.0
     assert s["outlasts_the_total"]["status"] == "timeout" and 1.0 < s["outlasts_the_total"]["waited_s"] < 3.0
+
+
+def test_gpu_md_says_what_a_budgeted_run_had_installed(load_script):
+    import copy
+    from pathlib import Path
+
+    md = load_script("gpu_md")
+    old = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/gpu/h200_run3.json").read_text())
+    assert "No onnxruntime-gpu and no TensorRT were installed there" in md.commands_line({"h200_run3.json": old})
+    new = copy.deepcopy(old)
+    new["steps"] = {}
+    new["environment"].update(onnxruntime="1.31.1", onnxruntime_gpu=True)
+    line = md.commands_line({"h200_run3.json": old, "h100_run4.json": new})
+    assert "onnxruntime-gpu there: 1.31.1; TensorRT: none (it cannot be carried)" in line
+    assert "`scripts/offline_gpu_pack.py`" in line
