@@ -1049,8 +1049,9 @@ def print_table(report: dict, out: Path) -> None:
     gpu = report["environment"].get("gpu")
     cbw = report.get("copy_bandwidth_GBps")
     mdl = report.get("model", {})
-    print(f"GPU: {gpu}; model {mdl.get('params', 0) / 1e6:.0f}M params; {args['tokens']} new tokens; k={args['k']}; "
-          f"prompt {report.get('prompt_tokens')} tokens; measured copy {f'{cbw:.0f} GB/s' if cbw else '-'}")
+    params = f"{mdl['params'] / 1e6:.0f}M params" if mdl.get("params") else "- (torch_module did not run)"
+    print(f"GPU: {gpu}; model {params}; {args['tokens']} new tokens; k={args['k']}; "
+          f"prompt {report.get('prompt_tokens', '-')} tokens; measured copy {f'{cbw:.0f} GB/s' if cbw else '-'}")
     hdr = f"{'backend':<19}{'mode':<14}{'graphs':<8}{'tok/s':>9}{'speed-up':>10}{'GB/s':>9}{'% copy':>8}  exact"
     print(hdr)
     print("-" * len(hdr))
