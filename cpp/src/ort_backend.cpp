@@ -27,6 +27,10 @@ Ort::Env& env(const BackendOptions& opts, PoolKey* global) {
     to.SetGlobalIntraOpNumThreads(key.threads);
     to.SetGlobalInterOpNumThreads(1);
     to.SetGlobalSpinControl(key.spinning ? 1 : 0);
+    // ONNX Runtime's Linux build writes a telemetry database under ~/.cache/Microsoft/DeveloperTools
+    // when its environment is created, unless ORT_DISABLE_TELEMETRY=1 (docs/security.md); a value
+    // the caller set (0 allows it) is kept.
+    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     e = new Ort::Env(to, ORT_LOGGING_LEVEL_ERROR, "specedge");
   }
   *global = key;

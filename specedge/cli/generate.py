@@ -54,8 +54,12 @@ def check_args(args) -> None:
         raise UserError(f"--top-k must be >= 0 (0 disables it), got {args.top_k}")
     if args.spec_tokens is not None and not 1 <= args.spec_tokens <= MAX_K:
         raise UserError(f"--spec-tokens must be between 1 and {MAX_K}, got {args.spec_tokens}")
-    if args.seed is not None and args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    from ..runtime.sampling import check_seed
+
+    try:
+        check_seed(args.seed, "--seed")
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     from ..runtime.api import MAX_THREADS

@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from ...errors import one_line
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
 from ...contract import FEATURES_OUTPUT, TREE_INPUT, check_graph_names, expected_names, reserved_call_size
@@ -244,7 +245,7 @@ class OrtBackend(Backend):
         try:
             self.session = ort.InferenceSession(str(self.graph_path), so, providers=names, provider_options=popts)
         except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = one_line(e) or type(e).__name__
             raise BackendError(f"ONNX Runtime cannot load the {spec.role} graph '{graph.path}': {first}") from None
 
         want_in, want_out = self._expected_names()
@@ -367,7 +368,8 @@ class OrtBackend(Backend):
         try:
             self.session.run_with_iobinding(b, self._run_options)
         except Exception as e:
-            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): {e}") from None
+            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): "
+                               f"{one_line(e)}") from None
         if self.kv_mode == "delta":
             L2, H, D = 2 * self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
             new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)

@@ -1,0 +1,220 @@
+"""Issue 38, outside the server: write errors with their exit codes, one line per error, `plan`'s
+numbers, one seed range, a closed pipeline, non-regular bundle files, `export-models --force` on
+what is not verifiably a bundle, ONNX Runtime's telemetry files, and `train-draft`'s paths,
+signals and leftovers. Python CLIs in subprocesses; the C++ CLIs when the build exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cli_generate import assert_user_error
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = Path(os.environ.get("SPECEDGE_CPP_BUILD", REPO / "cpp" / "build"))
+CPP_GENERATE = BUILD / "specedge_generate"
+CPP_CHAT = BUILD / "specedge_chat"
+needs_cpp = pytest.mark.skipif(not CPP_GENERATE.is_file(), reason=f"C++ build not found at {BUILD} (see docs/cpp.md)")
+SEED_MAX = 2**64 - 1
+SEED_RULE = "must be an integer from 0 to 18446744073709551615 (2^64-1), got"
+
+
+def cli(*args, stdin=None, timeout=300, stdout=None, env=None):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "specedge", *map(str, args)], input=stdin, timeout=timeout,
+                          stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, cwd=REPO)
+
+
+def one_error(p, code: int, *fragments: str) -> str:
+    return assert_user_error(p, *fragments, code=code)
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle_factory):
+    return tiny_bundle_factory()
+
+
+# ----------------------------------------------------------------------------- write errors
+
+
+@pytest.mark.parametrize("args", [["generate", "hi", "--max-new-tokens", "4"],
+                                  ["generate", "hi", "--max-new-tokens", "4", "--json"],
+                                  ["inspect"], ["plan", "--memory-gb", "8"]], ids=lambda a: "-".join(a[:2]))
+def test_a_full_stdout_is_one_line_and_exit_74(bundle, args):
+    with open("/dev/full", "w") as full:
+        p = cli(args[0], bundle, *args[1:], stdout=full)
+    one_error(p, 74, "cannot write to standard output: No space left on device")
+
+
+def test_the_exit_code_table_is_documented():
+    from specedge import errors
+
+    doc = (REPO / "docs" / "security.md").read_text()
+    for code in (errors.EXIT_OK, errors.EXIT_FAULT, errors.EXIT_USAGE, errors.EXIT_WRITE, errors.EXIT_INTERRUPTED,
+                 errors.EXIT_TERMINATED):
+        assert f"| {code} |" in doc, code
+
+
+@needs_cpp
+def test_cpp_generate_fails_on_a_full_stdout(bundle):
+    for extra in ([], ["--json"]):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "4", "--threads", "1", *extra],
+                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        one_error(p, 74, "cannot write to standard output: No space left on device")
+
+
+@needs_cpp
+def test_cpp_chat_with_a_closed_stdout_ends_quietly_and_a_full_one_fails(default_bundle):
+    bundle = default_bundle  # a ChatML template, which the C++ runtime formats
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"], stdout=w,
+                           stderr=subprocess.PIPE, input="hello\nagain\n", text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr)  # not -SIGPIPE
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"], stdout=full,
+                           stderr=subprocess.PIPE, input="hello\nagain\n", text=True, timeout=120)
+    one_error(p, 74, "cannot write to standard output: No space left on device")
+
+
+# ----------------------------------------------------------------------------- a closed pipeline
+
+
+def test_a_closed_pipeline_says_so(bundle):
+    from specedge.runtime.api import PipelineClosedError, load
+
+    pipe = load(bundle, threads=1)
+    assert pipe.generate("hi", max_new_tokens=2).token_ids
+    pipe.close()
+    pipe.close()  # twice is fine
+    assert pipe.closed
+    for call in (lambda: pipe.generate("hi", max_new_tokens=2), lambda: pipe.stream("hi", max_new_tokens=2),
+                 lambda: pipe.calibrate()):
+        with pytest.raises(PipelineClosedError, match=r"the pipeline is closed: close\(\) freed its sessions"):
+            call()
+    assert not pipe.busy  # a refused request does not keep the pipeline
+
+
+# ----------------------------------------------------------------------------- plan's numbers
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--memory-gb", "inf"], "--memory-gb must be a finite number of GiB, got inf"),
+    (["--memory-gb", "nan"], "--memory-gb must be a finite number of GiB, got nan"),
+    (["--memory-gb", "-8"], "--memory-gb must be more than 0 and at most 1048576 GiB, got -8"),
+    (["--memory-gb", "0"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 0"),
+    (["--memory-gb", "1e300"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 1e+300"),
+    (["--memory-gb", "8", "--reserve-gb", "100"], "--reserve-gb 100 is not less than the device's memory (8 GiB)"),
+    (["--device", "orin-nano-8gb", "--reserve-gb", "8"], "--reserve-gb 8 is not less than the device's memory"),
+    (["--memory-gb", "8", "--reserve-gb", "inf"], "--reserve-gb must be a finite number of GiB, got inf"),
+    (["--memory-gb", "8", "--reserve-gb", "-1"], "--reserve-gb must be >= 0, got -1"),
+    (["--memory-gb", "8", "--max-seq", str(10**14)], "--max-seq must be between 1 and 1048576, got 100000000000000"),
+    (["--memory-gb", "8", "--max-seq", "0"], "--max-seq must be between 1 and 1048576, got 0"),
+])
+def test_plan_checks_its_numbers(bundle, args, fragment):
+    one_error(cli("plan", bundle, *args), 2, fragment)
+
+
+def test_plan_still_plans_at_the_bounds(bundle):
+    p = cli("plan", bundle, "--memory-gb", "8", "--max-seq", "1048576", "--json")
+    assert p.returncode in (0, 3), p.stderr
+    assert json.loads(p.stdout)["max_seq"] == 1048576
+
+
+# ----------------------------------------------------------------------------- one seed range
+
+
+def test_one_seed_range_in_the_python_cli_and_api(bundle):
+    from specedge.contract import SEED_MAX as contract_max
+
+    assert contract_max == SEED_MAX
+    for bad in ("-1", str(SEED_MAX + 1), str(10**30)):
+        one_error(cli("generate", bundle, "hi", "--seed", bad), 2, f"--seed {SEED_RULE} {bad}")
+    p = cli("generate", bundle, "hi", "--max-new-tokens", "4", "--temperature", "0.8", "--seed", str(SEED_MAX),
+            "--json", "--threads", "1")
+    assert p.returncode == 0, p.stderr
+    q = cli("generate", bundle, "hi", "--max-new-tokens", "4", "--temperature", "0.8", "--seed", str(SEED_MAX),
+            "--json", "--threads", "1")
+    assert json.loads(p.stdout)["token_ids"] == json.loads(q.stdout)["token_ids"]
+
+
+def test_one_seed_range_in_the_server_schema():
+    pydantic = pytest.importorskip("pydantic")
+    from specedge.serve.schemas import CompletionRequest
+
+    CompletionRequest(prompt="hi", seed=SEED_MAX)
+    for bad in (-1, SEED_MAX + 1):
+        with pytest.raises(pydantic.ValidationError, match="seed"):
+            CompletionRequest(prompt="hi", seed=bad)
+
+
+@needs_cpp
+def test_one_seed_range_in_the_cpp_cli(bundle):
+    for bad in ("-1", str(SEED_MAX + 1), str(10**30)):
+        p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--seed", bad], capture_output=True, text=True,
+                           timeout=120)
+        one_error(p, 2, f"--seed {SEED_RULE} {bad}")
+    outs = [subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "4", "--temperature", "0.8",
+                            "--seed", str(SEED_MAX), "--json", "--threads", "1"], capture_output=True, text=True,
+                           timeout=120) for _ in range(2)]
+    assert outs[0].returncode == 0, outs[0].stderr
+    assert json.loads(outs[0].stdout)["token_ids"] == json.loads(outs[1].stdout)["token_ids"]
+
+
+# ----------------------------------------------------------------------------- non-regular bundle files
+
+
+def _with_fifo(bundle: Path, tmp_path: Path, rel: str) -> Path:
+    b = tmp_path / "b"
+    shutil.copytree(bundle, b)
+    (b / rel).unlink()
+    os.mkfifo(b / rel)
+    return b
+
+
+@pytest.mark.parametrize("rel", ["tokenizer.json", "target/model.onnx"])
+@pytest.mark.parametrize("verify", ["none", "size", "full"])
+def test_a_named_pipe_in_the_bundle_is_refused_before_opening(bundle, tmp_path, rel, verify):
+    b = _with_fifo(bundle, tmp_path, rel)
+    one_error(cli("generate", b, "hi", "--verify", verify, timeout=60), 2,
+              f"the bundle's file '{rel}' is a named pipe, not a regular file: refused before opening it")
+
+
+@needs_cpp
+@pytest.mark.parametrize("verify", ["none", "full"])
+def test_cpp_refuses_a_named_pipe_before_opening(bundle, tmp_path, verify):
+    b = _with_fifo(bundle, tmp_path, "target/model.onnx")
+    p = subprocess.run([str(CPP_GENERATE), str(b), "hi", "--verify", verify], capture_output=True, text=True,
+                       timeout=60)
+    one_error(p, 2, "the bundle's file 'target/model.onnx' is a named pipe, not a regular file: refused before opening it")
+
+
+# ----------------------------------------------------------------------------- ONNX Runtime's telemetry files
+
+
+def test_no_onnxruntime_files_under_home(bundle, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+    env_clean = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(bundle), "hi", "--max-new-tokens", "2"],
+                       capture_output=True, text=True, timeout=120, env={**env_clean, **env}, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert not list(home.rglob("*")), list(home.rglob("*"))
+    if CPP_GENERATE.is_file():
+        p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "2"], capture_output=True,
+                           text=True, timeout=120, env={**env_clean, **env})
+        assert p.returncode == 0, p.stderr
+        assert not list(home.rglob("*")), list(home.rglob("*"))
