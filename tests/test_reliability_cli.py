@@ -218,3 +218,148 @@ def test_no_onnxruntime_files_under_home(bundle, tmp_path):
                            text=True, timeout=120, env={**env_clean, **env})
         assert p.returncode == 0, p.stderr
         assert not list(home.rglob("*")), list(home.rglob("*"))
+
+
+# ----------------------------------------------------------------------------- train-draft
+
+TRAIN_ARGS = ["--draft-vocab", "48", "--seq-len", "32", "--batch", "2", "--answer-tokens", "16", "--max-prompts", "4",
+              "--doc-tokens", "600", "--threads", "1", "--quiet"]
+
+
+@pytest.fixture
+def feat(tiny_bundle_factory, tmp_path) -> Path:
+    dst = tmp_path / "feat"
+    shutil.copytree(tiny_bundle_factory("llama", features=True), dst)
+    return dst
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_train_draft_checks_its_paths_before_any_work(feat, tmp_path):
+    before = _tree(feat)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    cases = [
+        (a_file, f"--checkpoint '{a_file}' exists and is not a folder"),
+        (a_file / "sub", f"cannot create the checkpoint folder '{a_file / 'sub'}' (a file is in the way)"),
+    ]
+    ck_dir_file = tmp_path / "ck-dir"
+    (ck_dir_file / "checkpoint.pt").mkdir(parents=True)
+    cases.append((ck_dir_file, f"'{ck_dir_file / 'checkpoint.pt'}' in the checkpoint folder is not a regular file"))
+    for ck, message in cases:
+        t0 = time.monotonic()
+        one_error(cli("train-draft", feat, "--checkpoint", ck, "--budget", "1k", *TRAIN_ARGS), 2, message)
+        assert time.monotonic() - t0 < 120
+        assert not (tmp_path / "ck-dir" / "data.npz").exists()
+    assert a_file.read_text() == "mine"
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    one_error(cli("train-draft", feat, "--checkpoint", damaged, "--budget", "1k", *TRAIN_ARGS), 2,
+              f"the checkpoint '{damaged / 'checkpoint.pt'}' cannot be read", "--no-resume")
+    assert _tree(feat) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops root's permission override (runs as root in CI)")
+def test_train_draft_refuses_a_bundle_it_cannot_write_before_any_work(feat, tmp_path):
+    from test_export_cli import _drop_dac_caps
+
+    os.chmod(feat, 0o555)
+    try:
+        p = subprocess.run([sys.executable, "-m", "specedge", "train-draft", str(feat), "--checkpoint",
+                            str(tmp_path / "ck"), "--budget", "1k", *TRAIN_ARGS], capture_output=True, text=True,
+                           timeout=300, preexec_fn=_drop_dac_caps, cwd=REPO)
+    finally:
+        os.chmod(feat, 0o755)
+    one_error(p, 2, f"the bundle folder (the head is written into it) '{feat}' is not writable (Permission denied)")
+    assert not (tmp_path / "ck" / "data.npz").exists()
+
+
+def test_train_draft_removes_only_the_leftovers_that_are_its_own(feat, tmp_path):
+    from specedge.training.paths import clean_leftovers, lock_bundle
+    from specedge.errors import UserError
+
+    (feat / ".head-0123abcd.partial").mkdir()
+    (feat / ".head-0123abcd.partial" / "model.onnx").write_bytes(b"half")
+    (feat / "head-89abcdef").mkdir()  # emptied while an old head was removed
+    (feat / "head-deadbeef").mkdir()
+    (feat / "head-deadbeef" / "notes.txt").write_text("mine")  # a head-like name, not ours
+    (feat / ".head-feedf00d.partial").symlink_to(tmp_path)  # a link: never followed
+    (feat / "head-0000000g").mkdir()  # not a head's name
+    fd = lock_bundle(feat)
+    try:
+        with pytest.raises(UserError, match="another train-draft is training a head for"):
+            lock_bundle(feat)
+    finally:
+        os.close(fd)
+    one_error(cli("train-draft", feat, "--checkpoint", tmp_path / "ck", "--budget", "0.001m", *TRAIN_ARGS), 2,
+              "before the first training step")
+    left = sorted(p.name for p in feat.iterdir() if "head" in p.name)
+    assert left == [".head-feedf00d.partial", "head-0000000g", "head-deadbeef"], left
+    assert (feat / "head-deadbeef" / "notes.txt").read_text() == "mine"
+    assert clean_leftovers(feat, set()) == []
+
+
+def test_train_draft_saves_its_checkpoint_when_interrupted_and_resumes(feat, tmp_path, monkeypatch):
+    """Ctrl-C between checkpoints keeps the steps made since the last one; a later run resumes."""
+    import torch
+
+    from specedge.training import train as train_mod
+
+    real, calls = train_mod._loss, []
+
+    def interrupting(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "_loss", interrupting)
+    opts = dict(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4, doc_tokens=600,
+                threads=1, checkpoint_every_s=3600.0, checkpoint=str(tmp_path / "ck"))
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train_draft(feat, train_mod.TrainOptions(**opts))
+    state = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 3
+    monkeypatch.setattr(train_mod, "_loss", real)
+    seen = []
+    train_mod.train_draft(feat, train_mod.TrainOptions(**{**opts, "budget": "1k"}),
+                          progress=lambda stage, d, t, info=None: seen.append(info["step"]) if info else None)
+    assert seen and seen[0] == 4  # went on from step 3
+
+
+def test_train_draft_sigterm_saves_the_checkpoint_and_exits_143(feat, tmp_path):
+    import threading
+
+    ck = tmp_path / "ck"
+    args = [a for a in TRAIN_ARGS if a != "--quiet"]  # the progress bars say when training runs
+    proc = subprocess.Popen([sys.executable, "-m", "specedge", "train-draft", str(feat), "--checkpoint", str(ck),
+                             "--budget", "100M", *args], stderr=subprocess.PIPE, cwd=REPO)
+    err = bytearray()
+
+    def read():
+        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while b"top-1" not in err and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert b"top-1" in err, err.decode()  # training steps are running, well inside 60 s of the first
+        assert not (ck / "checkpoint.pt").exists()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    text = err.decode()
+    assert proc.returncode == 143, text
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    assert [line for line in lines if line.startswith("error:")] == [
+        f"error: terminated: the bundle is as it was; the training so far is saved in '{ck}': run again to resume"]
+    assert lines[-1].startswith("error: terminated") and "Traceback" not in text
+    assert (ck / "checkpoint.pt").is_file()
