@@ -387,7 +387,7 @@ BAD_INPUTS = [
     ("temperature-nan", ["generate", "{B}", "hi", "--temperature", "nan"], b"", 2, "--temperature"),
     ("temperature-inf", ["generate", "{B}", "hi", "--temperature", "inf"], b"", 2, "--temperature"),
     ("spec-tokens-17", ["generate", "{B}", "hi", "--spec-tokens", "17"], b"", 2, "--spec-tokens"),
-    ("seed-negative", ["generate", "{B}", "hi", "--seed", "-1"], b"", 2, "--seed must be >= 0"),
+    ("seed-negative", ["generate", "{B}", "hi", "--seed", "-1"], b"", 2, "--seed must be an integer from 0 to 18446744073709551615 (2^64-1), got -1"),
     ("stop-empty", ["generate", "{B}", "hi", "--stop", ""], b"", 2, "--stop strings must not be empty"),
     ("system-without-chat", ["generate", "{B}", "hi", "--system", "x"], b"", 2, "--system needs --chat"),
     ("backend-unknown", ["generate", "{B}", "hi", "--backend", "gpu9000"], b"", 2, "unknown backend"),
@@ -397,8 +397,8 @@ BAD_INPUTS = [
     ("verify-choice", ["generate", "{B}", "hi", "--verify", "most"], b"", 2, "invalid choice"),
     ("unknown-option", ["generate", "{B}", "hi", "--frobnicate"], b"", 2, "unrecognized arguments"),
     ("inspect-missing", ["inspect", "{B}/nope"], b"", 2, "does not exist"),
-    ("plan-max-seq", ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"], b"", 2, "--max-seq must be positive"),
-    ("plan-memory", ["plan", "{B}", "--memory-gb", "-1"], b"", 2, "--memory-gb must be positive"),
+    ("plan-max-seq", ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"], b"", 2, "--max-seq must be between 1 and 1048576, got 0"),
+    ("plan-memory", ["plan", "{B}", "--memory-gb", "-1"], b"", 2, "--memory-gb must be more than 0 and at most 1048576 GiB, got -1"),
 ]
 
 
