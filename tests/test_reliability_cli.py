@@ -54,6 +54,20 @@ def test_a_full_stdout_is_one_line_and_exit_74(bundle, args):
     one_error(p, 74, "cannot write to standard output: No space left on device")
 
 
+def test_a_full_stdout_in_chat_and_no_stdout_at_all(bundle):
+    with open("/dev/full", "w") as full:
+        p = cli("chat", bundle, "--max-new-tokens", "4", stdin="hello\n", stdout=full)
+    one_error(p, 74, "cannot write to standard output: No space left on device")
+    # started without a descriptor 1 (`cmd >&-`): the same sentence, EBADF, in both runtimes
+    cmds = [[sys.executable, "-m", "specedge", "inspect", str(bundle)]]
+    if CPP_GENERATE.is_file():
+        cmds.append([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "2", "--threads", "1"])
+    for cmd in cmds:
+        p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO, close_fds=True,
+                           preexec_fn=lambda: os.close(1))
+        one_error(p, 74, "cannot write to standard output: Bad file descriptor")
+
+
 def test_the_exit_code_table_is_documented():
     from specedge import errors
 

@@ -78,6 +78,28 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+class _ClosedStdout:
+    """sys.stdout when the process started without a descriptor 1 (`cmd >&-`): Python leaves it
+    None; a write fails as one on a closed descriptor would (EBADF), nothing else does."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        raise ValueError("standard output is closed")
+
+    def isatty(self):
+        return False
+
+    def reconfigure(self, **kwargs):
+        pass
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     """Run the command `argv` names. Exit codes (docs/security.md): 0 done, 2 bad input (one
     `error: …` line), 74 an output that could not be written, 1 an internal fault (one line;
@@ -87,7 +109,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     stdout = sys.stdout
-    guarded = sys.stdout = _GuardedStdout(stdout)
+    guarded = sys.stdout = _GuardedStdout(stdout if stdout is not None else _ClosedStdout())
     try:
         code = int(args.func(args) or 0)
         guarded.flush()  # what is still buffered fails here, not in the interpreter's exit
@@ -139,7 +161,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     finally:
         if sys.stdout is guarded:
             sys.stdout = stdout
-        if guarded.failed:
+        if guarded.failed and stdout is not None:
             _quiet_closed_stdout()  # the unwritable rest must not fail again in the interpreter's exit
 
 
