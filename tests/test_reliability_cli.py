@@ -5,6 +5,7 @@ signals and leftovers. Python CLIs in subprocesses; the C++ CLIs when the build 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -377,3 +378,37 @@ def test_train_draft_sigterm_saves_the_checkpoint_and_exits_143(feat, tmp_path):
         f"error: terminated: the bundle is as it was; the training so far is saved in '{ck}': run again to resume"]
     assert lines[-1].startswith("error: terminated") and "Traceback" not in text
     assert (ck / "checkpoint.pt").is_file()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--budget", "9" * 400], "--budget must be at most 1e15 tokens or 1e9 minutes"),
+    (["--lr", "inf"], "--lr must be a finite number more than 0, got inf"),
+    (["--steps", "1000000"], "--steps must be at most 64, got 1000000"),
+    (["--seq-len", str(1 << 40)], "--seq-len must be at most 1048576"),
+    (["--max-prompts", "0"], "--max-prompts must be an integer from 1 to 1048576, got 0"),
+    (["--threads", "-2"], "--threads must be an integer from 1 to 1024, got -2"),
+    (["--seed", str(SEED_MAX + 1)], f"--seed {SEED_RULE} {SEED_MAX + 1}"),
+])
+def test_train_draft_checks_its_numbers(feat, tmp_path, args, fragment):
+    one_error(cli("train-draft", feat, "--checkpoint", tmp_path / "ck", *args), 2, fragment)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_bench_seed_range(bundle):
+    one_error(cli("bench", bundle, "--seed", str(SEED_MAX + 1), "--quick"), 2, f"--seed {SEED_RULE} {SEED_MAX + 1}")
+
+
+def test_an_export_onto_a_full_disk_names_the_bundle_and_exits_74(tmp_path, monkeypatch, capsys):
+    from specedge.cli import export_models
+    from specedge.export import pipeline
+    from specedge.export.output import OutputPlan
+
+    out = tmp_path / "b"
+    monkeypatch.setattr(pipeline, "prepare", lambda opts: OutputPlan(out, "new", {}))
+
+    def full(opts, progress, plan):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as numpy or onnx raise it: no file name
+
+    monkeypatch.setattr(pipeline, "export_bundle", full)
+    assert export_models.main(["--out", str(out), "--quiet"]) == 74
+    assert capsys.readouterr().err.splitlines() == [f"error: cannot write the bundle '{out}': No space left on device"]

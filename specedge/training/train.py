@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError, write_failure
-from ..manifest import Manifest, load_manifest, target_fingerprint
+from ..manifest import MAX_MAX_SEQ, Manifest, load_manifest, target_fingerprint
 from ..runtime.sampling import check_seed
 from .paths import check_paths, clean_leftovers, lock_bundle, signals_held
 
@@ -86,23 +86,38 @@ def parse_budget(text) -> tuple[str, float]:
         kind, amount = "tokens", value * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[unit]
     if amount <= 0:
         raise UserError(f"--budget must be more than 0, got '{raw}'")
+    if not amount <= (1e15 if kind == "tokens" else 1e9):
+        raise UserError(f"--budget must be at most 1e15 tokens or 1e9 minutes, got '{raw}'")
     return kind, amount
+
+
+# (option, lowest, highest): the highest far above any useful value, low enough that no size derived
+# from it overflows or asks for absurd memory before the first step
+_BOUNDS = (("steps", 1, 64), ("draft_vocab", 2, 4_000_000), ("seq_len", 8, MAX_MAX_SEQ), ("batch", 1, 1 << 16),
+           ("warmup", 0, 1 << 30), ("answer_tokens", 0, MAX_MAX_SEQ), ("doc_tokens", 0, 1 << 30),
+           ("sampled_answers", 0, 1000), ("soft_labels", 0, 1024))
 
 
 def _check_options(o: TrainOptions) -> None:
     if o.device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda, got '{o.device}'")
-    for name, lo in (("steps", 1), ("draft_vocab", 2), ("seq_len", 8), ("batch", 1), ("warmup", 0),
-                     ("answer_tokens", 0), ("doc_tokens", 0), ("sampled_answers", 0), ("soft_labels", 0)):
+    for name, lo, hi in _BOUNDS:
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
+        if v > hi:
+            raise UserError(f"--{name.replace('_', '-')} must be at most {hi}, got {v}")
+    from ..runtime.api import MAX_THREADS
+
+    for name, v, hi in (("max-prompts", o.max_prompts, 1 << 20), ("threads", o.threads, MAX_THREADS)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi):
+            raise UserError(f"--{name} must be an integer from 1 to {hi}, got {v!r}")
     if o.train_dtype not in ("auto", "fp32", "bf16"):
         raise UserError(f"--train-dtype must be auto, fp32 or bf16, got '{o.train_dtype}'")
     if o.answers_by not in ("auto", "target", "draft"):
         raise UserError(f"--answers-by must be auto, target or draft, got '{o.answers_by}'")
-    if not o.lr > 0:
-        raise UserError(f"--lr must be more than 0, got {o.lr}")
+    if not (o.lr > 0 and math.isfinite(o.lr)):
+        raise UserError(f"--lr must be a finite number more than 0, got {o.lr}")
     try:
         check_seed(o.seed, "--seed")
     except ValueError as e:
