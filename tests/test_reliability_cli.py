@@ -412,3 +412,22 @@ def test_an_export_onto_a_full_disk_names_the_bundle_and_exits_74(tmp_path, monk
     monkeypatch.setattr(pipeline, "export_bundle", full)
     assert export_models.main(["--out", str(out), "--quiet"]) == 74
     assert capsys.readouterr().err.splitlines() == [f"error: cannot write the bundle '{out}': No space left on device"]
+
+
+def test_an_onnxruntime_run_failure_is_one_line_on_stderr(bundle):
+    """ONNX Runtime logs its own error lines (colour codes, source locations) to stderr before it
+    raises; the backends keep its logger at fatal, so the failure is only the one line it becomes."""
+    code = ("import sys, numpy as np\n"
+            "from specedge.manifest import load_manifest\n"
+            "from specedge.runtime.backends.ort import OrtBackend\n"
+            "from specedge.runtime.backends.base import BackendError\n"
+            f"m = load_manifest({str(bundle)!r})\n"
+            "be = OrtBackend(m, m.target, threads=1)\n"
+            "try:\n"
+            "    be.run(np.array([10**9], dtype=np.int64), 0)\n"
+            "except BackendError as e:\n"
+            "    print('error:', e, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ONNX Runtime failed to run the target graph"), p.stderr
