@@ -309,8 +309,11 @@ def test_train_draft_removes_only_the_leftovers_that_are_its_own(feat, tmp_path)
             lock_bundle(feat)
     finally:
         os.close(fd)
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "checkpoint.tmp").write_bytes(b"half a checkpoint")  # a save that was killed
     one_error(cli("train-draft", feat, "--checkpoint", tmp_path / "ck", "--budget", "0.001m", *TRAIN_ARGS), 2,
               "before the first training step")
+    assert not (tmp_path / "ck" / "checkpoint.tmp").exists()
     left = sorted(p.name for p in feat.iterdir() if "head" in p.name)
     assert left == [".head-feedf00d.partial", "head-0000000g", "head-deadbeef"], left
     assert (feat / "head-deadbeef" / "notes.txt").read_text() == "mine"

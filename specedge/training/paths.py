@@ -73,10 +73,20 @@ def lock_bundle(bundle: Path) -> int:
     return fd
 
 
-def clean_leftovers(bundle: Path, live_head_folders: set[str]) -> list[str]:
-    """Remove what killed runs left in `bundle` (see the module docstring); returns the names
-    removed. `live_head_folders`: the folders the manifest's head uses, never touched."""
+# the temporary files train-draft writes in its checkpoint folder before renaming them
+CHECKPOINT_TEMPS = ("checkpoint.tmp", "data.tmp.npz", "data.json.tmp")
+
+
+def clean_leftovers(bundle: Path, live_head_folders: set[str], ck_dir: Path | None = None) -> list[str]:
+    """Remove what killed runs left in `bundle` (see the module docstring) and the temporary files
+    of an interrupted save in `ck_dir`; returns the names removed. `live_head_folders`: the
+    folders the manifest uses, never touched."""
     removed = []
+    for name in CHECKPOINT_TEMPS if ck_dir is not None else ():
+        p = ck_dir / name
+        if p.is_file() and not p.is_symlink():
+            p.unlink()
+            removed.append(name)
     for p in sorted(bundle.iterdir()):
         if not _LEFTOVER.match(p.name) or p.name in live_head_folders or p.is_symlink() or not p.is_dir():
             continue
