@@ -313,6 +313,7 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     check_paths(bundle, ck_dir)  # before minutes of work: a path this run could not write is refused now
     lock = lock_bundle(bundle)
     try:
+        m = load_manifest(bundle, verify="size")  # read again under the lock: a run that just ended may have added a head
         clean_leftovers(bundle, {rel.split("/")[0] for rel in m.files}, ck_dir)  # folders the manifest uses stay
         return _train(bundle, m, o, kind, amount, ck_dir, say)
     finally:
