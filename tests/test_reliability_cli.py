@@ -151,6 +151,11 @@ def test_plan_still_plans_at_the_bounds(bundle):
 # ----------------------------------------------------------------------------- one seed range
 
 
+@pytest.mark.parametrize("opt", ["--max-new-tokens", "--top-k"])
+def test_generate_bounds_its_counts_as_the_cpp_cli(bundle, opt):
+    one_error(cli("generate", bundle, "hi", opt, str(10**20)), 2, f"{opt} must be <= 1073741824, got {10**20}")
+
+
 def test_one_seed_range_in_the_python_cli_and_api(bundle):
     from specedge.contract import SEED_MAX as contract_max
 

@@ -40,12 +40,18 @@ def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
     p.add_argument("--stats", action="store_true", help="print speed and acceptance figures on stderr")
 
 
+MAX_COUNT = 1 << 30  # --max-new-tokens and --top-k, as the C++ CLI bounds them
+
+
 def check_args(args) -> None:
     """Argument checks that need no bundle (fail fast, one sentence each)."""
     from ..errors import UserError
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for opt, v in (("--max-new-tokens", args.max_new_tokens), ("--top-k", args.top_k)):
+        if v > MAX_COUNT:
+            raise UserError(f"{opt} must be <= {MAX_COUNT}, got {v}")
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not (0 < args.top_p <= 1):
