@@ -16,6 +16,7 @@ __all__ = [
     "FEATURES_OUTPUT",
     "KEY",
     "MAX_SPEC_TOKENS",
+    "SEED_MAX",
     "TREE_INPUT",
     "TensorSpec",
     "VALUE",
@@ -30,6 +31,10 @@ __all__ = [
 # k, the drafts per speculative round: 1..MAX_SPEC_TOKENS (the manifest's spec.k, --spec-tokens,
 # GenerationConfig.spec_tokens; cpp/src/manifest.h's kMaxSpecTokens holds the same value).
 MAX_SPEC_TOKENS = 16
+
+# Sampling seeds: 0..SEED_MAX, the C API's uint64_t (GenerationConfig.seed, --seed, the server's
+# `seed`; specedge.h's SPECEDGE_SEED_MAX, the same value).
+SEED_MAX = 2**64 - 1
 
 KEY, VALUE = 0, 1
 ARGMAX_OUTPUT = "argmax"  # optional extra output added by build-engines (TopK over logits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,24 @@ def resolve_inside(root: Path, rel: str) -> Path:
     if full != root_r and root_r not in full.parents:
         raise BundleError(f"the manifest names a file outside the bundle: '{rel}' (through a link)")
     return full
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def check_regular(path: Path, rel: str) -> None:
+    """Refuse a bundle file that exists but is not a regular file, by `stat` before anything opens
+    it (a missing file is left to the checks that look for one)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise BundleError(f"cannot read the bundle's file '{rel}' ({e.strerror or type(e).__name__})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise BundleError(f"the bundle's file '{rel}' is {kind}, not a regular file: refused before opening it")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -458,6 +477,8 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
     for rel in referenced:
         if rel not in m.files:
             raise BundleError(f"the manifest references '{rel}' but lists no checksum for it")
+    for rel in m.files:  # whatever `verify` says: opening a named pipe or a device could block forever
+        check_regular(resolve_inside(root, rel), rel)
     if verify != "none":
         for rel, info in m.files.items():
             p = resolve_inside(root, rel)

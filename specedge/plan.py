@@ -38,6 +38,7 @@ linear in it, so the largest max_seq that fits is solved exactly from total(S) =
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from .manifest import DTYPE_BYTES, MAX_MAX_SEQ, Manifest, ModelSpec
@@ -126,28 +127,55 @@ DEVICES: dict[str, DeviceProfile] = {
 }
 
 
+MAX_MEMORY_GB = 1 << 20  # 1 PiB: far above any device, low enough that every figure stays exact
+
+
+def check_memory_gb(memory_gb, name: str = "--memory-gb") -> float:
+    """A device's memory in GiB: a finite number above 0 and at most MAX_MEMORY_GB."""
+    if isinstance(memory_gb, bool) or not isinstance(memory_gb, (int, float)) or not math.isfinite(memory_gb):
+        raise ValueError(f"{name} must be a finite number of GiB, got {memory_gb}")
+    if not 0 < memory_gb <= MAX_MEMORY_GB:
+        raise ValueError(f"{name} must be more than 0 and at most {MAX_MEMORY_GB} GiB, got {memory_gb:g}")
+    return float(memory_gb)
+
+
+def check_reserve_gb(reserve_gb, memory_bytes: int) -> float:
+    """A reserve in GiB: finite, >= 0 and less than the device's memory (else nothing is left)."""
+    if isinstance(reserve_gb, bool) or not isinstance(reserve_gb, (int, float)) or not math.isfinite(reserve_gb):
+        raise ValueError(f"--reserve-gb must be a finite number of GiB, got {reserve_gb}")
+    if reserve_gb < 0:
+        raise ValueError(f"--reserve-gb must be >= 0, got {reserve_gb:g}")
+    if _gib(reserve_gb) >= memory_bytes:
+        raise ValueError(f"--reserve-gb {reserve_gb:g} is not less than the device's memory "
+                         f"({memory_bytes / GiB:g} GiB): nothing would be left for the bundle")
+    return float(reserve_gb)
+
+
+def check_max_seq(max_seq) -> int:
+    """A max_seq to plan for: 1 to the manifest's bound (MAX_MAX_SEQ)."""
+    if isinstance(max_seq, bool) or not isinstance(max_seq, int) or not 1 <= max_seq <= MAX_MAX_SEQ:
+        raise ValueError(f"--max-seq must be between 1 and {MAX_MAX_SEQ}, got {max_seq}")
+    return max_seq
+
+
 def custom_device(memory_gb: float, reserve_gb: float | None = None) -> DeviceProfile:
     """`--memory-gb X`: X GiB of device memory; by default only a CUDA context is reserved."""
-    if not memory_gb > 0:
-        raise ValueError(f"--memory-gb must be positive, got {memory_gb}")
-    ctx = _gib(0.5) if reserve_gb is None else _gib(reserve_gb)
+    memory_gb = check_memory_gb(memory_gb)
+    memory = _gib(memory_gb)
+    ctx = _gib(0.5) if reserve_gb is None else _gib(check_reserve_gb(reserve_gb, memory))
     return DeviceProfile(
-        "custom", f"{memory_gb:g} GiB device", _gib(memory_gb), 0, ctx, False,
+        "custom", f"{memory_gb:g} GiB device", memory, 0, ctx, False,
         "given with --memory-gb" + ("" if reserve_gb is None else "; reserve given with --reserve-gb"),
     )
 
 
 def with_reserve(device: DeviceProfile, reserve_gb: float) -> DeviceProfile:
     """The device with its OS + CUDA context reserve replaced (`--reserve-gb`)."""
-    if reserve_gb < 0:
-        raise ValueError(f"--reserve-gb must be >= 0, got {reserve_gb}")
+    reserve_gb = check_reserve_gb(reserve_gb, device.memory_bytes)
     return DeviceProfile(
         device.name, device.description, device.memory_bytes, 0, _gib(reserve_gb), device.unified,
         device.basis + "; reserve given with --reserve-gb",
     )
-
-
-# ----------------------------------------------------------------------------- per-model figures
 
 
 def step_sizes(k: int, prefill_chunk: int) -> list[int]:
@@ -300,9 +328,7 @@ def largest_max_seq(manifest: Manifest, device: DeviceProfile) -> int:
 
 
 def plan_memory(manifest: Manifest, device: DeviceProfile, max_seq: int | None = None) -> MemoryPlan:
-    max_seq = manifest.max_seq if max_seq is None else int(max_seq)
-    if max_seq < 1:
-        raise ValueError(f"max_seq must be positive, got {max_seq}")
+    max_seq = manifest.max_seq if max_seq is None else check_max_seq(max_seq)
     models, needed = needed_bytes(manifest, max_seq)
     available = device.available_bytes
     fits = needed <= available

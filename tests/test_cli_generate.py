@@ -20,8 +20,8 @@ def cli(*args, stdin=None, timeout=180):
                           text=True, timeout=timeout, env=env)
 
 
-def assert_user_error(p, *fragments):
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+def assert_user_error(p, *fragments, code=2):
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr

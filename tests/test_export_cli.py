@@ -676,3 +676,42 @@ def test_a_signal_during_the_export_imports_is_raised_once_they_are_in(monkeypat
         signal.signal(signal.SIGTERM, previous)
     assert handled == [("quantize imported", True)]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_force_refuses_a_bundle_whose_files_do_not_match(ckpt, exported, tmp_path):
+    """--force replaces only what is verifiably a specedge bundle: a manifest that merely claims
+    `created_by: specedge` over files that do not match is refused, and nothing is touched."""
+    (exported / "tokenizer.json").write_text("not the listed file")
+    before = _tree(exported)
+    res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
+    assert_bad_input(res, str(exported), "is not verifiably a specedge bundle", "it is damaged", "tokenizer.json",
+                     "nothing replaced")
+    assert _tree(exported) == before
+
+
+def test_force_refuses_a_bundle_with_files_of_the_users(ckpt, exported, tmp_path):
+    (exported / "notes.txt").write_text("mine")
+    (exported / "target" / "extra.bin").write_bytes(b"mine")
+    res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
+    assert_bad_input(res, "is not verifiably a specedge bundle", "files its manifest does not list",
+                     "'notes.txt'", "'target/extra.bin'")
+    assert (exported / "notes.txt").read_text() == "mine"
+
+
+def test_force_refuses_a_claimed_manifest_over_a_users_folder(ckpt, out, tmp_path):
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    (out / "manifest.json").write_text(json.dumps({"created_by": "specedge 0.1.0 export-models", "files": {}}))
+    res = _export(ckpt, out, tmp_path, "--force")
+    assert_bad_input(res, "is not verifiably a specedge bundle", "nothing replaced")
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_force_replaces_a_bundle_with_specedge_leftovers(ckpt, exported, tmp_path):
+    (exported / ".head-0123abcd.partial").mkdir()
+    (exported / ".head-0123abcd.partial" / "model.onnx").write_bytes(b"x")
+    (exported / "engines" / "gpu-sm90").mkdir(parents=True)
+    (exported / "engines" / "gpu-sm90" / "target.plan").write_bytes(b"x")
+    res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((exported / "manifest.json").read_text())["spec"]["k"] == 3

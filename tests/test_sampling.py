@@ -32,12 +32,23 @@ class ScriptedRng:
         ({"temperature": 1.0, "top_k": 2.5}, r"top_k must be an integer, got 2\.5"),
         ({"temperature": 1.0, "top_k": float("nan")}, r"top_k must not be NaN"),
         ({"temperature": "hot"}, r"temperature must be a number"),
-        ({"seed": -3}, r"seed must be a non-negative integer or None, got -3"),
+        ({"seed": -3}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got -3"),
+        ({"seed": 2**64}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got 18446744073709551616"),
+        ({"seed": "7"}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got '7'"),
     ],
 )
 def test_validate_messages(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs).validate()
+
+
+def test_the_largest_seed_is_accepted_and_reproducible():
+    from specedge.contract import SEED_MAX
+    from specedge.runtime.sampling import make_rng
+
+    SamplingParams(temperature=1.0, seed=SEED_MAX).validate()
+    assert SEED_MAX == 2**64 - 1
+    assert make_rng(SEED_MAX).random() == make_rng(SEED_MAX).random()
 
 
 def test_defaults_are_greedy_and_valid():
@@ -161,7 +172,7 @@ def test_same_seed_same_samples():
     assert [sample(probs, rng_b) for _ in range(100)] == a
     rng = make_rng(8)
     assert [sample(probs, rng) for _ in range(100)] != a
-    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+    with pytest.raises(ValueError, match=r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got -1"):
         make_rng(-1)
 
 

@@ -14,6 +14,7 @@ All cases of one kind run in one child process (one import of onnxruntime), so t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from specedge.errors import BackendError
 
 REPO = Path(__file__).resolve().parents[1]
 CPP_BUILD = Path(os.environ.get("SPECEDGE_CPP_BUILD", REPO / "cpp" / "build"))
@@ -384,7 +387,7 @@ BAD_INPUTS = [
     ("temperature-nan", ["generate", "{B}", "hi", "--temperature", "nan"], b"", 2, "--temperature"),
     ("temperature-inf", ["generate", "{B}", "hi", "--temperature", "inf"], b"", 2, "--temperature"),
     ("spec-tokens-17", ["generate", "{B}", "hi", "--spec-tokens", "17"], b"", 2, "--spec-tokens"),
-    ("seed-negative", ["generate", "{B}", "hi", "--seed", "-1"], b"", 2, "--seed must be >= 0"),
+    ("seed-negative", ["generate", "{B}", "hi", "--seed", "-1"], b"", 2, "--seed must be an integer from 0 to 18446744073709551615 (2^64-1), got -1"),
     ("stop-empty", ["generate", "{B}", "hi", "--stop", ""], b"", 2, "--stop strings must not be empty"),
     ("system-without-chat", ["generate", "{B}", "hi", "--system", "x"], b"", 2, "--system needs --chat"),
     ("backend-unknown", ["generate", "{B}", "hi", "--backend", "gpu9000"], b"", 2, "unknown backend"),
@@ -394,8 +397,8 @@ BAD_INPUTS = [
     ("verify-choice", ["generate", "{B}", "hi", "--verify", "most"], b"", 2, "invalid choice"),
     ("unknown-option", ["generate", "{B}", "hi", "--frobnicate"], b"", 2, "unrecognized arguments"),
     ("inspect-missing", ["inspect", "{B}/nope"], b"", 2, "does not exist"),
-    ("plan-max-seq", ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"], b"", 2, "--max-seq must be positive"),
-    ("plan-memory", ["plan", "{B}", "--memory-gb", "-1"], b"", 2, "--memory-gb must be positive"),
+    ("plan-max-seq", ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"], b"", 2, "--max-seq must be between 1 and 1048576, got 0"),
+    ("plan-memory", ["plan", "{B}", "--memory-gb", "-1"], b"", 2, "--memory-gb must be more than 0 and at most 1048576 GiB, got -1"),
 ]
 
 
@@ -780,6 +783,15 @@ def test_onnxruntime_older_than_the_floor_is_refused_in_one_sentence(tiny_bundle
     (KeyboardInterrupt(), 130, "error: interrupted"),
     (BrokenPipeError(), 0, None),
     (ValueError("a sentence\nand more"), 2, "error: a sentence"),
+    # a write the system refused (exit 74, docs/security.md), a path that cannot be used (2), and a
+    # multi-line message of ONNX Runtime's (its first line)
+    (OSError(errno.ENOSPC, "No space left on device", "/out/b/model.onnx.data"), 74,
+     "error: cannot write '/out/b/model.onnx.data': No space left on device"),
+    (OSError(errno.EROFS, "Read-only file system"), 74, "error: cannot write an output: Read-only file system"),
+    (PermissionError(errno.EACCES, "Permission denied", "/etc/x"), 2, "error: cannot use '/etc/x': Permission denied"),
+    (BackendError("ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION\n"
+                  "Status Message: bad\nStacktrace:\n  frame"), 2,
+     "error: ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION"),
 ])
 def test_every_failure_is_one_line_with_its_exit_code(exc, code, line, capsys, monkeypatch):
     from specedge.cli import main as cli_main

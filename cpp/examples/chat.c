@@ -28,12 +28,24 @@ static void on_sigint(int sig) {
   interrupted = 1;
 }
 
+/* The first write to stdout that failed: EPIPE (the reader left) ends the chat quietly, as
+ * `specedge chat`; any other (a full disk) ends it with one error line and exit code 74. */
+static int out_errno = 0;
+
+static int put_out(const char* text, size_t len) {
+  if (out_errno) return -1;
+  errno = 0;
+  if ((len && fwrite(text, 1, len, stdout) != len) || fflush(stdout) != 0) {
+    out_errno = errno ? errno : EIO;
+    return -1;
+  }
+  return 0;
+}
+
 static int on_token(void* user, int32_t token, const char* text, size_t len) {
   (void)user;
   (void)token;
-  fwrite(text, 1, len, stdout);
-  fflush(stdout);
-  return interrupted ? 1 : 0; /* non-zero cancels the generation */
+  return (put_out(text, len) || interrupted) ? 1 : 0; /* non-zero cancels the generation */
 }
 
 typedef struct {
@@ -133,6 +145,7 @@ static int parse_int(const char* opt, const char* value, int min, int* out) {
 }
 
 int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN); /* a reader that leaves makes writes fail (EPIPE) instead of killing us */
   const char* bundle = NULL;
   const char* system = NULL;
   int threads = 0, max_new = 512, stats = 0;
@@ -232,8 +245,10 @@ int main(int argc, char** argv) {
       rc = 2;
       break;
     }
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (put_out("\n", 1)) {
+      specedge_result_free(r);
+      break;
+    }
     const char* reason = specedge_result_finish_reason(r);
     if (!strcmp(reason, "cancelled")) {
       fprintf(stderr, "(interrupted)\n");
@@ -244,6 +259,10 @@ int main(int argc, char** argv) {
       if (stats) print_stats(model, r);
     }
     specedge_result_free(r);
+  }
+  if (out_errno && out_errno != EPIPE) {
+    fprintf(stderr, "error: cannot write to standard output: %s\n", strerror(out_errno));
+    rc = 74; /* an output that could not be written (docs/security.md) */
   }
   goto done;
 oom:

@@ -41,6 +41,7 @@ extern "C" {
  * written for. */
 #define SPECEDGE_ABI_VERSION 1
 #define SPECEDGE_MAX_SPEC_TOKENS 16 /* the largest k (draft tokens per round) */
+#define SPECEDGE_SEED_MAX UINT64_MAX /* sampling seeds: 0..2^64-1, as the Python runtime, CLIs and server */
 
 typedef enum specedge_status {
   SPECEDGE_OK = 0,

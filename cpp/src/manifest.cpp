@@ -361,6 +361,18 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   for (const auto& rel : referenced) resolve_inside(bundle, rel);
   for (const auto& rel : referenced)
     if (!m.files.count(rel)) fail_bundle("the manifest references '" + rel + "' but lists no checksum for it");
+  // Whatever `verify` says: opening a named pipe or a device could block forever (manifest.py's check_regular).
+  for (const auto& kv : m.files) {
+    fs::file_status st = fs::status(resolve_inside(bundle, kv.first), ec);
+    if (ec || st.type() == fs::file_type::not_found || st.type() == fs::file_type::regular) continue;
+    const char* kind = st.type() == fs::file_type::directory ? "a folder"
+                       : st.type() == fs::file_type::fifo    ? "a named pipe"
+                       : st.type() == fs::file_type::socket  ? "a socket"
+                       : st.type() == fs::file_type::character ? "a character device"
+                       : st.type() == fs::file_type::block   ? "a block device"
+                                                             : "not a file";
+    fail_bundle("the bundle's file '" + kv.first + "' is " + kind + ", not a regular file: refused before opening it");
+  }
   if (verify != "none") {
     for (const auto& kv : m.files) {
       std::string p = resolve_inside(bundle, kv.first);

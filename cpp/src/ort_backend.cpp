@@ -27,7 +27,11 @@ Ort::Env& env(const BackendOptions& opts, PoolKey* global) {
     to.SetGlobalIntraOpNumThreads(key.threads);
     to.SetGlobalInterOpNumThreads(1);
     to.SetGlobalSpinControl(key.spinning ? 1 : 0);
-    e = new Ort::Env(to, ORT_LOGGING_LEVEL_ERROR, "specedge");
+    // ONNX Runtime's Linux build writes a telemetry database under ~/.cache/Microsoft/DeveloperTools
+    // when its environment is created, unless ORT_DISABLE_TELEMETRY=1 (docs/security.md); a value
+    // the caller set (0 allows it) is kept.
+    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
+    e = new Ort::Env(to, ORT_LOGGING_LEVEL_FATAL, "specedge");
   }
   *global = key;
   return *e;
@@ -251,7 +255,7 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
     if (!ops_library.empty()) so.RegisterCustomOpsLibrary(ops_library.c_str());
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
-    so.SetLogSeverityLevel(3);
+    so.SetLogSeverityLevel(4);  // fatal only: failures come back as one Error line, not ORT's log lines too
     if (t.shared_pool) {
       so.DisablePerSessionThreads();
     } else {

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,25 @@ const char* kUsage =
 
 constexpr long long kMaxThreads = 1024;  // as the Python CLI and the C API
 
+constexpr int kExitWrite = 74;  // an output that could not be written (docs/security.md's table)
+
+// Writes to stdout through stdio, so a failed write keeps its errno: EPIPE (the reader left) ends
+// the program quietly with 0, as the Python CLI; any other (a full disk) is one error line, exit 74.
+int out_errno = 0;
+
+bool put_out(const char* text, size_t len) {
+  if (out_errno) return false;
+  errno = 0;
+  if ((len && std::fwrite(text, 1, len, stdout) != len) || std::fflush(stdout) != 0) out_errno = errno ? errno : EIO;
+  return !out_errno;
+}
+
+int output_status() {
+  if (!out_errno || out_errno == EPIPE) return 0;
+  std::fprintf(stderr, "error: cannot write to standard output: %s\n", std::strerror(out_errno));
+  return kExitWrite;
+}
+
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -35,6 +55,19 @@ long long to_int(const std::string& opt, const std::string& v) {
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end || errno) throw UsageError("argument " + opt + ": invalid int value: '" + v + "'");
   return x;
+}
+
+// A seed: 0..SPECEDGE_SEED_MAX (the Python CLI's range and message).
+uint64_t to_seed(const std::string& opt, const std::string& v) {
+  const std::string range = opt + " must be an integer from 0 to " + std::to_string(SPECEDGE_SEED_MAX) + " (2^64-1), got " + v;
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+    if (v.size() > 1 && v[0] == '-' && v.find_first_not_of("0123456789", 1) == std::string::npos) throw UsageError(range);
+    throw UsageError("argument " + opt + ": invalid int value: '" + v + "'");
+  }
+  errno = 0;
+  unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+  if (errno == ERANGE || x > SPECEDGE_SEED_MAX) throw UsageError(range);
+  return uint64_t(x);
 }
 
 double to_float(const std::string& opt, const std::string& v) {
@@ -118,9 +151,7 @@ int main(int argc, char** argv) {
         gp.top_p = to_float(a, value());
         if (!(gp.top_p > 0 && gp.top_p <= 1)) throw UsageError("--top-p must be in (0, 1], got " + std::string(argv[i]));
       } else if (a == "--seed") {
-        long long v = to_int(a, value());
-        if (v < 0) throw UsageError("--seed must be >= 0, got " + std::to_string(v));
-        gp.seed = uint64_t(v);
+        gp.seed = to_seed(a, value());
       } else if (a == "--spec-tokens") {
         long long v = to_int(a, value());
         if (v < 1 || v > SPECEDGE_MAX_SPEC_TOKENS)
@@ -197,19 +228,17 @@ int main(int argc, char** argv) {
     specedge::Result r;
     if (json) {
       r = chat ? model.generate(model.tokenize(prompt, 0), gp) : model.generate(prompt, gp);
-      std::cout << nlohmann::json{{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason},
-                                  {"stats", stats_json(r.stats, model.drafter_kind())}}
-                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                << std::endl;
+      std::string doc = nlohmann::json{{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason},
+                                       {"stats", stats_json(r.stats, model.drafter_kind())}}
+                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                        "\n";
+      if (!put_out(doc.data(), doc.size())) return output_status();
     } else {
       auto cb = [](int32_t, std::string_view text) {
-        std::cout.write(text.data(), std::streamsize(text.size()));
-        std::cout.flush();
-        return bool(std::cout);  // false: stdout was closed, stop generating
+        return put_out(text.data(), text.size());  // false: stdout failed, stop generating
       };
       r = chat ? model.generate(model.tokenize(prompt, 0), gp, cb) : model.generate(prompt, gp, cb);
-      std::cout << std::endl;
-      if (!std::cout) return 0;
+      if (!put_out("\n", 1)) return output_status();
     }
     if (stats) {
       const specedge_stats& s = r.stats;

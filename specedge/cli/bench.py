@@ -98,6 +98,9 @@ def _config(args):
     cfg.threads = args.threads
     cfg.draft = args.draft
     cfg.backend = args.backend
+    from ..runtime.sampling import check_seed
+
+    check_seed(args.seed, "--seed")  # one seed range everywhere (docs/security.md): a ValueError, exit 2
     cfg.seed = args.seed
     cfg.guard = bool(args.guard)
     cfg.tree = bool(args.tree)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import one_line
 from .generate import (add_sampling_args, check_args, format_stats, gen_kwargs, load_pipeline, require_chat_template,
                        safe_stdout)
 
@@ -83,7 +84,7 @@ def run(args) -> int:
             try:
                 stream = pipe.stream(messages=messages, **gen_kwargs(args))
             except ValueError as e:  # this message alone does not fit: say so and carry on
-                print(f"error: {e}", file=sys.stderr)
+                print(f"error: {one_line(e)}", file=sys.stderr)
                 messages.pop()
                 continue
             try:

@@ -8,7 +8,8 @@ import signal
 import sys
 import time
 
-from ..errors import UserError
+from ..errors import WRITE_ERRNOS, Terminated, UserError, write_failure
+from ..errors import raise_terminated as _raise_terminated
 from ..export.specedge_kernel import KERNELS
 from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
@@ -26,14 +27,6 @@ class TqdmProgress:
     def note(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that the export's clean-up runs."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +106,12 @@ def run(args) -> int:
     if plan.action == "reuse":
         out, m = plan.out, plan.manifest
     else:
-        out, m = export_bundle(opts, TqdmProgress(args.quiet or args.json), plan)
+        try:
+            out, m = export_bundle(opts, TqdmProgress(args.quiet or args.json), plan)
+        except OSError as e:
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            raise write_failure(e, f"the bundle '{plan.out}'") from None  # the temp folder is already removed
     if head:
         from ..training.train import TrainOptions, train_draft
         from .train_draft import _Bars

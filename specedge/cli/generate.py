@@ -40,12 +40,18 @@ def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
     p.add_argument("--stats", action="store_true", help="print speed and acceptance figures on stderr")
 
 
+MAX_COUNT = 1 << 30  # --max-new-tokens and --top-k, as the C++ CLI bounds them
+
+
 def check_args(args) -> None:
     """Argument checks that need no bundle (fail fast, one sentence each)."""
     from ..errors import UserError
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for opt, v in (("--max-new-tokens", args.max_new_tokens), ("--top-k", args.top_k)):
+        if v > MAX_COUNT:
+            raise UserError(f"{opt} must be <= {MAX_COUNT}, got {v}")
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not (0 < args.top_p <= 1):
@@ -54,8 +60,12 @@ def check_args(args) -> None:
         raise UserError(f"--top-k must be >= 0 (0 disables it), got {args.top_k}")
     if args.spec_tokens is not None and not 1 <= args.spec_tokens <= MAX_K:
         raise UserError(f"--spec-tokens must be between 1 and {MAX_K}, got {args.spec_tokens}")
-    if args.seed is not None and args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    from ..runtime.sampling import check_seed
+
+    try:
+        check_seed(args.seed, "--seed")
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     from ..runtime.api import MAX_THREADS

@@ -48,48 +48,121 @@ def _quiet_closed_stdout() -> None:
         pass
 
 
+class _GuardedStdout:
+    """sys.stdout while a command runs: a write or flush that fails (a full disk behind `> file`,
+    a failing device) becomes one OutputError naming standard output; a reader that left stays a
+    BrokenPipeError (a quiet end)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed = False
+
+    def _guard(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            from ..errors import write_failure
+
+            self.failed = True
+            raise write_failure(e, "to standard output") from None
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _ClosedStdout:
+    """sys.stdout when the process started without a descriptor 1 (`cmd >&-`): Python leaves it
+    None; a write fails as one on a closed descriptor would (EBADF), nothing else does."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        raise ValueError("standard output is closed")
+
+    def isatty(self):
+        return False
+
+    def reconfigure(self, **kwargs):
+        pass
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
-    """Run the command `argv` names. Exit codes: 0 done, 2 bad input (one `error: …` line),
-    1 an internal fault (one line; --debug shows the traceback), 130 interrupted; a closed
-    stdout ends the command quietly with 0."""
+    """Run the command `argv` names. Exit codes (docs/security.md): 0 done, 2 bad input (one
+    `error: …` line), 74 an output that could not be written, 1 an internal fault (one line;
+    --debug shows the traceback), 130 interrupted; a closed stdout ends the command quietly with 0."""
+    from ..errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WRITE, WRITE_ERRNOS, one_line
+
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
+    stdout = sys.stdout
+    guarded = sys.stdout = _GuardedStdout(stdout if stdout is not None else _ClosedStdout())
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        guarded.flush()  # what is still buffered fails here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         _quiet_closed_stdout()
         return 0
     except expected_errors() as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 2)
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USAGE)
     except ValueError as e:
         # Validation inside the library (sampling parameters, k, …) raises ValueError with a
         # sentence meant for the user.
         if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        print(f"error: {one_line(e) or type(e).__name__}", file=sys.stderr)
+        return EXIT_USAGE
     except MemoryError:
         if debug:
             raise
         print("error: out of memory", file=sys.stderr)
-        return 1
+        return EXIT_FAULT
+    except OSError as e:
+        # The system refused a file or a write: about the machine or the input, not a bug.
+        if debug:
+            raise
+        reason = e.strerror or one_line(e) or type(e).__name__
+        if e.errno in WRITE_ERRNOS:
+            where = f"'{e.filename}'" if e.filename else "an output"
+            print(f"error: cannot write {where}: {reason}", file=sys.stderr)
+            return EXIT_WRITE
+        if e.filename:
+            print(f"error: cannot use '{e.filename}': {reason}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"error: internal error: {type(e).__name__}: {reason} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_FAULT
     except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback behind --debug
         if debug:
             raise
-        print(f"error: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug for the traceback)",
+        print(f"error: internal error: {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)",
               file=sys.stderr)
-        return 1
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+        return EXIT_FAULT
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = stdout
+        if guarded.failed and stdout is not None:
+            _quiet_closed_stdout()  # the unwritable rest must not fail again in the interpreter's exit
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,21 +53,21 @@ def _load(bundle: str):
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..plan import DEVICES, custom_device, format_plan, plan_memory, with_reserve
+    from ..plan import DEVICES, check_max_seq, custom_device, format_plan, plan_memory, with_reserve
 
-    if args.max_seq is not None and args.max_seq < 1:
-        raise UserError(f"--max-seq must be positive, got {args.max_seq}")
-    if args.reserve_gb is not None and args.reserve_gb < 0:
-        raise UserError(f"--reserve-gb must be >= 0, got {args.reserve_gb}")
+    # every number is checked before the bundle is read: one sentence, exit 2
+    try:
+        if args.max_seq is not None:
+            check_max_seq(args.max_seq)
+        if args.device:
+            device = DEVICES[args.device]
+            if args.reserve_gb is not None:
+                device = with_reserve(device, args.reserve_gb)
+        else:
+            device = custom_device(args.memory_gb, args.reserve_gb)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     manifest = _load(args.bundle)
-    if args.device:
-        device = DEVICES[args.device]
-        if args.reserve_gb is not None:
-            device = with_reserve(device, args.reserve_gb)
-    else:
-        if not args.memory_gb or args.memory_gb <= 0:
-            raise UserError(f"--memory-gb must be positive, got {args.memory_gb}")
-        device = custom_device(args.memory_gb, args.reserve_gb)
     plan = plan_memory(manifest, device, args.max_seq)
     if args.json:
         print(json.dumps({"bundle": str(args.bundle)} | plan.to_json(), indent=2))

@@ -1,13 +1,16 @@
 """`specedge train-draft BUNDLE`: train a draft head (EAGLE-3 style) for the bundle's target and
-write it into the bundle (specedge/training). Exit code 0 done, 2 bad input, 130 interrupted (the
-bundle is then as it was; a later run resumes from the checkpoint)."""
+write it into the bundle (specedge/training). Exit code 0 done, 2 bad input, 74 a write that failed,
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM): the bundle is then as it was, and the steps
+made so far are saved in the checkpoint a later run resumes from."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+from pathlib import Path
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -97,7 +100,8 @@ class _Bars:
 
 
 def run(args) -> int:
-    from ..training.train import TrainOptions, train_draft
+    from ..errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, raise_terminated
+    from ..training.train import TrainOptions, default_checkpoint, train_draft
 
     o = TrainOptions(budget=args.budget, seed=args.seed, device=args.device, steps=args.steps,
                      draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
@@ -106,9 +110,21 @@ def run(args) -> int:
                      doc_tokens=args.doc_tokens, max_prompts=args.max_prompts,
                      threads=args.threads, checkpoint=args.checkpoint, resume=not args.no_resume)
     bars = _Bars(args.quiet or args.json)
+    # SIGTERM (a service manager, `timeout`) stops the run as Ctrl-C does: through the training
+    # loop's clean-up, which saves a checkpoint a later run resumes from.
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         m = train_draft(args.bundle, o, progress=bars)
+    except (KeyboardInterrupt, Terminated) as e:
+        bars.close()
+        ck = Path(o.checkpoint) if o.checkpoint else default_checkpoint(Path(args.bundle))
+        saved = (f"the training so far is saved in '{ck}': run again to resume" if (ck / "checkpoint.pt").is_file()
+                 else "no training step was saved")
+        stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(f"error: {stopped}: the bundle is as it was; {saved}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     finally:
+        signal.signal(signal.SIGTERM, previous)
         bars.close()
     t = m.head.extra.get("training", {})
     if args.json:

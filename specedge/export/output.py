@@ -128,6 +128,33 @@ def _source_name(source) -> str | None:
     return source.get("path") if isinstance(source, dict) else source
 
 
+# What specedge itself writes into a bundle besides the files its manifest lists: TensorRT plans
+# (build-engines), the manifest's own temp file, and a draft head's folders (train-draft).
+_OWN_EXTRAS = re.compile(r"^(engines/.+|manifest\.json\.tmp|\.?head-[0-9a-f]{8}(\.partial)?/"
+                         r"(model\.onnx|model\.onnx\.data|draft_vocab\.json))$")
+
+
+def _unverified(out: Path) -> str | None:
+    """Why `out` is not verifiably a specedge bundle (its manifest does not load with every listed
+    file at its size, or it holds files the bundle does not account for), or None when it is."""
+    try:
+        m = load_manifest(out, verify="size")
+    except BundleError as e:
+        return f"it is damaged ({e})"
+    listed = set(m.files) | {MANIFEST_NAME}
+    stray = []
+    for dirpath, dirnames, filenames in os.walk(out):
+        base = Path(dirpath).relative_to(out)
+        for name in filenames + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
+            rel = (base / name).as_posix()
+            if rel not in listed and not _OWN_EXTRAS.match(rel):
+                stray.append(rel)
+    if stray:
+        shown = ", ".join(f"'{r}'" for r in sorted(stray)[:3])
+        return f"it holds files its manifest does not list ({shown}{', …' if len(stray) > 3 else ''})"
+    return None
+
+
 def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
     """Decide about `out` (see the module docstring); raises UserError for a refusal."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -157,7 +184,13 @@ def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
         else:
             return OutputPlan(out, "reuse", record, manifest)
     if force:
-        return OutputPlan(out, "replace", record)
+        if damage is None:
+            damage = _unverified(out)
+        if damage is None:
+            return OutputPlan(out, "replace", record)
+        raise UserError(f"output folder '{out}' is not verifiably a specedge bundle: {damage}; nothing replaced "
+                        "(--force replaces only a bundle whose files match its manifest: remove the folder yourself "
+                        "or choose another --out)")
     why = f"it is damaged ({damage})" if damage else "; ".join(diffs[:3])
     raise UserError(f"output folder '{out}' already exists and holds a specedge bundle that is not current: "
                     f"{why} (use --force to replace it)")

@@ -42,7 +42,7 @@ from .policy import CostModel
 # typo that would spawn threads until memory runs out (the C API and both CLIs share the cap).
 MAX_THREADS = 1024
 
-__all__ = ["load", "Pipeline", "PipelineBusyError", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
+__all__ = ["load", "Pipeline", "PipelineBusyError", "PipelineClosedError", "Tokenizer", "TextStream", "Result", "GenerationConfig"]
 
 
 # ----------------------------------------------------------------------------- tokenizer + template
@@ -214,6 +214,10 @@ class PipelineBusyError(RuntimeError):
     """A request on a pipeline from the thread that already holds it (an open stream)."""
 
 
+class PipelineClosedError(RuntimeError):
+    """A request on a pipeline after its `close()`."""
+
+
 class _RequestLock:
     """One request at a time per pipeline: other threads wait their turn; the thread that holds
     it (a stream it opened is still open) is refused, since waiting would deadlock it and running
@@ -278,6 +282,7 @@ class Pipeline:
         self.vocab = vocab
         self.costs = CostModel()
         self._requests = _RequestLock()
+        self._closed = False
         self._open_stream = None  # weakref to the stream holding the pipeline, if any
         self.generator = Generator(
             target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
@@ -314,7 +319,7 @@ class Pipeline:
         """Warm up every call shape the loop uses and measure its cost (median of `repeats`):
         target T = 1 .. k+1, draft T=1. Seeds the speculation guard's cost model. Leaves the
         caches empty."""
-        self._requests.acquire("calibrate()")
+        self._begin("calibrate()")
         try:
             return self._calibrate(repeats)
         finally:
@@ -348,6 +353,18 @@ class Pipeline:
         self.generator.reset()
         return out
 
+    def _begin(self, what: str) -> None:
+        """Take the pipeline for a request, or refuse one on a closed pipeline."""
+        self._requests.acquire(what)
+        if self._closed:
+            self._requests.release()
+            raise PipelineClosedError(f"the pipeline is closed: close() freed its sessions, so {what.split('(')[0]} "
+                                      "cannot run (load() the bundle again)")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     @property
     def busy(self) -> bool:
         """True while a request (a `generate` call or an open stream) holds the pipeline."""
@@ -362,6 +379,9 @@ class Pipeline:
             stream.close()
         self._requests.acquire("close()")
         try:
+            if self._closed:
+                return
+            self._closed = True
             for b in (self.target, self.draft_backend):
                 if b is not None:
                     b.close()
@@ -431,7 +451,7 @@ class Pipeline:
                                adaptive_k, guard, tree).validate()
         self.generator.check_tree(cfg)
         ids = self.encode(prompt, messages, token_ids)
-        self._requests.acquire("stream()")
+        self._begin("stream()")
         stream = TextStream(self.generator.run(ids, cfg), self._requests.release)
         self._open_stream = weakref.ref(stream)
         return stream

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract import SEED_MAX
+
 __all__ = ["SamplingParams", "probs_from_logits", "make_rng", "sample"]
 
 
@@ -57,15 +59,17 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.top_k != int(self.top_k):
             raise ValueError(f"top_k must be an integer, got {self.top_k}")
-        _check_seed(self.seed)
+        check_seed(self.seed)
         return self
 
 
-def _check_seed(seed) -> None:
+def check_seed(seed, name: str = "seed") -> None:
+    """Refuse a seed outside 0..SEED_MAX (None: a fresh seed from the OS) with one sentence."""
     if seed is None:
         return
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{name} must be an integer from 0 to {SEED_MAX} (2^64-1), got {seed!r}")
+
 
 
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -151,7 +155,7 @@ def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
 
 def make_rng(seed: int | None) -> np.random.Generator:
     """A PCG64 generator; `None` seeds from the OS (non-reproducible on purpose)."""
-    _check_seed(seed)
+    check_seed(seed)
     return np.random.default_rng(seed)
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from ..contract import MAX_SPEC_TOKENS
+from ..contract import MAX_SPEC_TOKENS, SEED_MAX
 
 MAX_STOP = 4
 MAX_TASK_LEN = 64
@@ -63,7 +63,7 @@ class _Common(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(0, ge=0)
-    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
+    seed: StrictInt | None = Field(None, ge=0, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

@@ -31,8 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
-from ..manifest import Manifest, load_manifest, target_fingerprint
+from ..errors import UserError, write_failure
+from ..manifest import MAX_MAX_SEQ, Manifest, load_manifest, target_fingerprint
+from ..runtime.sampling import check_seed
+from .paths import check_paths, clean_leftovers, lock_bundle, signals_held
 
 __all__ = ["TrainOptions", "parse_budget", "train_draft"]
 
@@ -84,23 +86,42 @@ def parse_budget(text) -> tuple[str, float]:
         kind, amount = "tokens", value * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[unit]
     if amount <= 0:
         raise UserError(f"--budget must be more than 0, got '{raw}'")
+    if not amount <= (1e15 if kind == "tokens" else 1e9):
+        raise UserError(f"--budget must be at most 1e15 tokens or 1e9 minutes, got '{raw}'")
     return kind, amount
+
+
+# (option, lowest, highest): the highest far above any useful value, low enough that no size derived
+# from it overflows or asks for absurd memory before the first step
+_BOUNDS = (("steps", 1, 64), ("draft_vocab", 2, 4_000_000), ("seq_len", 8, MAX_MAX_SEQ), ("batch", 1, 1 << 16),
+           ("warmup", 0, 1 << 30), ("answer_tokens", 0, MAX_MAX_SEQ), ("doc_tokens", 0, 1 << 30),
+           ("sampled_answers", 0, 1000), ("soft_labels", 0, 1024))
 
 
 def _check_options(o: TrainOptions) -> None:
     if o.device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda, got '{o.device}'")
-    for name, lo in (("steps", 1), ("draft_vocab", 2), ("seq_len", 8), ("batch", 1), ("warmup", 0),
-                     ("answer_tokens", 0), ("doc_tokens", 0), ("sampled_answers", 0), ("soft_labels", 0)):
+    for name, lo, hi in _BOUNDS:
         v = getattr(o, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UserError(f"--{name.replace('_', '-')} must be an integer of at least {lo}, got {v!r}")
+        if v > hi:
+            raise UserError(f"--{name.replace('_', '-')} must be at most {hi}, got {v}")
+    from ..runtime.api import MAX_THREADS
+
+    for name, v, hi in (("max-prompts", o.max_prompts, 1 << 20), ("threads", o.threads, MAX_THREADS)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi):
+            raise UserError(f"--{name} must be an integer from 1 to {hi}, got {v!r}")
     if o.train_dtype not in ("auto", "fp32", "bf16"):
         raise UserError(f"--train-dtype must be auto, fp32 or bf16, got '{o.train_dtype}'")
     if o.answers_by not in ("auto", "target", "draft"):
         raise UserError(f"--answers-by must be auto, target or draft, got '{o.answers_by}'")
-    if not o.lr > 0:
-        raise UserError(f"--lr must be more than 0, got {o.lr}")
+    if not (o.lr > 0 and math.isfinite(o.lr)):
+        raise UserError(f"--lr must be a finite number more than 0, got {o.lr}")
+    try:
+        check_seed(o.seed, "--seed")
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if o.answer_tokens == 0 and o.doc_tokens == 0:
         raise UserError("no training data: --answer-tokens and --doc-tokens are both 0")
 
@@ -279,10 +300,6 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     require_export_extra()  # torch, onnx: one error line naming the extra when they are missing
     import torch
 
-    from ..export.head_graph import write_head
-    from ..models.eagle_head import head_for_target
-    from .data import add_soft_labels, answer_writer, build_data, doc_piece_len, load_data, save_data
-
     kind, amount = parse_budget(o.budget)
     say = progress or (lambda stage, done, total, info=None: None)
     bundle = Path(bundle)
@@ -292,15 +309,36 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                         "re-export it with `export-models --features` (or `--draft head`)")
     if o.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no CUDA device here")
+    ck_dir = Path(o.checkpoint) if o.checkpoint else default_checkpoint(bundle)
+    check_paths(bundle, ck_dir)  # before minutes of work: a path this run could not write is refused now
+    lock = lock_bundle(bundle)
+    try:
+        m = load_manifest(bundle, verify="size")  # read again under the lock: a run that just ended may have added a head
+        clean_leftovers(bundle, {rel.split("/")[0] for rel in m.files}, ck_dir)  # folders the manifest uses stay
+        return _train(bundle, m, o, kind, amount, ck_dir, say)
+    finally:
+        os.close(lock)
+
+
+def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float, ck_dir: Path, say) -> Manifest:
+    import torch
+
+    from ..export.head_graph import write_head
+    from ..models.eagle_head import head_for_target
+    from .data import add_soft_labels, answer_writer, build_data, doc_piece_len, load_data, save_data
+
     t_start = time.monotonic()
     deadline = t_start + 60 * amount if kind == "minutes" else None
     fp = target_fingerprint(m)
-    ck_dir = Path(o.checkpoint) if o.checkpoint else default_checkpoint(bundle)
     ck_file = ck_dir / "checkpoint.pt"
     state = None
     if o.resume and ck_file.is_file():
-        state = torch.load(ck_file, weights_only=True)
-        if state.get("target_fingerprint") != fp:
+        try:
+            state = torch.load(ck_file, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
+            raise UserError(f"the checkpoint '{ck_file}' cannot be read ({type(e).__name__}): remove it or pass "
+                            "--no-resume") from None
+        if not isinstance(state, dict) or state.get("target_fingerprint") != fp:
             raise UserError(f"the checkpoint '{ck_file}' was trained for another target (its target checksum "
                             "differs): remove it or pass --no-resume")
 
@@ -319,11 +357,11 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         if not data.tokens:
             raise UserError(f"no training data could be made: every prompt leaves too little room for an answer "
                             f"in the bundle's max_seq ({m.max_seq}); add documentation text with --doc-tokens N")
-        save_data(data, ck_dir, data_meta)
+        _save_data(save_data, data, ck_dir, data_meta)
     elif data.soft_k < o.soft_labels:
         # data saved by a run with fewer (or no) soft labels: label it again rather than write it again
         data = add_soft_labels(data, m, o.soft_labels, o.threads, lambda d, t: say("labels", d, t, None))
-        save_data(data, ck_dir, data_meta)
+        _save_data(save_data, data, ck_dir, data_meta)
 
     data_seconds = time.monotonic() - t_start
     torch.manual_seed(o.seed)
@@ -366,48 +404,61 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
         return o.lr * w * max(0.05, 1.0 - i / total_steps)
 
     def save_checkpoint() -> None:
-        ck_dir.mkdir(parents=True, exist_ok=True)
         tmp = ck_file.with_suffix(".tmp")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
-                    "target_fingerprint": fp, "d2t": head.d2t.cpu(), "options": asdict(o)}, tmp)
-        os.replace(tmp, ck_file)
+        try:
+            ck_dir.mkdir(parents=True, exist_ok=True)
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
+                        "target_fingerprint": fp, "d2t": head.d2t.cpu(), "options": asdict(o)}, tmp)
+            os.replace(tmp, ck_file)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise write_failure(e, f"the checkpoint '{ck_file}'") from None
 
     last_save = time.monotonic()
     loss_ema = acc_ema = None
     head.train()
     total_tok = int(amount) if kind == "tokens" else None
-    while True:
-        if kind == "tokens" and tokens >= amount:
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        epoch, pos = divmod(step * o.batch, len(wins))
-        order = np.random.RandomState(o.seed + epoch).permutation(len(wins))
-        pick = [wins[order[(pos + b) % len(wins)]] for b in range(o.batch)]
-        ids, feats, dl, lab = (x.to(dev) for x in _batch(data, pick, t2d, o.seq_len))
-        soft = (tuple(x.to(dev) for x in _soft_batch(data, pick, t2d, o.seq_len, o.soft_labels))
-                if o.soft_labels else None)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        with step_autocast(dev, step_dtype):
-            loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        tokens += n
-        hits_n = [hits_n[0] + hits, hits_n[1] + n]
-        lv = float(loss.detach())
-        loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
-        acc = hits / max(n, 1)
-        acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
-        elapsed = time.monotonic() - t_start
-        say("training", tokens if total_tok else int(elapsed), total_tok or int(60 * amount),
-            {"loss": loss_ema, "top1": acc_ema, "step": step})
-        if time.monotonic() - last_save >= o.checkpoint_every_s:
-            save_checkpoint()
-            last_save = time.monotonic()
+    saved_step = step
+    try:
+        while True:
+            if kind == "tokens" and tokens >= amount:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            epoch, pos = divmod(step * o.batch, len(wins))
+            order = np.random.RandomState((o.seed + epoch) % 2**32).permutation(len(wins))
+            pick = [wins[order[(pos + b) % len(wins)]] for b in range(o.batch)]
+            ids, feats, dl, lab = (x.to(dev) for x in _batch(data, pick, t2d, o.seq_len))
+            soft = (tuple(x.to(dev) for x in _soft_batch(data, pick, t2d, o.seq_len, o.soft_labels))
+                    if o.soft_labels else None)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            with step_autocast(dev, step_dtype):
+                loss, hits, n = _loss(head, ids, feats, dl, lab, o.steps, d2t_dev, soft)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            tokens += n
+            hits_n = [hits_n[0] + hits, hits_n[1] + n]
+            lv = float(loss.detach())
+            loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
+            acc = hits / max(n, 1)
+            acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
+            elapsed = time.monotonic() - t_start
+            say("training", tokens if total_tok else int(elapsed), total_tok or int(60 * amount),
+                {"loss": loss_ema, "top1": acc_ema, "step": step})
+            if time.monotonic() - last_save >= o.checkpoint_every_s:
+                save_checkpoint()
+                last_save, saved_step = time.monotonic(), step
+    except BaseException:
+        # Ctrl-C, SIGTERM (raised as an exception by the CLI) or a failure: keep the steps made since
+        # the last checkpoint, so that a later run resumes from them; a second signal waits.
+        if step > saved_step:
+            with signals_held():
+                save_checkpoint()
+        raise
     if step == 0:
         # a minutes budget counts the whole run: data building can use all of it, and a head that
         # never trained must not replace the bundle's (the data is saved: a second run starts training)
@@ -424,4 +475,14 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
                 "soft_labels": o.soft_labels,
                 "train_dtype": step_dtype,
                 "answers_by": writer}
-    return write_head(bundle, head, training)
+    try:
+        return write_head(bundle, head, training)
+    except OSError as e:
+        raise write_failure(e, f"the draft head into '{bundle}'") from None
+
+
+def _save_data(save_data, data, ck_dir: Path, meta: dict) -> None:
+    try:
+        save_data(data, ck_dir, meta)
+    except OSError as e:
+        raise write_failure(e, f"the training data into '{ck_dir}'") from None

@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from ...errors import one_line
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
 from .base import Backend, BackendError, import_optional
 from ...contract import FEATURES_OUTPUT, TREE_INPUT, check_graph_names, expected_names, reserved_call_size
@@ -169,7 +170,8 @@ class OrtBackend(Backend):
     session_config: extra `add_session_config_entry` pairs.
     use_env_allocators: share the environment's registered allocator between sessions.
     graph_optimization: all (default), extended, basic or none. log_level: ONNX Runtime's
-      severity threshold (0 verbose .. 4 fatal; default 3, errors).
+      severity threshold (0 verbose .. 4 fatal; default 4: ONNX Runtime's own error lines, often
+      several per failure, stay off stderr, and the failure reaches the caller as one BackendError).
     """
 
     name = "ort-cpu"
@@ -188,7 +190,7 @@ class OrtBackend(Backend):
         session_config: dict | None = None,
         use_env_allocators: bool = False,
         graph_optimization: str = "all",
-        log_level: int = 3,
+        log_level: int = 4,
     ):
         super().__init__(manifest, spec)
         ort = _import_ort()
@@ -221,7 +223,7 @@ class OrtBackend(Backend):
             so.inter_op_num_threads = 1
             if threads is not None:
                 so.intra_op_num_threads = threads
-        so.log_severity_level = int(log_level)  # 3 = errors only; 2 shows warnings (tests look for copies)
+        so.log_severity_level = int(log_level)  # 4 = fatal only; 2 shows warnings (tests look for copies)
         if not self.allow_spinning:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
             so.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -244,7 +246,7 @@ class OrtBackend(Backend):
         try:
             self.session = ort.InferenceSession(str(self.graph_path), so, providers=names, provider_options=popts)
         except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = one_line(e) or type(e).__name__
             raise BackendError(f"ONNX Runtime cannot load the {spec.role} graph '{graph.path}': {first}") from None
 
         want_in, want_out = self._expected_names()
@@ -367,7 +369,8 @@ class OrtBackend(Backend):
         try:
             self.session.run_with_iobinding(b, self._run_options)
         except Exception as e:
-            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): {e}") from None
+            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): "
+                               f"{one_line(e)}") from None
         if self.kv_mode == "delta":
             L2, H, D = 2 * self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
             new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)

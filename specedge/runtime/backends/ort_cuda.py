@@ -217,7 +217,7 @@ class OrtCudaBackend(Backend):
         from . import ort as ort_cpu
 
         so = self.ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # errors reach the caller as exceptions, one line (ort.py)
         # a process pool made by a shared_pool CPU backend: onnxruntime then refuses sessions with
         # pools of their own (the GPU session's CPU threads only run the few host-side nodes)
         if ort_cpu._POOL is not None:
