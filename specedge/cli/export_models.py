@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..errors import UserError
-from ..export.specedge_kernel import KERNELS
+from ..export.specedge_kernel import EXPORT_KERNELS
 from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
 
@@ -71,10 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the graphs also take tree calls (an ancestor mask input, tree_mask) for tree verification; "
                    "chains run on them as before")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
-    p.add_argument("--int4-kernel", default="matmulnbits", choices=KERNELS,
-                   help="what runs an int4 graph's GGUF Q4_1 weights: ONNX Runtime's MatMulNBits plus a block-min "
-                   "correction (default matmulnbits), or specedge's own CPU kernel (libspecedge_ops, built with the "
-                   "C++ runtime; int4 steps ~0.7x the time, ort-cpu only)")
+    p.add_argument("--int4-kernel", default="auto", choices=EXPORT_KERNELS,
+                   help="which graphs an int4 model gets for its GGUF Q4_1 weights: auto (default) both, over one "
+                   "weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
+                   "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
+                   "(specedge: refused where its kernels do not run)"),
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

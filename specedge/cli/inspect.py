@@ -167,6 +167,7 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
             extra = f"  (self draft: the {spec.extra['self_draft_of']} re-exported)"
         lines.append(f"{spec.role:<7}      {spec.family}  {spec.kind}  {spec.precision}{extra}")
         lines.append(f"  weights    {weights}")
+        lines += _int4_kernel_lines(spec)
         if spec.role == "target":
             if any(g.batch_invariant for g in spec.graphs):
                 steps = ("batch-invariant graph: single-token steps run as 1 token and give a verification row's "
@@ -220,6 +221,22 @@ def run(args) -> int:
     else:
         print(format_report(m, str(args.bundle), args.verify))
     return 0
+
+
+def _int4_kernel_lines(spec) -> list[str]:
+    """For an int4 model with a graph per kernel: which one ort-cpu runs here, and why
+    (runtime/int4_kernel.py; steps on the MatMulNBits graph are padded to stay exact)."""
+    from ..runtime.int4_kernel import KernelChoiceError, choose
+
+    if spec.precision != "int4" or len(spec.graphs) < 2 or not any(g.custom_ops for g in spec.graphs):
+        return []
+    try:
+        c = choose(spec, "ort-cpu", note=False)
+    except KernelChoiceError as e:  # pragma: no cover - auto never refuses
+        return [f"  int4       {e}"]
+    graphs = ", ".join(f"{Path(g.path).name} ({'specedge' if g.custom_ops else 'MatMulNBits'})"
+                       for g in spec.graphs if "ort-cpu" in g.backends)
+    return [f"  int4       {c.kernel} here ({c.reason}); graphs: {graphs}"]
 
 
 def _kernel_path() -> str:
