@@ -203,3 +203,11 @@ def test_cpp_runtime_chooses_as_python_does(tiny_bundle_factory, tmp_path):
                        text=True, timeout=300, env={**os.environ, "SPECEDGE_INT4_KERNEL": "specedge",
                                                     "SPECEDGE_OPS_LIB": str(tmp_path / "absent.so")})
     assert r.returncode != 0 and "--int4-kernel specedge: libspecedge_ops.so is not installed" in r.stderr
+
+
+def test_inspect_steps_follow_the_graph_that_runs_here(tiny_bundle_factory, hide_kernels):
+    from specedge.cli.inspect import format_report
+    from specedge.manifest import load_manifest
+
+    text = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="none"), "b")
+    assert "steps      batch-invariant: single-token steps run as 2 tokens" in text  # the MatMulNBits twin

@@ -146,8 +146,9 @@ def run(args) -> int:
 
 
 def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
-    """A line for an int4 export on ONNX Runtime's kernels when this machine has specedge's own
-    with a fast path: they step about twice as fast and need no padded steps (README, "int4 targets")."""
+    """A line for an int4 export on ONNX Runtime's kernels only (--int4-kernel matmulnbits) when
+    this machine has specedge's own with a fast path: they step about twice as fast and need no
+    padded steps (README, "int4 targets")."""
     int4 = [s.role for s in (m.target, m.draft) if s.is_model and s.precision == "int4"]
     if quiet or int4_kernel != "matmulnbits" or not int4:
         return None
@@ -159,8 +160,9 @@ def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
         return None
     if isa == "portable":
         return None
-    return (f"tip: this machine has specedge's int4 kernels ({isa}): --int4-kernel specedge makes the int4 "
-            f"{' and '.join(int4)} steps about twice as fast, and exact without padded steps")
+    return (f"tip: this machine has specedge's int4 kernels ({isa}): without --int4-kernel matmulnbits the bundle "
+            f"also gets their graph, which makes the int4 {' and '.join(int4)} steps about twice as fast, and exact "
+            f"without padded steps")
 
 
 def main(argv: list[str] | None = None) -> int:

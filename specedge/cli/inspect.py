@@ -169,7 +169,7 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
         lines.append(f"  weights    {weights}")
         lines += _int4_kernel_lines(spec)
         if spec.role == "target":
-            if any(g.batch_invariant for g in spec.graphs):
+            if _runs_batch_invariant(spec):
                 steps = ("batch-invariant graph: single-token steps run as 1 token and give a verification row's "
                          "bits, so greedy speculation equals target-only exactly (checked when a pipeline loads)")
             elif wants_invariant_steps(spec.precision):
@@ -221,6 +221,17 @@ def run(args) -> int:
     else:
         print(format_report(m, str(args.bundle), args.verify))
     return 0
+
+
+def _runs_batch_invariant(spec) -> bool:
+    """Whether the graph ort-cpu runs here (of an int4 model's two, the chosen one) is batch-invariant."""
+    from ..manifest import BundleError
+    from ..runtime.int4_kernel import KernelChoiceError, choose
+
+    try:
+        return choose(spec, "ort-cpu", note=False).graph.batch_invariant
+    except (KernelChoiceError, BundleError):
+        return any(g.batch_invariant for g in spec.graphs)
 
 
 def _int4_kernel_lines(spec) -> list[str]:
