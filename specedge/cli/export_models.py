@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "chains run on them as before")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--int4-kernel", default="auto", choices=EXPORT_KERNELS,
-                   help="which graphs an int4 model gets for its GGUF Q4_1 weights: auto (default) both, over one "
-                   "weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
+                   help="which graphs an int4 model gets for its GGUF Q4_1 weights (default auto): auto both, over "
+                   "one weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
                    "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
                    "(specedge: refused where its kernels do not run)"),
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
