@@ -39,7 +39,7 @@ print(json.dumps({"specedge": specedge.__file__, "lib": lib, "spec": spec.token_
 """
 
 
-def _install(venv: Path, **env) -> subprocess.CompletedProcess:
+def _install(venv: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     """A fresh venv with the project installed non-editable (pip's build isolation takes
     scikit-build-core from the configured index); its dependencies come from this environment
     (a .pth line after its own site-packages), so nothing else is installed."""
@@ -49,7 +49,7 @@ def _install(venv: Path, **env) -> subprocess.CompletedProcess:
     (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
     return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-v",
-                           str(REPO)], capture_output=True, text=True, timeout=1200, env={**clean, **env})
+                           *flags, str(REPO)], capture_output=True, text=True, timeout=1200, env={**clean, **env})
 
 
 def _probe(venv: Path, bundle: Path) -> dict:
@@ -88,3 +88,20 @@ def test_pip_install_builds_the_kernels_and_a_machine_without_a_compiler_still_i
     assert got["target"]["int4_kernel"].startswith("matmulnbits (libspecedge_ops.so is not installed")
     assert len(got["notes"]) == 1  # one note for target and draft
     assert got["spec"] == got["alone"]  # exact: padded steps on the MatMulNBits graph
+
+
+@pytest.mark.slow
+def test_an_editable_install_finds_its_kernels_in_site_packages(tmp_path):
+    """pip install -e (scripts/setup.sh): the sources stay here, the built library in the
+    environment; custom_ops finds it through the editable install's import hook."""
+    r = _install(tmp_path / "ed", "-e")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
+    out = subprocess.run([str(tmp_path / "ed" / "bin" / "python"), "-c",
+                          "import specedge; from specedge import custom_ops; "
+                          "print(specedge.__file__); print(custom_ops.library_path())"],
+                         capture_output=True, text=True, timeout=300, env=clean, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    src, lib = out.stdout.split()
+    assert src == str(REPO / "specedge" / "__init__.py")
+    assert lib.startswith(str(tmp_path / "ed")) and lib.endswith("specedge/libspecedge_ops.so")
