@@ -30,35 +30,70 @@ SCHEMA = "specedge.bench.int4_kernel_choice/1"
 KERNELS = ("matmulnbits", "specedge")
 
 
+def draft_step_ms(pipes: dict, steps: int) -> dict:
+    """Median ms of one single-token step of each pipeline's draft session, the kernels taking
+    turns every step (less exposed to a busy machine than whole generations)."""
+    import numpy as np
+
+    if not steps:
+        return {}
+    times: dict[str, list[float]] = {k: [] for k in pipes}
+    ids = np.array([42], dtype=np.int64)
+    for i in range(steps + 10):
+        for k in (KERNELS if i % 2 == 0 else KERNELS[::-1]):
+            t0 = time.perf_counter()
+            pipes[k].draft_backend.run(ids, 64 + i % 32)
+            if i >= 10:  # warm-up steps not counted
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     from specedge.bench.runner import load_prompts, select_prompts
+    from specedge.manifest import BundleError
     from specedge.runtime.api import load
+    from specedge.runtime.backends.base import BackendError
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")
     p.add_argument("--per-category", type=int, default=2, help="prompts per category (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300, help="single-token draft steps timed per kernel, alternated "
+                   "(default 300; 0 = none)")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
     args = p.parse_args(argv)
-    if args.per_category < 1 or args.max_new_tokens < 2 or args.threads < 1:
-        print("error: --per-category, --threads must be >= 1 and --max-new-tokens >= 2", file=sys.stderr)
+    if args.per_category < 1 or args.max_new_tokens < 2 or args.threads < 1 or args.steps < 0:
+        print("error: --per-category, --threads must be >= 1, --max-new-tokens >= 2, --steps >= 0", file=sys.stderr)
         return 2
 
     prompts = select_prompts(load_prompts(), per_category=args.per_category)
     load_before = os.getloadavg()[0]
-    pipes = {k: load(args.bundle, threads=args.threads, int4_kernel=k) for k in KERNELS}
+    pipes, load_s = {}, {}
+    for k in KERNELS:  # load time includes the MatMulNBits twin's constant folding
+        t0 = time.perf_counter()
+        try:
+            pipes[k] = load(args.bundle, threads=args.threads, int4_kernel=k)
+        except (BackendError, BundleError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        load_s[k] = time.perf_counter() - t0
     for k, pipe in pipes.items():
         if pipe.draft_backend is None or pipe.draft_backend.describe().get("int4_kernel", "").split()[0] != k:
             print(f"error: the bundle's draft does not run on {k} here (export it with --int4-kernel auto)",
                   file=sys.stderr)
             return 2
-    rows = []
-    for i, pr in enumerate(prompts):
-        order = KERNELS if i % 2 == 0 else KERNELS[::-1]
+    step_ms = draft_step_ms(pipes, args.steps)
+    rows, skipped = [], []
+    for pr in prompts:
+        ids = pipes[KERNELS[0]].tokenizer.encode_chat(pr["messages"])
+        if len(ids) + args.max_new_tokens > pipes[KERNELS[0]].manifest.max_seq:  # a small test bundle's context
+            skipped.append(pr["id"])
+            continue
+        order = KERNELS if len(rows) % 2 == 0 else KERNELS[::-1]
         row = {"id": pr["id"], "category": pr["category"]}
         for k in order:
-            r = pipes[k].generate(messages=pr["messages"], max_new_tokens=args.max_new_tokens)
+            r = pipes[k].generate(token_ids=ids, max_new_tokens=args.max_new_tokens)
             row[k] = {"tokens_per_s": r.stats["tokens_per_s"], "tokens": r.stats["tokens"],
                       "acceptance_rate": r.stats["acceptance_rate"], "mean_accepted": r.stats["mean_accepted"],
                       "time_draft_s": r.stats["time_draft_s"], "time_verify_s": r.stats["time_verify_s"],
@@ -70,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{pr['id']}: matmulnbits {row['matmulnbits']['tokens_per_s']:.1f}  specedge "
               f"{row['specedge']['tokens_per_s']:.1f} tok/s  x{row['ratio']:.2f}", file=sys.stderr)
+    if not rows:
+        print("error: no prompt fits the bundle's context", file=sys.stderr)
+        return 2
     out = {
         "schema": SCHEMA,
         "bundle": str(args.bundle),
@@ -79,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
         "draft_kernels": {k: pipes[k].draft_backend.describe()["int4_kernel"] for k in KERNELS},
+        "load_s": load_s,
+        "draft_step_ms_median": step_ms,
+        "draft_step_ratio_specedge_over_matmulnbits": (step_ms["specedge"] / step_ms["matmulnbits"]) if step_ms else None,
         "median_tokens_per_s": {k: statistics.median(r[k]["tokens_per_s"] for r in rows) for k in KERNELS},
         "median_ratio_specedge_over_matmulnbits": statistics.median(r["ratio"] for r in rows),
         "all_same_tokens": all(r["same_tokens"] for r in rows),
         "prompts": rows,
+        "skipped_prompts_longer_than_the_context": skipped,
     }
     for pipe in pipes.values():
         pipe.close()

@@ -211,3 +211,57 @@ def test_inspect_steps_follow_the_graph_that_runs_here(tiny_bundle_factory, hide
 
     text = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="none"), "b")
     assert "steps      batch-invariant: single-token steps run as 2 tokens" in text  # the MatMulNBits twin
+
+
+def test_the_kernel_choice_bench_refuses_bad_input(load_script, tiny_bundle_factory, capsys):
+    bench = load_script("int4_kernel_choice")
+    assert bench.main(["b", "--steps", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --per-category, --threads must be >= 1, --max-new-tokens >= 2, "
+                                               "--steps >= 0")
+    only = tiny_bundle_factory(int4_kernel="matmulnbits")  # fp32 target, int4 self-draft: one graph
+    capsys.readouterr()  # the export's own progress
+    assert bench.main([str(only), "--steps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --int4-kernel specedge: the draft model has only a matmulnbits graph (exported with "
+                   "--int4-kernel matmulnbits); re-export it without --int4-kernel"]
+
+
+@needs_fast
+def test_the_kernel_choice_bench_on_a_tiny_default_bundle(load_script, tiny_bundle_factory, tmp_path):
+    bench = load_script("int4_kernel_choice")
+    out = tmp_path / "r.json"
+    assert bench.main([str(tiny_bundle_factory(max_seq=512)), "--per-category", "2", "--max-new-tokens", "8", "--steps", "4",
+                       "--threads", "1", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["all_same_tokens"] and set(r["draft_step_ms_median"]) == {"matmulnbits", "specedge"}
+    assert r["draft_kernels"]["specedge"].startswith("specedge (asked for")
+
+
+@needs_fast
+def test_trees_follow_the_graph_that_runs(tiny_bundle_factory, hide_kernels):
+    """An auto bundle: the specedge graph (unpadded, exact trees) takes tree requests; with the
+    kernels hidden the MatMulNBits twin runs padded and refuses them, as a matmulnbits export does."""
+    from specedge.runtime.api import load
+    from specedge.runtime.generator import inexact_tree_refusal
+
+    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    with pytest.warns(RuntimeWarning, match="int4 graphs run on ONNX Runtime's MatMulNBits"):
+        pipe = load(bundle, threads=1, verify="size")
+    with pipe, pytest.raises(ValueError) as refused:
+        pipe.generate("hello", max_new_tokens=4, tree=True)
+    assert str(refused.value) == inexact_tree_refusal("int4")
+    with load(bundle, threads=1, verify="size", int4_kernel="auto") as fast:
+        pass  # still hidden: the same choice
+    assert fast.target.describe()["int4_kernel"].startswith("matmulnbits")
+
+
+@needs_fast
+def test_trees_run_on_the_specedge_graph_of_an_auto_bundle(tiny_bundle_factory):
+    from specedge.runtime.api import load
+
+    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    with load(bundle, threads=1, verify="size") as pipe:
+        assert "invariant_steps" not in pipe.target.describe()  # unpadded steps
+        tree = pipe.generate(PROMPT, max_new_tokens=12, tree=True)
+        alone = pipe.generate(PROMPT, max_new_tokens=12, speculative=False)
+    assert tree.token_ids == alone.token_ids
