@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         "draft_kernels": {k: pipes[k].draft_backend.describe()["int4_kernel"] for k in KERNELS},
         "load_s": load_s,
         "draft_step_ms_median": step_ms,
-        "draft_step_ratio_specedge_over_matmulnbits": (step_ms["specedge"] / step_ms["matmulnbits"]) if step_ms else None,
+        "draft_step_ratio_specedge_over_matmulnbits":
+            step_ms["specedge"] / step_ms["matmulnbits"] if step_ms else None,
         "median_tokens_per_s": {k: statistics.median(r[k]["tokens_per_s"] for r in rows) for k in KERNELS},
         "median_ratio_specedge_over_matmulnbits": statistics.median(r["ratio"] for r in rows),
         "all_same_tokens": all(r["same_tokens"] for r in rows),

@@ -59,8 +59,6 @@ def test_auto_export_writes_two_graphs_over_one_weights_file(tiny_bundle_factory
 
 
 def _logits(bundle, graph, ids):
-    import onnxruntime as ort
-
     from specedge.manifest import load_manifest
     from specedge.runtime.backends.ort import OrtBackend
 
@@ -230,7 +228,8 @@ def test_the_kernel_choice_bench_refuses_bad_input(load_script, tiny_bundle_fact
 def test_the_kernel_choice_bench_on_a_tiny_default_bundle(load_script, tiny_bundle_factory, tmp_path):
     bench = load_script("int4_kernel_choice")
     out = tmp_path / "r.json"
-    assert bench.main([str(tiny_bundle_factory(max_seq=512)), "--per-category", "2", "--max-new-tokens", "8", "--steps", "4",
+    assert bench.main([str(tiny_bundle_factory(max_seq=512)), "--per-category", "2", "--max-new-tokens", "8",
+                       "--steps", "4",
                        "--threads", "1", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["all_same_tokens"] and set(r["draft_step_ms_median"]) == {"matmulnbits", "specedge"}

@@ -44,8 +44,9 @@ def _install(venv: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     scikit-build-core from the configured index); its dependencies come from this environment
     (a .pth line after its own site-packages), so nothing else is installed."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", where], capture_output=True, text=True,
+                               check=True).stdout.strip())
     (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
     return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-v",

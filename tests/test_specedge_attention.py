@@ -445,8 +445,8 @@ def test_inspect_says_how_steps_run_and_where_the_kernels_are(tiny_bundle_factor
     assert f"kernels    specedge_ops: {custom_ops.library_path()}, {custom_ops.isa()} path on this CPU" in text
     monkeypatch.setenv(custom_ops.ENV, "/nowhere/libspecedge_ops.so")
     text = format_report(load_manifest(bundle, verify="none"), str(bundle))
-    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (build the C++ runtime, or set "
-            "SPECEDGE_OPS_LIB)") in text
+    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is "
+            "present, or set SPECEDGE_OPS_LIB)") in text
     plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"),
                                         verify="none"), "b")
     assert "steps      batch-invariant: single-token steps run as 2 tokens" in plain and "kernels" not in plain

@@ -257,7 +257,8 @@ def _kernel_path() -> str:
     try:
         path = custom_ops.library_path()
     except custom_ops.CustomOpsError:
-        return f"libspecedge_ops.so not found here (build the C++ runtime, or set {custom_ops.ENV})"
+        return (f"libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is present, or set "
+                f"{custom_ops.ENV})")
     try:
         isa = custom_ops.isa(path)
     except (OSError, AttributeError) as e:
