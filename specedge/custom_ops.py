@@ -1,14 +1,16 @@
-"""specedge's own ONNX Runtime CPU kernels (cpp/ops/specedge_ops.cpp, built as libspecedge_ops.so
-with the C++ runtime): where the library is, and how a session loads it.
+"""specedge's own ONNX Runtime CPU kernels (cpp/ops/specedge_ops.cpp, libspecedge_ops.so, built
+into the package by `pip install`, and beside libspecedge by the C++ runtime's build): where the
+library is, and how a session loads it.
 
-A graph that uses them names the library in its manifest entry (`GraphSpec.custom_ops`); today
-that is an int4 graph exported with `--int4-kernel specedge`, whose GGUF Q4_1 weights run in
-ai.specedge.MatMulQ41 instead of MatMulNBits plus a block-min correction and whose attention runs
-in ai.specedge.GroupQueryAttention (docs/design.md "The specedge int4 kernel")."""
+A graph that uses them names the library in its manifest entry (`GraphSpec.custom_ops`): an int4
+bundle's specedge graph, whose GGUF Q4_1 weights run in ai.specedge.MatMulQ41 instead of
+MatMulNBits plus a block-min correction and whose attention runs in
+ai.specedge.GroupQueryAttention (docs/design.md "The specedge int4 kernel")."""
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -17,19 +19,34 @@ DOMAIN = "ai.specedge"
 LIBRARY = "specedge_ops"  # the name a manifest records
 ENV = "SPECEDGE_OPS_LIB"
 _FILE = "libspecedge_ops.so"
-_REPO = Path(__file__).resolve().parents[1]
+_PACKAGE = Path(__file__).resolve().parent
+_REPO = _PACKAGE.parent
 
 
 class CustomOpsError(Exception):
     """The library a graph needs cannot be found or loaded; one sentence for the user."""
 
 
+def _installed() -> Path | None:
+    """The copy `pip install` built into the package. An editable install keeps it in
+    site-packages, not beside this file: its import hook knows it as a module file."""
+    try:
+        spec = importlib.util.find_spec(f"{__package__}.{_FILE[:-3]}")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
 def candidates() -> list[Path]:
-    """Where the library is looked for, in order: $SPECEDGE_OPS_LIB, the C++ build of this checkout
-    ($SPECEDGE_CPP_BUILD or cpp/build), then an installed copy beside Python's prefix."""
-    out = []
+    """Where the library is looked for, in order: $SPECEDGE_OPS_LIB (an override: only there),
+    the copy installed with the package, the C++ build of this checkout ($SPECEDGE_CPP_BUILD or
+    cpp/build), then an installed copy beside Python's prefix."""
+    out = [_PACKAGE / _FILE]
     if os.environ.get(ENV):
         return [Path(os.environ[ENV])]
+    installed = _installed()
+    if installed is not None and installed not in out:
+        out.append(installed)
     build = os.environ.get("SPECEDGE_CPP_BUILD")
     if build:
         out.append(Path(build) / _FILE)
@@ -47,9 +64,8 @@ def library_path(name: str = LIBRARY) -> Path:
             return p
     where = ", ".join(str(p) for p in candidates())
     raise CustomOpsError(f"the graph uses specedge's CPU kernels, but {_FILE} was not found (looked in {where}): "
-                         f"build it with the C++ runtime (bash scripts/cpp_setup.sh && cmake -S cpp -B cpp/build "
-                         f"&& cmake --build cpp/build), or set {ENV} to its path, or re-export the bundle "
-                         f"without --int4-kernel specedge")
+                         f"reinstall specedge where a C++ compiler is present (pip builds them), or set {ENV} "
+                         f"to its path, or re-export the bundle without --int4-kernel specedge")
 
 
 def isa(path: Path | None = None) -> str:

@@ -926,7 +926,8 @@ def test_trees_on_a_padded_int4_target_are_python_s_sentence(tiny_bundle_factory
     from specedge.runtime.generator import inexact_tree_refusal
 
     want = inexact_tree_refusal("int4")  # the sentence itself: tests/test_tree_runtime.py
-    b = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    b = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True,
+                            int4_kernel="matmulnbits")
     assert_usage_error(run_cpp(b, "hello", "--tree", "--max-new-tokens", 4, check=False), want)
     assert python_cli_error(b, "hello", "--tree", "--max-new-tokens", 4) == "error: " + want
     assert len(cpp_json(b, "hello", "--max-new-tokens", 4)["token_ids"]) == 4  # chains still run

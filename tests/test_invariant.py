@@ -18,7 +18,8 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8 1 2
 
 @pytest.fixture(scope="module")
 def int4_bundle(tiny_bundle_factory):
-    return tiny_bundle_factory(precision="int4", draft="ngram", max_seq=128)
+    # ONNX Runtime's MatMulNBits graph only: the graph whose single-token steps are padded
+    return tiny_bundle_factory(precision="int4", draft="ngram", max_seq=128, int4_kernel="matmulnbits")
 
 
 def test_padded_steps_equal_verification_rows_bit_for_bit(int4_bundle):
@@ -57,7 +58,8 @@ def test_last_slot_is_a_plain_single_token_call(int4_bundle):
 
 @pytest.mark.parametrize("draft", ["ngram", "model"])
 def test_greedy_speculation_on_an_int4_target_equals_target_only(tiny_bundle_factory, draft):
-    bundle = tiny_bundle_factory(precision="int4", draft="self" if draft == "model" else "ngram", max_seq=128)
+    bundle = tiny_bundle_factory(precision="int4", draft="self" if draft == "model" else "ngram", max_seq=128,
+                                 int4_kernel="matmulnbits")
     pipe = load(bundle, threads=1, verify="none", draft=draft)
     assert pipe.describe()["target"]["invariant_steps"] is True  # the int4 default
     for prompt in PROMPTS:

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "cpp" / "ops"
-ORT_INCLUDE = ROOT / "third_party" / "onnxruntime" / "include"  # scripts/cpp_setup.sh puts the headers there
+ORT_INCLUDE = OPS / "third_party" / "onnxruntime" / "include"  # the pinned headers the kernels build against
 SOURCES = [OPS / "isa.cpp", OPS / "q41_kernel.cpp", OPS / "gqa_kernel.cpp", OPS / "tests" / "ops_kernels_test.cpp"]
 # as CMake builds libspecedge_ops (Release: -O3), and no contraction of a*b+c into fma on any target
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"]
@@ -74,7 +74,7 @@ def test_a_different_rounding_is_caught(host, tmp_path):
 
 @needs_tools
 @pytest.mark.skipif(not (ORT_INCLUDE / "onnxruntime_cxx_api.h").is_file(),
-                    reason=f"ONNX Runtime headers not in {ORT_INCLUDE} (scripts/cpp_setup.sh)")
+                    reason=f"ONNX Runtime headers not in {ORT_INCLUDE}")
 def test_the_library_builds_for_aarch64(tmp_path):
     """libspecedge_ops.so itself (the ONNX Runtime ops around the kernels) cross-builds for
     aarch64 and exports what both runtimes look up; it links nothing, so no aarch64 ONNX Runtime

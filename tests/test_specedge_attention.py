@@ -462,9 +462,10 @@ def test_inspect_says_how_steps_run_and_where_the_kernels_are(tiny_bundle_factor
     assert f"kernels    specedge_ops: {custom_ops.library_path()}, {custom_ops.isa()} path on this CPU" in text
     monkeypatch.setenv(custom_ops.ENV, "/nowhere/libspecedge_ops.so")
     text = format_report(load_manifest(bundle, verify="none"), str(bundle))
-    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (build the C++ runtime, or set "
-            "SPECEDGE_OPS_LIB)") in text
-    plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="none"), "b")
+    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is "
+            "present, or set SPECEDGE_OPS_LIB)") in text
+    plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"),
+                                        verify="none"), "b")
     assert "steps      batch-invariant: single-token steps run as 2 tokens" in plain and "kernels" not in plain
 
 
@@ -516,14 +517,16 @@ def test_export_suggests_the_kernels_where_they_are_fast(tiny_checkpoint_factory
 
     ckpt = str(tiny_checkpoint_factory())
     args = ["--target", ckpt, "--precision", "int4", "--max-seq", "64"]
-    assert export_models.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert export_models.main([*args, "--int4-kernel", "matmulnbits", "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     if custom_ops.isa() != "portable":
-        assert (f"tip: this machine has specedge's int4 kernels ({custom_ops.isa()}): --int4-kernel specedge makes "
-                "the int4 target steps about twice as fast, and exact without padded steps") in out
-    for extra in (["--quiet"], ["--int4-kernel", "specedge"]):
+        assert (f"tip: this machine has specedge's int4 kernels ({custom_ops.isa()}): without --int4-kernel "
+                "matmulnbits the bundle also gets their graph, which makes the int4 target steps about twice as "
+                "fast, and exact without padded steps") in out
+    # the default (auto) writes their graph too; --int4-kernel specedge only theirs
+    for extra in (["--quiet"], ["--int4-kernel", "specedge"], ["--int4-kernel", "auto"]):
         assert export_models.main([*args, *extra, "--out", str(tmp_path / extra[-1])]) == 0
         assert "tip:" not in capsys.readouterr().out
     monkeypatch.setattr(custom_ops, "isa", lambda path=None: "portable")  # no fast path: no tip
-    assert export_models.main([*args, "--out", str(tmp_path / "p")]) == 0
+    assert export_models.main([*args, "--int4-kernel", "matmulnbits", "--out", str(tmp_path / "p")]) == 0
     assert "tip:" not in capsys.readouterr().out

@@ -40,7 +40,8 @@ def test_padded_int4_target_is_measured_despite_the_refusal(tiny_bundle_factory)
     from specedge.runtime.api import load
     from specedge.runtime.generator import inexact_tree_refusal
 
-    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=512, tree=True)
+    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=512, tree=True,
+                                 int4_kernel="matmulnbits")
     with load(bundle, threads=1, verify="size") as pipe:
         with pytest.raises(ValueError) as refused:
             pipe.generate("hello", max_new_tokens=4, tree=True)

@@ -358,7 +358,8 @@ def test_trees_are_refused_where_single_token_steps_are_padded(tiny_bundle_facto
     with tree=True, and a pipeline loaded with padding turned off on purpose, are not refused."""
     from specedge.runtime.api import load
 
-    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True)
+    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True,
+                                 int4_kernel="matmulnbits")
     pipe = load(bundle, threads=1, verify="size")
     assert pipe.target.describe().get("invariant_steps") is True
     with pytest.raises(ValueError) as e:

@@ -48,6 +48,9 @@ class Backend {
   virtual int max_call_tokens() const { return 1 << 30; }
   // Tree calls (docs/design.md, "Tree calls"; tree.h): the graph takes a tree_mask input.
   virtual bool takes_trees() const { return false; }
+  // The manifest graph this backend runs (an int4 model may have two: choose_int4_graph); null
+  // when the backend does not say.
+  virtual const GraphSpec* graph() const { return nullptr; }
   // Run a tree's t nodes at `position` with mask uint8 [t, t] (row i: i and its ancestors; checked);
   // logits [t, vocab]. Defaults refuse (tree.cpp), as Python's Backend.run_tree.
   virtual const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask);

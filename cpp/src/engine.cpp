@@ -275,7 +275,8 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   }
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
   tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision) &&
-                               !batch_invariant_here(m_.target.graph_for(bo.backend), *target_));
+                               !batch_invariant_here(target_->graph() ? *target_->graph() : m_.target.graph_for(bo.backend),
+                                                     *target_));
   if (drafter_ && m_.draft.self_draft_of == "target") drafter_->set_kv_donor(tcache_.get());
   if (head_backend)
     head_ = std::make_unique<HeadDrafter>(head_backend, tcache_.get(), read_draft_vocab(m_), vocab_, m_.prefill_chunk);

@@ -79,6 +79,7 @@ SessionThreading choose_threading(const BackendOptions& opts, const PoolKey& glo
 }
 
 struct OrtBackend::Impl {
+  const GraphSpec* graph = nullptr;  // the manifest graph this session runs (choose_int4_graph)
   const ModelSpec* spec = nullptr;
   std::unique_ptr<Ort::Session> session;
   Ort::MemoryInfo mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
@@ -204,18 +205,45 @@ void warn_if_portable(const std::string& path) {
   });
 }
 
-std::string find_ops_library(const std::string& role, const std::string& graph) {
+std::vector<std::string> ops_library_candidates() {
   std::vector<std::string> tried;
   if (const char* env = std::getenv("SPECEDGE_OPS_LIB"); env && *env) {
     tried.push_back(env);
   } else {
     Dl_info info{};
-    if (dladdr(reinterpret_cast<const void*>(&find_ops_library), &info) && info.dli_fname) {
+    if (dladdr(reinterpret_cast<const void*>(&ops_library_candidates), &info) && info.dli_fname) {
       std::string self = info.dli_fname;
       const size_t slash = self.rfind('/');
       tried.push_back((slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/libspecedge_ops.so");
     }
   }
+  return tried;
+}
+
+bool readable(const std::string& p) {
+  FILE* f = std::fopen(p.c_str(), "rb");
+  if (f) std::fclose(f);
+  return f != nullptr;
+}
+
+// "" when libspecedge_ops.so is found and has a fast path here, else why not
+std::string kernels_unavailable() {
+  for (const auto& p : ops_library_candidates()) {
+    if (!readable(p)) continue;
+    void* lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return "libspecedge_ops.so does not load (" + p + ")";
+    using IsaFn = const char* (*)();
+    auto fn = reinterpret_cast<IsaFn>(dlsym(lib, "specedge_ops_isa"));
+    const std::string isa = fn ? fn() : "";
+    dlclose(lib);
+    if (isa == "portable") return "specedge's kernels have no fast path on this CPU (no AVX2)";
+    return "";
+  }
+  return "libspecedge_ops.so is not installed";
+}
+
+std::string find_ops_library(const std::string& role, const std::string& graph) {
+  const std::vector<std::string> tried = ops_library_candidates();
   for (const auto& p : tried)
     if (FILE* f = std::fopen(p.c_str(), "rb")) {
       std::fclose(f);
@@ -228,6 +256,50 @@ std::string find_ops_library(const std::string& role, const std::string& graph) 
                "bundle without --int4-kernel specedge");
 }
 }  // namespace
+
+const GraphSpec& choose_int4_graph(const ModelSpec& spec, const std::string& backend, std::string* why) {
+  const GraphSpec* fast = nullptr;
+  const GraphSpec* plain = nullptr;
+  for (const auto& g : spec.graphs)
+    if (std::find(g.backends.begin(), g.backends.end(), backend) != g.backends.end()) {
+      const GraphSpec*& slot = g.custom_ops.empty() ? plain : fast;
+      if (!slot) slot = &g;
+    }
+  const char* env = std::getenv("SPECEDGE_INT4_KERNEL");
+  const std::string want = env && *env ? env : "auto";
+  if (want != "auto" && want != "specedge" && want != "matmulnbits")
+    fail_arg("SPECEDGE_INT4_KERNEL must be auto, specedge or matmulnbits, got '" + want + "'");
+  if (!fast || !plain) {
+    const GraphSpec& only = spec.graph_for(backend);
+    const std::string kind = only.custom_ops.empty() ? "matmulnbits" : "specedge";
+    if (spec.precision == "int4" && want != "auto" && want != kind)
+      fail_backend("--int4-kernel " + want + ": the " + spec.role + " model has only a " + kind +
+                   " graph (exported with --int4-kernel " + kind + "); re-export it without --int4-kernel");
+    if (why) *why = spec.precision == "int4" ? "the bundle's only graph" : "";
+    return only;
+  }
+  if (want == "matmulnbits") {
+    if (why) *why = "asked for with SPECEDGE_INT4_KERNEL=matmulnbits";
+    return *plain;
+  }
+  const std::string no = kernels_unavailable();
+  if (want == "specedge") {
+    if (!no.empty()) fail_backend("--int4-kernel specedge: " + no);
+    if (why) *why = "asked for with SPECEDGE_INT4_KERNEL=specedge";
+    return *fast;
+  }
+  if (no.empty()) {
+    if (why) *why = "specedge's kernels have a fast path on this CPU";
+    return *fast;
+  }
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "specedge: note: int4 graphs run on ONNX Runtime's MatMulNBits: %s (exact either way; "
+                         "specedge's kernels are faster where they run)\n", no.c_str());
+  });
+  if (why) *why = no;
+  return *plain;
+}
 
 OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
     : Backend(m, spec), impl_(new Impl) {
@@ -246,7 +318,8 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.head = spec.kind == "head";
   s.F = spec.feature_dim;
   s.HH = spec.hidden_size;
-  const GraphSpec& g = spec.graph_for(opts.backend);
+  const GraphSpec& g = choose_int4_graph(spec, opts.backend, nullptr);
+  s.graph = &g;
   s.tree = g.tree;
   std::string path = m.path(g.path);
   const std::string ops_library = g.custom_ops.empty() ? std::string() : find_ops_library(spec.role, g.path);
@@ -394,6 +467,7 @@ const float* OrtBackend::call(const int32_t* ids, int t, int position, const uin
 }
 
 bool OrtBackend::takes_trees() const { return impl_->tree; }
+const GraphSpec* OrtBackend::graph() const { return impl_->graph; }
 
 const float* OrtBackend::run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) {
   check_tree_call(t, position, mask);

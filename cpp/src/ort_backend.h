@@ -36,6 +36,12 @@ PoolKey pool_key_for(const BackendOptions& opts);
 // `global` is the process's pool (the key of the first backend).
 SessionThreading choose_threading(const BackendOptions& opts, const PoolKey& global);
 
+// Which graph ort-cpu runs for `spec`: as Python's runtime/int4_kernel.choose. An int4 model with
+// a specedge graph (custom_ops) and a MatMulNBits one takes the specedge graph where
+// libspecedge_ops.so is found and has a fast path on this CPU, else the other with one note on
+// stderr; $SPECEDGE_INT4_KERNEL=specedge|matmulnbits overrides. *why says why.
+const GraphSpec& choose_int4_graph(const ModelSpec& spec, const std::string& backend, std::string* why);
+
 class OrtBackend : public Backend {
  public:
   OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts);
@@ -49,6 +55,7 @@ class OrtBackend : public Backend {
   const SessionThreading& threading() const;
   bool copy_kv_from(const Backend& other, int start, int end) override;
   bool takes_trees() const override;
+  const GraphSpec* graph() const override;
   const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) override;
   void keep_path(int position, const std::vector<int>& path) override;
 

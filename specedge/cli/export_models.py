@@ -10,7 +10,7 @@ import time
 
 from ..errors import WRITE_ERRNOS, Terminated, UserError, write_failure
 from ..errors import raise_terminated as _raise_terminated
-from ..export.specedge_kernel import KERNELS
+from ..export.specedge_kernel import EXPORT_KERNELS
 from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
 
@@ -64,10 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the graphs also take tree calls (an ancestor mask input, tree_mask) for tree verification; "
                    "chains run on them as before")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
-    p.add_argument("--int4-kernel", default="matmulnbits", choices=KERNELS,
-                   help="what runs an int4 graph's GGUF Q4_1 weights: ONNX Runtime's MatMulNBits plus a block-min "
-                   "correction (default matmulnbits), or specedge's own CPU kernel (libspecedge_ops, built with the "
-                   "C++ runtime; int4 steps ~0.7x the time, ort-cpu only)")
+    p.add_argument("--int4-kernel", default="auto", choices=EXPORT_KERNELS,
+                   help="which graphs an int4 model gets for its GGUF Q4_1 weights (default auto): auto both, over "
+                   "one weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
+                   "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
+                   "(specedge: refused where its kernels do not run)"),
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -143,8 +144,9 @@ def run(args) -> int:
 
 
 def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
-    """A line for an int4 export on ONNX Runtime's kernels when this machine has specedge's own
-    with a fast path: they step about twice as fast and need no padded steps (README, "int4 targets")."""
+    """A line for an int4 export on ONNX Runtime's kernels only (--int4-kernel matmulnbits) when
+    this machine has specedge's own with a fast path: they step about twice as fast and need no
+    padded steps (README, "int4 targets")."""
     int4 = [s.role for s in (m.target, m.draft) if s.is_model and s.precision == "int4"]
     if quiet or int4_kernel != "matmulnbits" or not int4:
         return None
@@ -156,8 +158,9 @@ def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
         return None
     if isa == "portable":
         return None
-    return (f"tip: this machine has specedge's int4 kernels ({isa}): --int4-kernel specedge makes the int4 "
-            f"{' and '.join(int4)} steps about twice as fast, and exact without padded steps")
+    return (f"tip: this machine has specedge's int4 kernels ({isa}): without --int4-kernel matmulnbits the bundle "
+            f"also gets their graph, which makes the int4 {' and '.join(int4)} steps about twice as fast, and exact "
+            f"without padded steps")
 
 
 def main(argv: list[str] | None = None) -> int:

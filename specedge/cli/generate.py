@@ -38,6 +38,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads per ONNX Runtime session")
     p.add_argument("--verify", choices=("full", "size", "none"), default="full", help="bundle file check at load (default full: sha256)")
     p.add_argument("--stats", action="store_true", help="print speed and acceptance figures on stderr")
+    p.add_argument("--int4-kernel", choices=("auto", "specedge", "matmulnbits"), default="auto",
+                   help="which graph an int4 model with two runs on ort-cpu: auto (default) specedge's kernels where "
+                   "they have a fast path here, else ONNX Runtime's MatMulNBits; or that one")
 
 
 MAX_COUNT = 1 << 30  # --max-new-tokens and --top-k, as the C++ CLI bounds them
@@ -124,7 +127,7 @@ def load_pipeline(args):
             args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
             providers=args.provider, draft=args.draft, verify=args.verify,
             shared_pool=True,  # the CLI owns its process: target and draft on one spinning pool
-            progress=bar.step,
+            progress=bar.step, int4_kernel=getattr(args, "int4_kernel", "auto"),
         )
 
 
@@ -154,6 +157,7 @@ def format_stats(stats: dict) -> str:
             parts.append(f"{stats['fallbacks']} fallback(s) to target-only ({stats['fallback_tokens']} tokens)")
     else:
         parts.append("target only")
+    parts += [f"{role} int4 kernel {how}" for role, how in stats.get("int4_kernels", {}).items()]
     return "stats: " + " | ".join(parts)
 
 

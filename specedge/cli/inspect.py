@@ -178,8 +178,9 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
             extra = f"  (self draft: the {spec.extra['self_draft_of']} re-exported)"
         lines.append(f"{spec.role:<7}      {spec.family}  {spec.kind}  {spec.precision}{extra}")
         lines.append(f"  weights    {weights}")
+        lines += _int4_kernel_lines(spec)
         if spec.role == "target":
-            if any(g.batch_invariant for g in spec.graphs):
+            if _runs_batch_invariant(spec):
                 steps = ("batch-invariant graph: single-token steps run as 1 token and give a verification row's "
                          "bits, so greedy speculation equals target-only exactly (checked when a pipeline loads)")
             elif wants_invariant_steps(spec.precision):
@@ -244,6 +245,33 @@ def run(args) -> int:
     return 0 if check is None or check.ok else 3
 
 
+def _runs_batch_invariant(spec) -> bool:
+    """Whether the graph ort-cpu runs here (of an int4 model's two, the chosen one) is batch-invariant."""
+    from ..manifest import BundleError
+    from ..runtime.int4_kernel import KernelChoiceError, choose
+
+    try:
+        return choose(spec, "ort-cpu", note=False).graph.batch_invariant
+    except (KernelChoiceError, BundleError):
+        return any(g.batch_invariant for g in spec.graphs)
+
+
+def _int4_kernel_lines(spec) -> list[str]:
+    """For an int4 model with a graph per kernel: which one ort-cpu runs here, and why
+    (runtime/int4_kernel.py; steps on the MatMulNBits graph are padded to stay exact)."""
+    from ..runtime.int4_kernel import KernelChoiceError, choose
+
+    if spec.precision != "int4" or len(spec.graphs) < 2 or not any(g.custom_ops for g in spec.graphs):
+        return []
+    try:
+        c = choose(spec, "ort-cpu", note=False)
+    except KernelChoiceError as e:  # pragma: no cover - auto never refuses
+        return [f"  int4       {e}"]
+    graphs = ", ".join(f"{Path(g.path).name} ({'specedge' if g.custom_ops else 'MatMulNBits'})"
+                       for g in spec.graphs if "ort-cpu" in g.backends)
+    return [f"  int4       {c.kernel} here ({c.reason}); graphs: {graphs}"]
+
+
 def _kernel_path() -> str:
     """Where specedge's CPU kernels are and which path they take on this CPU."""
     from .. import custom_ops
@@ -251,7 +279,8 @@ def _kernel_path() -> str:
     try:
         path = custom_ops.library_path()
     except custom_ops.CustomOpsError:
-        return f"libspecedge_ops.so not found here (build the C++ runtime, or set {custom_ops.ENV})"
+        return (f"libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is present, or set "
+                f"{custom_ops.ENV})")
     try:
         isa = custom_ops.isa(path)
     except (OSError, AttributeError) as e:

@@ -142,8 +142,8 @@ def _optimize(model) -> onnx.ModelProto:
     return ir.serde.serialize_model(model)
 
 
-def save_with_external_data(proto: onnx.ModelProto, out_path: Path) -> None:
-    data_name = out_path.name + ".data"
+def save_with_external_data(proto: onnx.ModelProto, out_path: Path, data_name: str | None = None) -> None:
+    data_name = data_name or out_path.name + ".data"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if (out_path.parent / data_name).exists():
         os.remove(out_path.parent / data_name)

@@ -30,7 +30,7 @@ from ..manifest import (
 )
 from .extras import require_export_extra
 from .output import OutputPlan, export_record, plan_output, source_identity
-from .specedge_kernel import KERNELS, batch_invariant, custom_op_libraries
+from .specedge_kernel import EXPORT_KERNELS, batch_invariant, custom_op_libraries
 
 MIN_MAX_SEQ = 16
 DEFAULT_MAX_SEQ = 2048
@@ -81,10 +81,11 @@ class ExportOptions:
     features: bool = False
     # every model graph also takes tree calls (contract.TREE_INPUT; the manifest's graph `tree`)
     tree: bool = False
-    # which kernel runs an int4 graph's GGUF Q4_1 weights: "matmulnbits" (ONNX Runtime's, plus a
-    # block-min correction) or "specedge" (ai.specedge.MatMulQ41 from libspecedge_ops, ~1.35x
-    # faster steps; the graph then needs the library: GraphSpec.custom_ops)
-    int4_kernel: str = "matmulnbits"
+    # which graphs an int4 model gets for its GGUF Q4_1 weights: "auto" both (one weights file;
+    # the runtime picks at load, runtime/int4_kernel.py), "matmulnbits" ONNX Runtime's only (plus
+    # a block-min correction), "specedge" ai.specedge.MatMulQ41's only (libspecedge_ops; the graph
+    # then needs the library: GraphSpec.custom_ops)
+    int4_kernel: str = "auto"
 
 
 def validate_options(o: ExportOptions) -> None:
@@ -104,11 +105,13 @@ def validate_options(o: ExportOptions) -> None:
         raise UserError(f"--prefill-chunk must be at least 1, got {o.prefill_chunk}")
     graph_flavours(o.graphs, o.kv_mode, o.precision)
     graph_flavours(o.graphs, o.kv_mode, o.draft_precision)
-    if o.int4_kernel not in KERNELS:
-        raise UserError(f"--int4-kernel must be one of {', '.join(KERNELS)}, got '{o.int4_kernel}'")
-    if o.int4_kernel != "matmulnbits" and "int4" not in (o.precision, o.draft_precision if _draft_kind(o) == "self" else None):
+    if o.int4_kernel not in EXPORT_KERNELS:
+        raise UserError(f"--int4-kernel must be one of {', '.join(EXPORT_KERNELS)}, got '{o.int4_kernel}'")
+    if o.int4_kernel == "specedge" and not _has_int4(o):
         raise UserError("--int4-kernel specedge applies to int4 graphs, and this export has none: "
                         "add --precision int4 (or a self-draft with --draft-precision int4)")
+    if o.int4_kernel == "specedge":
+        _require_kernels()
     if o.block_size not in (16, 32, 64, 128, 256):
         raise UserError(f"--block-size must be 16, 32, 64, 128 or 256, got {o.block_size}")
 
@@ -130,6 +133,26 @@ def check_output(out: Path) -> None:
         raise UserError(f"output folder '{out}' is not writable ({e.strerror or type(e).__name__} in '{probe}')") from None
 
 
+def _has_int4(o: ExportOptions) -> bool:
+    return "int4" in (o.precision, o.draft_precision if _draft_kind(o) == "self" else None)
+
+
+def _require_kernels() -> None:
+    """--int4-kernel specedge writes graphs that only specedge's kernels run: refused where they
+    cannot run, rather than a bundle that fails at generate (auto writes both graphs)."""
+    from .. import custom_ops
+
+    try:
+        isa = custom_ops.isa()
+    except custom_ops.CustomOpsError as e:
+        raise UserError(f"--int4-kernel specedge: {e}") from None
+    except (OSError, AttributeError) as e:
+        raise UserError(f"--int4-kernel specedge: specedge's kernels do not load here ({e})") from None
+    if isa == "portable":
+        raise UserError("--int4-kernel specedge: specedge's kernels have no fast path on this CPU (no AVX2): "
+                        "leave --int4-kernel out (auto) to write both graphs")
+
+
 def _draft_kind(opts: ExportOptions) -> str:
     return "ngram" if opts.draft in (None, "ngram") else ("self" if opts.draft == "self" else "model")
 
@@ -147,7 +170,7 @@ def recorded_options(opts: ExportOptions) -> dict:
             "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
             "graphs": opts.graphs, **({"features": True} if opts.features else {}),
             **({"tree": True} if opts.tree else {}),
-            **({"int4_kernel": opts.int4_kernel} if opts.int4_kernel != "matmulnbits" else {})}
+            **({"int4_kernel": opts.int4_kernel} if _has_int4(opts) and opts.int4_kernel != "matmulnbits" else {})}
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -394,8 +417,12 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 work.CopyFrom(proto)
                 kernel = opts.int4_kernel if precision == "int4" and flavour == "ort" else "matmulnbits"
                 proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size, gguf=gguf,
-                                         say=lambda m: st.update(0, m), info=qinfo, kernel=kernel)
+                                         say=lambda m: st.update(0, m), info=qinfo,
+                                         kernel="specedge" if kernel == "auto" else kernel)
                 st.update(1)
+            if kernel == "auto" and custom_op_libraries(proto):
+                graphs += _write_int4_pair(tmp, rel, proto, flavour, flavours, opts.tree, progress, role)
+                continue
         else:
             share_tied_embedding(proto)
             if base_prec == "fp32":
@@ -414,6 +441,25 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
             check_graph(tmp / g.path, spec, opts.kv_mode, opts.max_seq, tree=g.tree)
             st.update(1)
     return spec, fp32_out
+
+
+def _write_int4_pair(tmp: Path, rel: str, proto, flavour: str, flavours: list[str], tree: bool, progress,
+                     role: str) -> list[GraphSpec]:
+    """An int4 model's two graphs (int4_graphs.py): the MatMulNBits twin at `rel`, listed first
+    (the one a reader without the choice takes), and the specedge graph beside it, one weights file."""
+    from .int4_graphs import matmulnbits_twin, save_pair
+    from .onnx_graph import save_with_external_data
+
+    twin = matmulnbits_twin(proto)
+    fast_rel = rel[:-len(".onnx")] + ".specedge.onnx"
+    with progress.stage(f"writing {role} ({flavour} graphs: MatMulNBits and specedge kernels)", total=1) as st:
+        data = save_pair(proto, tmp / fast_rel, twin, tmp / rel, save_with_external_data)
+        st.update(1)
+    data_rel = str(Path(rel).parent / data)
+    return [GraphSpec(flavour, rel, _backends_for(flavour, flavours, "int4"), [data_rel], tree=tree,
+                      batch_invariant=batch_invariant(twin)),
+            GraphSpec(flavour, fast_rel, ["ort-cpu"], [data_rel], tree=tree, custom_ops=custom_op_libraries(proto),
+                      batch_invariant=batch_invariant(proto))]
 
 
 def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
@@ -477,6 +523,7 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
     for spec in (tspec, dspec):
         for g in spec.graphs:
             rels += [g.path, *g.external_data]
+    rels = list(dict.fromkeys(rels))  # an int4 model's two graphs share one weights file
     with progress.stage("checksums", total=len(rels)) as st:
         for rel in rels:
             p = tmp / rel

@@ -15,6 +15,9 @@ OP = "MatMulQ41"
 # Which kernel runs an int4 graph's 4-bit affine weights (export-models --int4-kernel):
 # ONNX Runtime's MatMulNBits + a block-min correction, or specedge's MatMulQ41.
 KERNELS = ("matmulnbits", "specedge")
+# export-models --int4-kernel: which graphs an int4 model gets. "auto" (the default) both, over
+# one weights file (int4_graphs.py), the runtime choosing at load; otherwise that one only.
+EXPORT_KERNELS = ("auto", *KERNELS)
 ROWS = 16  # output rows per packed group
 BLOCK_BYTES = 320  # per group and block of 32 inputs: 256 code bytes, 16 fp16 scales, 16 fp16 mins
 

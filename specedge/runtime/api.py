@@ -34,6 +34,7 @@ from .drafters.head import HeadDrafter, read_draft_vocab
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result, check_prompt
+from .int4_kernel import CHOICES as INT4_KERNELS
 from .invariant import InvariantSteps, rows_independent_of_t, wants_invariant_steps
 from .ort_version import check_onnxruntime_version
 from .policy import CostModel
@@ -516,8 +517,8 @@ def _accepts(klass, name: str) -> bool:
 def _batch_invariant(manifest: Manifest, backend_name: str, target) -> bool:
     """A target graph marked batch-invariant, whose single-token rows this machine's kernels
     confirm (invariant.rows_independent_of_t): its steps need no padding to stay exact."""
-    try:
-        marked = manifest.target.graph_for(backend_name).batch_invariant
+    try:  # the graph the backend chose (runtime/int4_kernel.py), else the one it serves
+        marked = (getattr(target, "graph_spec", None) or manifest.target.graph_for(backend_name)).batch_invariant
     except BundleError:
         return False
     if not marked:
@@ -535,7 +536,8 @@ def _batch_invariant(manifest: Manifest, backend_name: str, target) -> bool:
 def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
          providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
          spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
-         backend_options: dict | None = None, progress=None, invariant_steps: bool | None = None) -> Pipeline:
+         backend_options: dict | None = None, progress=None, invariant_steps: bool | None = None,
+         int4_kernel: str = "auto") -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -563,6 +565,10 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       bit (runtime/invariant.py); None = on for int4/int8/fp16/bf16 targets, off for fp32 and
       for a target graph marked batch-invariant whose rows this machine confirms (one T = 1 and
       one T = 2 call at load).
+    int4_kernel: which graph an int4 model with two runs on ort-cpu (runtime/int4_kernel.py):
+      "auto" (specedge's kernels where they have a fast path here, else ONNX Runtime's
+      MatMulNBits, with one note), "specedge" or "matmulnbits"; `describe()` and the stats say
+      which ran and why.
     """
     say = progress or (lambda step: None)
     if verify not in ("full", "size", "none"):
@@ -576,6 +582,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
         raise ValueError(f"draft must be 'model', 'ngram', 'head' or None, got {draft!r}")
     if invariant_steps is not None and not isinstance(invariant_steps, bool):
         raise ValueError(f"invariant_steps must be True, False or None, got {invariant_steps!r}")
+    if int4_kernel not in INT4_KERNELS:
+        raise ValueError(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {int4_kernel!r}")
     say({"full": "checking files (sha256)", "size": "checking file sizes", "none": "reading the manifest"}[verify])
     manifest = load_manifest(bundle, verify=verify)
     if draft is None:
@@ -615,6 +623,8 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
             opts["alternating"] = two_sessions
         if shared_pool and _accepts(klass, "shared_pool"):
             opts["shared_pool"] = True
+        if int4_kernel != "auto" and _accepts(klass, "int4_kernel"):
+            opts["int4_kernel"] = int4_kernel
         # threads size ONNX Runtime's CPU pools; GPU-only backends have none and ignore it
         t = threads if _accepts(klass, "threads") else None
         if spec.kind == "head":

@@ -170,6 +170,17 @@ class _Request:
             self.ctl.record_plain(1, r.verify_s)
 
 
+def int4_kernels(target, drafter) -> dict:
+    """{"target"|"draft": "<kernel> (<why>)"} for the int4 models, from the graphs their backends
+    chose at load (runtime/int4_kernel.py)."""
+    out = {}
+    for role, backend in (("target", target), ("draft", getattr(drafter, "backend", None))):
+        choice = getattr(backend, "kernel_choice", None)
+        if choice is not None and choice.kernel:
+            out[role] = choice.describe()
+    return out
+
+
 class Generator:
     """Runs requests on a target backend and an optional drafter (see drafters/base.py).
 
@@ -182,6 +193,7 @@ class Generator:
                  costs: CostModel | None = None, static_costs: CostModel | None = None):
         self.target = CacheTracker(target, prefill_chunk)
         self.drafter = drafter
+        self.int4_kernels = int4_kernels(target, drafter)
         self.vocab = int(vocab)
         # greedy decoding may use the backend's argmax (on the device for GPU backends) when no
         # padding rows beyond the usable vocabulary could win it
@@ -309,6 +321,7 @@ class Generator:
             "drafted": acc.drafted,
             "accepted": acc.accepted,
             "prefix_reused_tokens": reused,
+            **({"int4_kernels": self.int4_kernels} if self.int4_kernels else {}),
         }
         if speculative:
             stats.update(req.ctl.to_dict())

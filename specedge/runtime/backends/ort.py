@@ -190,6 +190,7 @@ class OrtBackend(Backend):
         session_config: dict | None = None,
         use_env_allocators: bool = False,
         graph_optimization: str = "all",
+        int4_kernel: str = "auto",
         log_level: int = 4,
     ):
         super().__init__(manifest, spec)
@@ -232,7 +233,14 @@ class OrtBackend(Backend):
         for k, v in (session_config or {}).items():
             so.add_session_config_entry(str(k), str(v))
 
-        graph = spec.graph_for(self.name)
+        from ..int4_kernel import KernelChoiceError, choose
+
+        try:
+            # an int4 model with two graphs: specedge's kernels where they run fast, else MatMulNBits
+            self.kernel_choice = choose(spec, self.name, int4_kernel)
+        except KernelChoiceError as e:
+            raise BackendError(str(e)) from None
+        graph = self.graph_spec = self.kernel_choice.graph
         self.takes_trees = bool(getattr(graph, "tree", False))
         self._mask_for = 0  # the T whose lower triangle the mask buffer holds (0: none, or a tree's)
         self.graph_path = manifest.path(graph.path)
@@ -408,5 +416,6 @@ class OrtBackend(Backend):
             allow_spinning=self.allow_spinning,
             shared_pool=self.shared_pool,
             graph=str(self.graph_path.name),
+            **({"int4_kernel": self.kernel_choice.describe()} if self.kernel_choice.kernel else {}),
         )
         return d
