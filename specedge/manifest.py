@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,8 @@ class Manifest:
     root: Path | None = None  # where it was loaded from; not serialized
     # A draft head trained for this target (`specedge train-draft`), kind "head"; None: no head.
     head: ModelSpec | None = None
+    # The TensorRT version the bundle was exported for (`export-models --tensorrt`); None: any.
+    tensorrt: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -168,6 +171,7 @@ class Manifest:
             "max_seq": self.max_seq,
             "batch": self.batch,
             "kv_mode": self.kv_mode,
+            **({"tensorrt": self.tensorrt} if self.tensorrt else {}),
             "spec": {"k": self.spec_tokens, "prefill_chunk": self.prefill_chunk},
             "tokenizer": {
                 "vocab_size": self.tokenizer_vocab_size,
@@ -404,6 +408,9 @@ def parse_manifest(obj: Any) -> Manifest:
         if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
             raise BundleError(f"the manifest's checksum entry for '{rel}' is malformed")
     tvocab = _bounded(_req(tok, "vocab_size", int, "tokenizer"), 2, MAX_VOCAB, "tokenizer.vocab_size")
+    trt = obj.get("tensorrt")
+    if trt is not None and not (isinstance(trt, str) and re.fullmatch(r"\d+(\.\d+){1,2}", trt)):
+        raise BundleError("the manifest's tensorrt must be a TensorRT version such as \"10.3\"")
     return Manifest(
         schema_version=version,
         created_by=str(obj.get("created_by", "")),
@@ -423,6 +430,7 @@ def parse_manifest(obj: Any) -> Manifest:
         files=files,
         extra=obj.get("extra", {}) or {},
         head=head,
+        tensorrt=trt,
     )
 
 

@@ -56,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --draft head: the training budget, tokens or minutes (default: train-draft's)")
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
-    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, help="self-draft precision (default int4)")
+    p.add_argument("--draft-precision", default=None, choices=PRECISIONS,
+                   help="self-draft precision (default int4; with --tensorrt the cheapest weight-only form that version builds)")
     p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
     p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
-    p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"),
-                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) (default scatter)")
+    p.add_argument("--kv-update", default=None, choices=("scatter", "delta"),
+                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) "
+                   "(default scatter; with --tensorrt what that version imports)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what runs an int4 graph's GGUF Q4_1 weights: ONNX Runtime's MatMulNBits plus a block-min "
                    "correction (default matmulnbits), or specedge's own CPU kernel (libspecedge_ops, built with the "
                    "C++ runtime; int4 steps ~0.7x the time, ort-cpu only)")
+    p.add_argument("--tensorrt", metavar="VERSION",
+                   help="the TensorRT the bundle is for (e.g. 10.3 on JetPack 6): every graph offered to TensorRT is one "
+                   "that version parses and builds (its kv mode and opset, no op outside its table, int4/int8 "
+                   "weights as DequantizeLinear); recorded in the manifest (docs/jetson.md)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -107,6 +113,7 @@ def run(args) -> int:
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
         graphs=args.graphs, features=args.features or head, tree=args.tree, int4_kernel=args.int4_kernel,
+        tensorrt=args.tensorrt,
     )
     t0 = time.time()
     plan = prepare(opts)
@@ -131,13 +138,15 @@ def run(args) -> int:
         print(json.dumps({"bundle": str(out), "reused": reused, "seconds": round(took, 1), "bytes": size,
                           "target": {"family": m.target.family, "precision": m.target.precision},
                           "draft": {"kind": m.draft.kind, "precision": m.draft.precision if m.draft.is_model else None},
-                          "kv_mode": m.kv_mode, "max_seq": m.max_seq, "k": m.spec_tokens}))
+                          "kv_mode": m.kv_mode, "max_seq": m.max_seq, "k": m.spec_tokens,
+                          **({"tensorrt": m.tensorrt} if m.tensorrt else {})}))
     elif reused:
         print(f"bundle {out} is current (same sources and options, {m.created_by}): nothing to export")
     else:
         d = f"{m.draft.precision} {m.draft.family}" if m.draft.is_model else "n-gram"
         print(f"bundle written to {out} ({size / 1e6:.1f} MB, {took:.0f} s): target {m.target.family} "
-              f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}")
+              f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}"
+              + (f", for TensorRT {m.tensorrt}" if m.tensorrt else ""))
         tip = kernel_tip(m, args.int4_kernel, args.quiet)
         if tip:
             print(tip)
