@@ -306,16 +306,17 @@ def _commit(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def graph_flavours(option: str, kv_mode: str, precision: str) -> list[str]:
+def graph_flavours(option: str, kv_mode: str, precision: str, tensorrt: bool = False) -> list[str]:
     """Which graph flavours to ship. auto: the ONNX Runtime flavour for CPU precisions (fp32,
     int8, int4), both flavours for GPU precisions (fp16, bf16: ONNX Runtime CUDA and TensorRT), and
-    only the portable one for delta bundles (TensorRT 10.3 on JetPack 6)."""
+    only the portable one for delta bundles (TensorRT 10.3 on JetPack 6); `tensorrt` (a bundle
+    exported for a TensorRT version): the portable one always."""
     if kv_mode == "delta":
         if option == "ort":
             raise UserError("--graphs ort needs --kv-update scatter (the ONNX Runtime flavour updates the cache in place)")
         return ["portable"]
     if option == "auto":
-        return ["ort", "portable"] if precision in ("fp16", "bf16") else ["ort"]
+        return ["ort", "portable"] if precision in ("fp16", "bf16") or tensorrt else ["ort"]
     if option == "both":
         return ["ort", "portable"]
     if option in ("ort", "portable"):
@@ -380,7 +381,7 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
     from .quantize import quantize_dq, quantize_weights, share_tied_embedding
     from .tensorrt_target import TRT_OPSET, trt_weight_opset
 
-    flavours = graph_flavours(opts.graphs, opts.kv_mode, precision)
+    flavours = graph_flavours(opts.graphs, opts.kv_mode, precision, bool(opts.tensorrt))
     base_prec = precision if precision in ("fp16", "bf16") else "fp32"
     graphs: list[GraphSpec] = []
     fp32_out: dict = {}

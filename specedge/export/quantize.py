@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 BLOCK_SIZE = 32
 # accuracy_level 4 lets ORT's CPU kernel quantize activations to int8 for the int4 matmul:
@@ -125,7 +125,8 @@ def quantize_dq(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
         raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
-    keep = [t for t in proto.graph.initializer if t.name not in done]
+    used = {i for n in proto.graph.node for i in n.input}  # a tied embedding's Gather keeps its table
+    keep = [t for t in proto.graph.initializer if t.name not in done or t.name in used]
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(keep)
     if info is not None:
