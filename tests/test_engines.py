@@ -8,9 +8,12 @@ import json
 import sys
 import types
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import specedge.engines
 from specedge.cli.main import main
 from specedge.engines.builder import BuildOptions, build_engines, typing_mode
 from specedge.engines.plan_json import (
@@ -424,14 +427,31 @@ class _T:
         self.name, self.shape = name, tuple(shape)
 
 
+def _trt_table_ops(version: str) -> set[str]:
+    """The ONNX operators tensorrt_ops.json lists for the newest table line at or below `version`,
+    read here independently of engines/tensorrt_support.py."""
+    table = json.loads((Path(specedge.engines.__file__).parent / "tensorrt_ops.json").read_text())
+    key = lambda v: tuple(int(x) for x in v.split(".")[:2])  # noqa: E731
+    have = key(version)
+    ops: set[str] = set()
+    for since, names in table["ops_added_in"].items():
+        if key(since) <= have:
+            ops.update(names)
+    return ops
+
+
 class FakeTRT(types.ModuleType):
-    """Just enough of the tensorrt module for builder.build_engines; records what it was asked."""
+    """Just enough of the tensorrt module for builder.build_engines; records what it was asked.
+
+    Its parser reads the graph (not its weights) and, like TensorRT's, fails on the first node whose
+    operator the ONNX parser of the version it reports does not import (the table in
+    engines/tensorrt_ops.json); it only warns about the opset, as TensorRT's does."""
 
     def __init__(self, version, manifest_spec, kv_mode, max_seq):
         super().__init__("tensorrt")
         self.__version__ = version
         fake = self
-        self.calls = {"builds": 0, "shapes": [], "flags": [], "net_flags": [], "workspace": [], "cache_in": []}
+        self.calls = {"builds": 0, "parsed": [], "shapes": [], "flags": [], "net_flags": [], "workspace": [], "cache_in": []}
         self.Logger = type("Logger", (), {"WARNING": 2, "ERROR": 1, "__init__": lambda s, lvl: None})
         self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=5)
         self.BuilderFlag = types.SimpleNamespace(FP16="FP16", BF16="BF16")
@@ -472,13 +492,28 @@ class FakeTRT(types.ModuleType):
             def mark_output(self, t):
                 self.outputs.append(t)
 
+        known_ops = _trt_table_ops(version)
+
         class Parser:
             def __init__(self, network, logger):
                 self.network = network
-                self.num_errors = 0
+                self.errors = []
+
+            num_errors = property(lambda s: len(s.errors))
+            get_error = lambda s, i: s.errors[i]  # noqa: E731
 
             def parse_from_file(self, path):
+                import onnx
+
                 assert path.endswith("model.onnx")
+                fake.calls["parsed"].append(path)
+                graph = onnx.load(path, load_external_data=False).graph
+                for i, n in enumerate(graph.node):
+                    if n.domain not in ("", "ai.onnx") or n.op_type not in known_ops:
+                        self.errors.append(f"In node {i} with name: {n.name} and operator: {n.op_type} "
+                                           "(checkFallbackPluginImporter): INVALID_NODE: creator && \"Plugin not "
+                                           "found, are the plugin name, version, and namespace correct?\"")
+                        return False
                 self.network.inputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in ins]
                 self.network.outputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in outs]
                 return True
@@ -539,7 +574,7 @@ class FakeTRT(types.ModuleType):
         self.Builder, self.OnnxParser = Builder, Parser
 
 
-def _onnx_bytes(weights_at: str | None = None) -> bytes:
+def _onnx_bytes(weights_at: str | None = None, opset: int = 24) -> bytes:
     """A graph file the bundle check can read (the fake parser ignores its content); with
     `weights_at`, one initializer whose external data lies there."""
     import onnx
@@ -554,13 +589,15 @@ def _onnx_bytes(weights_at: str | None = None) -> bytes:
             t.external_data.add(key=key, value=value)
         inits.append(t)
     graph = helper.make_graph([], "g", [], [], initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]).SerializeToString()
+    # IR 10, as export-models writes (onnx's newest IR is past what TensorRT's parsers were built with)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10).SerializeToString()
 
 
-def _bundle(tmp_path, kv_mode="scatter", precision="fp16", weights_at=None):
+def _bundle(tmp_path, kv_mode="scatter", precision="fp16", weights_at=None, opset=24, flavour="portable",
+            backends=("tensorrt",), exported_for=None):
     d = tmp_path / "bundle"
     (d / "target").mkdir(parents=True)
-    data = _onnx_bytes(weights_at)
+    data = _onnx_bytes(weights_at, opset)
     (d / "target" / "model.onnx").write_bytes(data)
     ins, outs = graph_io(spec(), kv_mode, S)
     m = {
@@ -571,21 +608,26 @@ def _bundle(tmp_path, kv_mode="scatter", precision="fp16", weights_at=None):
             "target": {
                 "kind": "model", "family": "toy", "source": "", "precision": precision, "kv_dtype": "float16",
                 "num_layers": L, "num_kv_heads": KVH, "head_dim": HD, "hidden_size": 8, "vocab_size": V,
-                "graphs": [{"flavour": "portable", "path": "target/model.onnx", "backends": ["tensorrt"]}],
+                "graphs": [{"flavour": flavour, "path": "target/model.onnx", "backends": list(backends)}],
                 "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
             },
             "draft": {"kind": "ngram"},
         },
         "files": {"target/model.onnx": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
     }
+    if exported_for is not None:
+        m["tensorrt"] = exported_for
     (d / "manifest.json").write_text(json.dumps(m))
     return d
 
 
 @pytest.fixture
 def fake_trt(monkeypatch):
-    def install(version="10.15.1.29", kv_mode="scatter"):
-        fake = FakeTRT(version, spec(), kv_mode, S)
+    def install(version="10.15.1.29", kv_mode="scatter", manifest=None):
+        if manifest is None:
+            fake = FakeTRT(version, spec(), kv_mode, S)
+        else:  # a real bundle: the network has that bundle's target I/O
+            fake = FakeTRT(version, manifest.target, manifest.kv_mode, manifest.max_seq)
         monkeypatch.setitem(sys.modules, "tensorrt", fake)
         monkeypatch.setattr("specedge.engines.builder.current_gpu", lambda device_id=0: ("NVIDIA H200", "9.0"))
         return fake
@@ -658,7 +700,7 @@ def test_build_engines_refuses_graph_weights_the_manifest_does_not_hold(tmp_path
 
 def test_build_engines_delta_bundle_on_tensorrt_10_3(tmp_path, fake_trt):
     fake = fake_trt(version="10.3.0.30", kv_mode="delta")
-    b = _bundle(tmp_path, "delta")
+    b = _bundle(tmp_path, "delta", opset=20)  # TensorRT 10.3 documents opsets 9..20
     build_engines(b, BuildOptions(), log=lambda s: None)
     assert fake.calls["builds"] == 1
     assert load_plan_info(b / "engines" / "nvidia-h200-sm90" / "target.plan.json").kv_mode == "delta"
@@ -688,3 +730,107 @@ def test_loaded_manifest_plan_checks_work_with_real_manifest(tmp_path):
     m = load_manifest(b)
     sha = m.files["target/model.onnx"]["sha256"]
     check_against_manifest(info(onnx_sha256=sha, max_seq=S), m, m.target, "target/model.onnx")
+
+
+# ----------------------------------------------------------------------------- the TensorRT table in the build
+
+
+def _tiny_copy(tiny_bundle_factory, tmp_path, kv_mode):
+    """A copy (build-engines writes into it) of a tiny fp32 bundle with a portable target graph, as
+    today's export writes it (opset 24, RMSNormalization; TensorScatter in scatter mode)."""
+    import shutil
+
+    kw = {"graphs": "portable"} if kv_mode == "scatter" else {}
+    src = tiny_bundle_factory("llama", kv_mode=kv_mode, draft="ngram", features=True, **kw)
+    return Path(shutil.copytree(src, tmp_path / f"fp32-{kv_mode}"))
+
+
+def _stand_in_parse(fake, onnx_path):
+    parser = fake.OnnxParser(fake.Builder(None).create_network(0), None)
+    return parser.parse_from_file(str(onnx_path)), [parser.get_error(i) for i in range(parser.num_errors)]
+
+
+def test_fp32_scatter_bundle_fails_on_the_10_3_stand_in_and_builds_on_10_16(tiny_bundle_factory, tmp_path, fake_trt,
+                                                                              capsys):
+    b = _tiny_copy(tiny_bundle_factory, tmp_path, "scatter")
+    m = load_manifest(b)
+    graph = m.path(m.target.graph_for("tensorrt").path)
+
+    # The stand-in's parser itself refuses what TensorRT 10.3's parser does not import ...
+    fake = fake_trt("10.3.0.30", manifest=m)
+    ok, errors = _stand_in_parse(fake, graph)
+    assert not ok and len(errors) == 1
+    assert "operator: RMSNormalization" in errors[0] or "operator: TensorScatter" in errors[0]
+    # ... and build-engines stops before it, with the sentence naming the export flag.
+    capsys.readouterr()  # the export's progress
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this bundle updates the KV cache in place") and err.count("\n") == 1
+    assert not (b / "engines").exists()
+
+    fake = fake_trt("10.16.0.31", manifest=m)
+    assert _stand_in_parse(fake, graph) == (True, [])
+    infos = build_engines(b, BuildOptions(), log=lambda s: None)
+    assert fake.calls["builds"] == 1 and [i.role for i in infos] == ["target"]
+    assert fake.calls["parsed"] == [str(graph)] * 2  # the direct parse above, then the build's
+
+
+def test_fp32_delta_bundle_is_refused_on_10_3_with_the_table_sentence(tiny_bundle_factory, tmp_path, fake_trt, capsys):
+    b = _tiny_copy(tiny_bundle_factory, tmp_path, "delta")
+    m = load_manifest(b)
+    fake = fake_trt("10.3.0.30", manifest=m)
+    graph = str(m.path(m.target.graph_for("tensorrt").path))
+    ok, errors = _stand_in_parse(fake, graph)
+    assert not ok and "operator: RMSNormalization" in errors[0]
+    capsys.readouterr()  # the export's progress
+    assert main(["build-engines", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: TensorRT 10.3's ONNX parser cannot import this bundle (target/model.onnx uses opset 24 (from 10.15), "
+        "RMSNormalization (from 10.15)): export the bundle with `export-models --tensorrt 10.3`\n")
+    assert fake.calls["parsed"] == [graph] and not (b / "engines").exists()  # only the direct parse above
+    # JetPack 7.0 / 7.1 (TensorRT 10.13 / 10.14) do not import RMSNormalization either.
+    for version in ("10.13.3.9", "10.14.1.48"):
+        fake_trt(version, manifest=m)
+        assert main(["build-engines", str(b)]) == 2
+        assert "RMSNormalization (from 10.15)" in capsys.readouterr().err
+    fake = fake_trt("10.15.1.29", manifest=m)
+    build_engines(b, BuildOptions(), log=lambda s: None)
+    assert fake.calls["builds"] == 1
+
+
+def test_build_engines_refuses_a_bundle_exported_for_a_newer_tensorrt(tmp_path, fake_trt, capsys):
+    fake = fake_trt(version="10.3.0.30", kv_mode="delta")
+    b = _bundle(tmp_path, "delta", opset=20, exported_for="10.16")
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: this bundle was exported for TensorRT 10.16 and this machine has TensorRT 10.3: "
+        "export it again with `export-models --tensorrt 10.3`\n")
+    assert fake.calls["parsed"] == [] and not (b / "engines").exists()
+
+
+def test_build_engines_takes_a_bundle_exported_for_its_tensorrt_or_an_older_one(tmp_path, fake_trt):
+    for i, (exported_for, installed) in enumerate((("10.3", "10.3.0.30"), ("10.3", "10.16.0.31"))):
+        fake = fake_trt(version=installed, kv_mode="delta")
+        b = _bundle(tmp_path / str(i), "delta", opset=20, exported_for=exported_for)
+        build_engines(b, BuildOptions(), log=lambda s: None)
+        assert fake.calls["builds"] == 1
+
+
+def test_build_engines_refuses_a_bundle_without_a_graph_for_tensorrt(tmp_path, fake_trt, capsys):
+    fake = fake_trt()
+    b = _bundle(tmp_path, flavour="ort", backends=("ort-cpu", "ort-cuda"))
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
+        "export it with `export-models --tensorrt 10.15`\n")
+    assert fake.calls["parsed"] == []
+
+
+def test_build_engines_refuses_tensorrt_older_than_the_table(tmp_path, fake_trt, capsys):
+    fake_trt(version="10.1.0.27", kv_mode="delta")
+    b = _bundle(tmp_path, "delta", opset=20)
+    assert main(["build-engines", str(b)]) == 2
+    assert capsys.readouterr().err == (
+        "error: TensorRT 10.1.0.27 is older than 10.3, the oldest TensorRT specedge supports: "
+        "install one of 10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1 (or newer)\n")

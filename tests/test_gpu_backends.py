@@ -98,7 +98,10 @@ def toy_onnx(kv_mode: str, seed: int = 0) -> tuple[bytes, np.ndarray, np.ndarray
     nodes.append(helper.make_node("Sum", terms, ["total"]))
     nodes.append(helper.make_node("Add", ["base", "total"], ["logits"]))
     graph = helper.make_graph(nodes, "toy", [vi(t) for t in ins], [vi(t) for t in outs], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], producer_name="specedge-test")
+    # TensorScatter needs opset 24; the delta graph stays in the opsets TensorRT 10.3 documents (9..20), which
+    # build-engines checks (engines/tensorrt_ops.json)
+    opset = 24 if kv_mode == "scatter" else 20
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="specedge-test")
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model.SerializeToString(), E, W

@@ -1,7 +1,11 @@
-"""`specedge inspect BUNDLE [--json]`: what a bundle holds — models, precision, KV mode, graph I/O, sizes.
+"""`specedge inspect BUNDLE [--json] [--tensorrt VERSION]`: what a bundle holds — models, precision,
+KV mode, graph I/O, sizes.
 
 By default it reads the manifest and checks each file's size (no hashing and no torch), so it
 is instant even on a multi-GB bundle, and says so; `--verify full` also checks every sha256.
+`--tensorrt VERSION` also lists, per graph that build-engines would give TensorRT, every node that
+version's ONNX parser does not import (engines/tensorrt_support.py): exit 3 when one would not parse
+or no graph is offered to TensorRT, 0 when all would.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the manifest plus computed sizes as JSON")
     p.add_argument("--verify", choices=("size", "full"), default="size",
                    help="file check: size (default, instant) or full (sha256 of every file)")
+    p.add_argument("--tensorrt", metavar="VERSION", default=None,
+                   help="check every graph offered to TensorRT against that version's ONNX parser (e.g. 10.3 for "
+                   "JetPack 6): list what it does not import; exit 3 when a graph would not parse")
     p.set_defaults(func=run)
     return p
 
@@ -136,6 +143,7 @@ CHECKED = {
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
     from ..contract import FEATURES_OUTPUT, TREE_INPUT
+    from ..engines.tensorrt_support import bundle_tensorrt
     from ..runtime.invariant import wants_invariant_steps
     from .export_models import default_draft
 
@@ -143,6 +151,9 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
     lines = [f"bundle       {bundle}", f"checked      {CHECKED[verify]}"]
     if m.created_by:
         lines.append(f"created by   {m.created_by}")
+    exported_for = bundle_tensorrt(m.root)
+    if exported_for:
+        lines.append(f"tensorrt     exported for TensorRT {exported_for} (export-models --tensorrt)")
     lines.append(f"kv mode      {m.kv_mode}" + ("  (in-place TensorScatter)" if m.kv_mode == "scatter" else
                                                  "  (graphs output new entries; the runtime writes them)"))
     lines.append(f"max_seq      {m.max_seq}    batch {m.batch}")
@@ -212,14 +223,25 @@ def run(args) -> int:
     from ..bundle_files import check_graph_files
     from ..manifest import load_manifest
 
+    from ..engines import tensorrt_support as ts
+
+    line = ts.parse_tensorrt_version(args.tensorrt) if args.tensorrt is not None else None
     m = load_manifest(Path(args.bundle), verify=args.verify)
     check_graph_files(m)
+    check = ts.check_bundle(m.root, args.tensorrt, manifest=m) if line else None
     if args.json:
-        obj = {"bundle": str(args.bundle), "verified": args.verify, "manifest": m.to_json(), "sizes": compute_sizes(m)}
+        obj = {"bundle": str(args.bundle), "verified": args.verify, "manifest": m.to_json(), "sizes": compute_sizes(m),
+               "tensorrt": ts.bundle_tensorrt(m.root)}
+        if check is not None:
+            obj["tensorrt_check"] = check.to_json()
         print(json.dumps(obj, indent=2))
     else:
         print(format_report(m, str(args.bundle), args.verify))
-    return 0
+        if check is not None:
+            note = ts.version_note(args.tensorrt)
+            print("\ntensorrt check" + (f" ({note})" if note else ""))
+            print(ts.format_findings(check))
+    return 0 if check is None or check.ok else 3
 
 
 def _kernel_path() -> str:

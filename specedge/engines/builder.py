@@ -46,6 +46,7 @@ from .plan_json import (
     short_version,
 )
 from .profiles import input_shapes, profiles_for
+from .tensorrt_support import check_bundle, check_bundle_target, installed_line, parse_error_hint, refusal
 
 GiB = 1 << 30
 TIMING_CACHE = "timing.cache"
@@ -190,9 +191,7 @@ def build_engine(
     if not parser.parse_from_file(str(onnx_path)):
         errs = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         first = errs[0].strip().splitlines()[0] if errs else "unknown error"
-        hint = ""
-        if "TensorScatter" in " ".join(errs):
-            hint = " (TensorScatter needs TensorRT >= 10.15: use a delta-mode bundle, `export-models --kv-update delta`)"
+        hint = parse_error_hint(onnx_path, trt.__version__)
         raise UserError(f"TensorRT {short_version(trt.__version__)} cannot parse {graph.path}: {first}{hint}")
     _check_network(trt, network, manifest, spec, graph.path)
 
@@ -296,6 +295,7 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
     # TensorRT's ONNX parser opens the weight files a graph names, like ONNX Runtime: the same check first
     check_graph_files(manifest)
     trt = import_tensorrt()
+    check_bundle_target(manifest.root, trt.__version__)
     check_kv_mode_supported(manifest.kv_mode, trt.__version__)
     gpu = current_gpu(options.device_id)
     tag = device_tag(*gpu)
@@ -308,6 +308,10 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
                 f"the {s.role} is {s.precision} (ONNX Runtime's MatMulNBits), which TensorRT cannot parse; "
                 "export an fp16/bf16 bundle for TensorRT (export-models --precision fp16 --draft-precision fp16)"
             )
+    # The parser's own error names one node; the table names every one, with the export flag to use.
+    check = check_bundle(manifest.root, installed_line(trt.__version__), roles=tuple(s.role for s in specs), manifest=manifest)
+    if not check.ok:
+        raise UserError(refusal(check))
     root = engines_root(manifest.root)
     final = root / tag
     log(f"device {gpu[0]} (sm_{gpu[1].replace('.', '')}), TensorRT {trt.__version__} -> {final}")
