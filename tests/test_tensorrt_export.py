@@ -140,6 +140,20 @@ def _ops(path):
     return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
 
 
+@pytest.mark.parametrize("version,kv,int4,draft", [
+    ("10.3", "delta", False, "ngram"), ("10.13", "delta", False, "ngram"), ("10.14", "delta", False, "ngram"),
+    ("10.15", "scatter", True, "self"), ("10.16", "scatter", True, "self"), ("11.0", "scatter", True, "self"),
+])
+def test_what_each_tensorrt_gets(version, kv, int4, draft):
+    from specedge.cli.export_models import default_draft
+    from specedge.export.tensorrt_target import resolve
+
+    t = resolve(version)
+    assert (t.version, t.kv_mode, t.int4, t.int8) == (version, kv, int4, True)
+    assert default_draft("fp16", version) == draft
+    assert default_draft("int4", version) == "ngram" and default_draft("fp16") == "self"
+
+
 def test_fp16_bundle_for_tensorrt_103_has_an_int8_dequantizelinear_self_draft(tiny_bundle_factory):
     from specedge.runtime.backends import create_backend
 
@@ -147,7 +161,8 @@ def test_fp16_bundle_for_tensorrt_103_has_an_int8_dequantizelinear_self_draft(ti
     m = load_manifest(b)
     assert m.tensorrt == "10.3" and json.loads((b / "manifest.json").read_text())["tensorrt"] == "10.3"
     assert m.kv_mode == "delta"
-    # 10.3 documents opsets up to 20: the int4 blocked form (opset 21) is out, per-channel int8 is in
+    # 10.3 documents opsets up to 20: the int4 blocked form (opset 21) is out, so a self-draft
+    # asked for without a precision is per-channel int8
     assert m.draft.kind == "model" and m.draft.precision == "int8"
     assert "DequantizeLinear" in m.draft.extra["weights"]
     check = check_bundle(b, "10.3")
@@ -193,10 +208,11 @@ def test_default_export_is_unchanged(tiny_bundle_factory):
     (["--tensorrt", "10.3", "--kv-update", "scatter"], ["--tensorrt 10.3", "--kv-update delta", "TensorScatter"]),
     (["--tensorrt", "10.3", "--int4-kernel", "specedge"], ["--int4-kernel specedge", "--tensorrt 10.3"]),
     (["--tensorrt", "10.3", "--graphs", "ort"], ["--tensorrt 10.3", "--graphs ort"]),
-    (["--tensorrt", "10.3", "--draft-precision", "int4"], ["--draft-precision int4", "TensorRT 10.3", "int8"]),
+    (["--tensorrt", "10.3", "--draft", "self", "--draft-precision", "int4"], ["--draft-precision int4", "TensorRT 10.3", "int8"]),
     (["--tensorrt", "10.3", "--precision", "int4"], ["--precision int4", "TensorRT 10.3"]),
 ], ids=["malformed", "too-old", "scatter", "int4-kernel", "graphs-ort", "draft-int4", "target-int4"])
 def test_tensorrt_option_refusals(tiny_checkpoint_factory, tmp_path, extra, fragments):
     out = tmp_path / "b"
-    res = run(["--target", str(tiny_checkpoint_factory("llama")), "--out", str(out), "--quiet", *extra], tmp_path)
+    res = run(["--target", str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32", "--quiet", *extra],
+              tmp_path)
     assert_bad_input(res, *fragments, out=out)

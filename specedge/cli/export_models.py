@@ -89,11 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_draft(precision: str) -> str:
+def default_draft(precision: str, tensorrt: str | None = None) -> str:
     """export-models' draft when none is named. A quantized target is already as cheap per token
     as its own int4 self-draft would be, so drafting with it costs a target step per token: on the
     default model's int4 target the n-gram drafter gives 110.7 tok/s, the int4 self-draft 76.1
-    (target-only 74.2; benchmarks/results/int4_exactness.json)."""
+    (target-only 74.2; benchmarks/results/int4_exactness.json). With --tensorrt: see
+    tensorrt_target.default_draft."""
+    if tensorrt is not None:
+        from ..export import tensorrt_target
+
+        return tensorrt_target.default_draft(tensorrt_target.resolve(tensorrt), precision)
     return "ngram" if precision in ("int4", "int8") else "self"
 
 
@@ -108,7 +113,8 @@ def run(args) -> int:
 
         parse_budget(args.head_budget or "1")  # a bad budget is refused before the export, not after it
     opts = ExportOptions(
-        target=args.target, draft=default_draft(args.precision) if args.draft in ("auto", "head") else args.draft,
+        target=args.target,
+        draft=default_draft(args.precision, args.tensorrt) if args.draft in ("auto", "head") else args.draft,
         out=args.out, precision=args.precision,
         draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
         kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,

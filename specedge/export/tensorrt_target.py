@@ -9,7 +9,11 @@ one-node probe graph, so the table is the only place that knows what a version p
 - the weight-only form of int4/int8 graphs: DequantizeLinear on a constant weight before its
   MatMul, symmetric (onnx-tensorrt requires an all-zero zero point). int8 per output channel
   (opset 13 and later); int4 in blocks along the input axis, which needs opset 21 (the INT4 type
-  and DequantizeLinear's block_size), so only where the version's range reaches 21.
+  and DequantizeLinear's block_size), so only where the version's range reaches 21;
+- the draft: TensorRT documents INT4 as its weight-only type and INT8 as quantizing activations
+  and weights ("Working with Quantized Types"), so only an int4 self-draft is known to be cheaper
+  than the target on TensorRT; where int4 is out of range the default draft is the n-gram drafter,
+  and an int8 self-draft (which the parser takes) is exported only when asked for.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ BLOCKED_OPSET = 21
 class TensorRTTarget:
     version: str
     kv_mode: str  # "scatter" | "delta"
-    int4: bool  # blocked int4 weights parse and build
-    int8: bool  # per-channel int8 weights parse and build
+    int4: bool  # blocked int4 weights parse (and TensorRT documents INT4 weight-only builds)
+    int8: bool  # per-channel int8 weights parse
 
     def weight_precisions(self) -> list[str]:
         return [p for p, ok in (("int4", self.int4), ("int8", self.int8)) if ok]
@@ -107,6 +111,12 @@ def check_options(t: TensorRTTarget, *, kv_mode: str | None, graphs: str, precis
                             f"choose another {what} or a newer --tensorrt")
 
 
+def default_draft(t: TensorRTTarget, precision: str) -> str:
+    """export-models' draft for --tensorrt when none is named: a self-draft where this TensorRT
+    takes int4 weights (and the target is not quantized already), else the n-gram drafter."""
+    return "self" if t.int4 and precision not in ("int4", "int8") else "ngram"
+
+
 def default_draft_precision(t: TensorRTTarget) -> str:
-    """The cheapest self-draft this TensorRT builds: int4, else int8 (both cheaper than fp16)."""
+    """A self-draft's precision when none is named: int4 where this TensorRT takes it, else int8."""
     return (t.weight_precisions() or ["fp16"])[0]
