@@ -34,6 +34,8 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_VOCAB = 4_000_000
 MAX_MAX_SEQ = 1 << 20
+# The ai.onnx opset export-models writes (export/onnx_graph.OPSET); a graph may declare an older one.
+GRAPH_OPSET = 24
 
 
 class BundleError(Exception):
@@ -58,6 +60,9 @@ class GraphSpec:
     # (specedge_kernel.batch_invariant), so single-token steps need no padding for exact
     # speculation (runtime/invariant.py); optional, absent = false
     batch_invariant: bool = False
+    # the graph's ai.onnx opset when not GRAPH_OPSET (--tensorrt bundles): the onnxruntime it
+    # needs follows it (runtime/ort_version.py); optional, absent = GRAPH_OPSET
+    opset: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -68,7 +73,12 @@ class GraphSpec:
             **({"tree": True} if self.tree else {}),
             **({"custom_ops": list(self.custom_ops)} if self.custom_ops else {}),
             **({"batch_invariant": True} if self.batch_invariant else {}),
+            **({"opset": self.opset} if self.opset and self.opset != GRAPH_OPSET else {}),
         }
+
+    @property
+    def onnx_opset(self) -> int:
+        return self.opset or GRAPH_OPSET
 
 
 @dataclass
@@ -340,6 +350,7 @@ def _model(d: dict, role: str) -> ModelSpec:
                 tree=_graph_tree_flag(g, where + ".graphs"),
                 custom_ops=_graph_custom_ops(g, where + ".graphs"),
                 batch_invariant=_graph_flag(g, "batch_invariant", where + ".graphs"),
+                opset=_graph_opset(g, where + ".graphs"),
             )
         )
     return m
@@ -364,6 +375,13 @@ def _graph_custom_ops(g: dict, where: str) -> list[str]:
         raise BundleError(f"the manifest's 'custom_ops' in {where} names '{unknown[0]}', which this specedge "
                           f"does not provide (it has '{LIBRARY}'): the bundle needs a newer specedge")
     return list(ops)
+
+
+def _graph_opset(g: dict, where: str) -> int:
+    v = g.get("opset", GRAPH_OPSET)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise BundleError(f"the manifest's 'opset' in {where} must be a number, got {v!r}")
+    return _bounded(v, 7, GRAPH_OPSET, where + ".opset")
 
 
 def _graph_tree_flag(g: dict, where: str) -> bool:

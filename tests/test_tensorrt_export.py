@@ -216,3 +216,31 @@ def test_tensorrt_option_refusals(tiny_checkpoint_factory, tmp_path, extra, frag
     res = run(["--target", str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32", "--quiet", *extra],
               tmp_path)
     assert_bad_input(res, *fragments, out=out)
+
+
+# ----------------------------------------------------------------------------- the onnxruntime a bundle needs
+
+
+def test_onnxruntime_floor_follows_the_bundles_opset(tiny_bundle_factory, monkeypatch):
+    import onnxruntime
+
+    from specedge.runtime.api import load
+    from specedge.runtime.backends.base import BackendError
+    from specedge.runtime.ort_version import ORT_MIN_VERSION, bundle_opset, required_version
+
+    assert (required_version(18), required_version(21), required_version(24)) == ("1.17.3", "1.20.1", ORT_MIN_VERSION)
+    b = tiny_bundle_factory("llama", precision="fp16", kv_mode=None, draft_precision=None, tensorrt="10.3")
+    m = load_manifest(b)
+    assert bundle_opset(m) == 18 and {g.opset for s in (m.target, m.draft) for g in s.graphs} == {18}
+    default = load_manifest(tiny_bundle_factory("llama"))
+    assert bundle_opset(default) == 24
+    assert all("opset" not in g for g in json.loads((default.root / "manifest.json").read_text())["models"]["target"]["graphs"])
+    # JetPack 6's onnxruntime-gpu (Jetson AI Lab index, cu126) is 1.23.0: it runs this bundle, not the default one
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.0")
+    with load(b, backend="ort-cpu", threads=1) as p:
+        assert p.generate("hello", max_new_tokens=4).text is not None
+    with pytest.raises(BackendError, match=r"onnxruntime 1\.23\.0 is too old: .*opset 24.* >= 1\.24\.1.*--tensorrt"):
+        load(default.root, backend="ort-cpu", threads=1)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.16.3")
+    with pytest.raises(BackendError, match=r"onnxruntime 1\.16\.3 is too old: .*opset 18.* >= 1\.17\.3"):
+        load(b, backend="ort-cpu", threads=1)

@@ -18,12 +18,13 @@ import onnx
 import torch
 
 from ..contract import FEATURES_OUTPUT, TREE_INPUT, graph_io
+from ..manifest import GRAPH_OPSET
 from ..models.common import unfuse_norms
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")
 
-OPSET = 24
+OPSET = GRAPH_OPSET
 FORBIDDEN_OPS = {"If", "Loop", "Scan"}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -439,7 +439,8 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         # MatMulQ41 is a CPU kernel: under ort-cuda every call would copy its tensors to the host
         backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision, bool(opts.tensorrt))
         graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops,
-                                batch_invariant=batch_invariant(proto)))
+                                batch_invariant=batch_invariant(proto),
+                                opset=next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))))
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:
