@@ -134,22 +134,34 @@ def test_graph_findings_tensorscatter_avoided_by_delta_and_contrib_ops_by_no_ver
         ("TensorScatter", "10.15", "--kv-update delta"), ("MatMulNBits", None, "--tensorrt 10.3")]
 
 
-def test_graph_findings_dequantize_types():
-    def dq(dtype, opset):
-        w = helper.make_tensor("w", dtype, [4, 2], [1] * 8)
-        scale = helper.make_tensor("s", TensorProto.FLOAT, [4, 1], [0.5] * 4)  # blocked: one block per row
-        nodes = [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=1),
-                 helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm")]
-        return _model(nodes, [_f("x", (1, 4))], [_f("y", (1, 2))], opset=opset, inits=[w, scale])
+def _dq_model(dtype, opset, wshape=(4, 2), sshape=(4, 1), axis=1):
+    w = helper.make_tensor("w", dtype, list(wshape), [1] * int(np.prod(wshape)))
+    scale = helper.make_tensor("s", TensorProto.FLOAT, list(sshape), [0.5] * int(np.prod(sshape)))
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=axis),
+             helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm")]
+    return _model(nodes, [_f("x", (1, wshape[-2]))], [_f("y", (1, wshape[-1]))], opset=opset, inits=[w, scale])
 
-    assert ts.graph_findings(dq(TensorProto.INT8, 20), "10.3") == []
-    # int4 weights need opset 21 in ONNX, past 10.3's documented 20; its parser takes the type itself
-    assert [f.op for f in ts.graph_findings(dq(TensorProto.INT4, 21), "10.3")] == ["opset"]
-    assert ts.graph_findings(dq(TensorProto.INT4, 21), "10.15") == []
-    got = ts.graph_findings(dq(TensorProto.FLOAT4E2M1, 23), "10.3")
+
+def test_graph_findings_dequantize_types_and_forms():
+    # per-channel int8 (1-D scale) is valid ONNX at opset 13+ and builds everywhere
+    assert ts.graph_findings(_dq_model(TensorProto.INT8, 20, sshape=(2,)), "10.3") == []
+    # blocked int8: the parser imports it, no TensorRT's IDequantizeLayer builds it
+    got = ts.graph_findings(_dq_model(TensorProto.INT8, 21), "11.1")
+    assert [(f.node, f.op, f.added_in) for f in got] == [("dq", "DequantizeLinear(blocked int8, rank 2)", None)]
+    # blocked int4 weights need opset 21 in ONNX, past 10.3's documented 20; 10.3 builds them (2-D only)
+    assert [f.op for f in ts.graph_findings(_dq_model(TensorProto.INT4, 21), "10.3")] == ["opset"]
+    assert ts.graph_findings(_dq_model(TensorProto.INT4, 21), "10.15") == []
+    got = ts.graph_findings(_dq_model(TensorProto.INT4, 20, (2, 4, 2), (2, 4, 1), 2), "10.3")
+    assert [(f.op, f.added_in) for f in got] == [("DequantizeLinear(blocked int4, rank 3)", "10.13")]
+    assert ts.graph_findings(_dq_model(TensorProto.INT4, 21, (2, 4, 2), (2, 4, 1), 2), "10.15") == []
+    # input types the parser does not take
+    got = ts.graph_findings(_dq_model(TensorProto.FLOAT4E2M1, 23), "10.3")
     assert [(f.op, f.added_in) for f in got] == [("opset", "10.15"), ("DequantizeLinear(float4e2m1)", "10.13")]
-    got = ts.graph_findings(dq(TensorProto.UINT4, 21), "10.16")
+    got = ts.graph_findings(_dq_model(TensorProto.UINT4, 21), "10.16")
     assert [(f.op, f.added_in) for f in got] == [("DequantizeLinear(uint4)", None)]
+    check = ts.BundleCheck(Path("b"), "11.1", "11.1", None,
+                           [ts.GraphCheck("draft", "draft/model.onnx", ts.graph_findings(_dq_model(TensorProto.INT8, 21), "11.1"))])
+    assert "DequantizeLinear(blocked int8, rank 2) (opset 21; built by no TensorRT in the table)" in ts.format_findings(check)
 
 
 def test_graph_findings_looks_into_subgraphs_and_local_functions():

@@ -8,13 +8,18 @@ and the source each line was read from); this module only reads it:
   newest: TensorRT's parser only adds importers, so an older line's operators are a lower bound.
   Anything malformed, or older than the oldest line, is a UserError naming the supported lines.
 * `graph_findings(model, version)`: every node that version does not import (ONNX operator, or a
-  type of DequantizeLinear it refuses), and the graph's opset / IR version when outside the range
-  the version documents. Weight files are never read.
+  type of DequantizeLinear it refuses), every blocked DequantizeLinear its builder refuses (the
+  parser imports any blocked form; IDequantizeLayer builds only some), and the graph's opset / IR
+  version when outside the range the version documents. Weight files are never read.
 * `check_bundle(bundle, version)`: the same for every graph `build-engines` would hand to the
   parser (`ModelSpec.graph_for("tensorrt")`), or the failure that the bundle offers it none.
 
 A bundle's manifest records the version it was exported for under the key "tensorrt" (absent
 for bundles exported without `export-models --tensorrt`).
+
+For an exporter choosing what to write for a line: `ops_for(line)`, `line_info(line)["opset"]`
+(documented range) and `["ir_max"]`, `dq_types(line)` and `dq_builder(line)` (which DequantizeLinear
+inputs and blocked forms it takes), `op_added_in(op)`.
 """
 
 from __future__ import annotations
@@ -142,6 +147,23 @@ def dq_type_added_in(dtype: str) -> str | None:
     return None
 
 
+def dq_builder(line: str) -> dict:
+    """What TensorRT `line`'s IDequantizeLayer builds in blocked form: {"blocked_types", "blocked_rank"}."""
+    got: dict = {}
+    for since, facts in table()["restrictions"]["DequantizeLinear"]["builder"].items():
+        if _key(since) <= _key(line):
+            got = facts
+    return got
+
+
+def _blocked_added_in(dtype: str, rank: int) -> str | None:
+    for line in TENSORRT_VERSIONS:
+        b = dq_builder(line)
+        if dtype in b["blocked_types"] and b["blocked_rank"] in (None, rank):
+            return line
+    return None
+
+
 # ----------------------------------------------------------------------------- findings
 
 
@@ -157,7 +179,8 @@ class Finding:
 
     def what(self, line: str) -> str:
         """'RMSNormalization (opset 24; imported from TensorRT 10.15)', without the node name."""
-        since = f"imported from TensorRT {self.added_in}" if self.added_in else "imported by no TensorRT in the table"
+        verb = "built" if "blocked" in self.op else "imported"  # a blocked DequantizeLinear: the builder refuses it
+        since = f"{verb} from TensorRT {self.added_in}" if self.added_in else f"{verb} by no TensorRT in the table"
         if self.op == "opset":
             lo, hi = line_info(line)["opset"]
             where = f"documented from TensorRT {self.added_in}" if self.added_in else "documented by no TensorRT in the table"
@@ -190,17 +213,43 @@ def _ai_onnx_opset(proto) -> int:
     return 0
 
 
-def _elem_types(graph, types: dict[str, int]) -> None:
+def _elem_types(graph, types: dict[str, tuple[int, tuple | None]]) -> None:
+    """name -> (element type, shape or None) for initializers, constants and typed values."""
     for t in graph.initializer:
-        types[t.name] = t.data_type
+        types[t.name] = (t.data_type, tuple(t.dims))
     for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
-        if vi.type.HasField("tensor_type"):
-            types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+        if vi.type.HasField("tensor_type") and vi.name not in types:
+            tt = vi.type.tensor_type
+            shape = (tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+                     if tt.HasField("shape") else None)
+            types[vi.name] = (tt.elem_type, shape)
     for n in graph.node:
         if n.op_type == "Constant" and n.domain in ONNX_DOMAINS:
             for a in n.attribute:
                 if a.name == "value" and n.output:
-                    types[n.output[0]] = a.t.data_type
+                    types[n.output[0]] = (a.t.data_type, tuple(a.t.dims))
+
+
+def _dq_findings(n, types, line: str) -> list[tuple[str, str | None]]:
+    """(what, first line that takes it) for a DequantizeLinear TensorRT `line` refuses: its input type
+    (the parser), or its blocked form (the builder: IDequantizeLayer)."""
+    from onnx import helper
+
+    if not n.input or n.input[0] not in types:
+        return []
+    elem, xshape = types[n.input[0]]
+    dtype = helper.tensor_dtype_to_string(elem).removeprefix("TensorProto.").lower()
+    if dtype not in dq_types(line):
+        return [(f"DequantizeLinear({dtype})", dq_type_added_in(dtype))]
+    sshape = types.get(n.input[1], (0, None))[1] if len(n.input) > 1 else None
+    blocked = (xshape is not None and sshape is not None and len(sshape) == len(xshape) >= 2
+               and any(d != 1 for d in sshape))
+    if not blocked:
+        return []
+    b = dq_builder(line)
+    if dtype in b["blocked_types"] and b["blocked_rank"] in (None, len(xshape)):
+        return []
+    return [(f"DequantizeLinear(blocked {dtype}, rank {len(xshape)})", _blocked_added_in(dtype, len(xshape)))]
 
 
 def _walk(graph, functions, types, seen_fn=()):
@@ -225,8 +274,6 @@ def _walk(graph, functions, types, seen_fn=()):
 def graph_findings(model, version: str, graph_name: str = "") -> list[Finding]:
     """Every node of `model` (a ModelProto or a path; external weights are not read) that TensorRT
     `version`'s parser does not import, plus its opset / IR version when outside that version's range."""
-    from onnx import helper
-
     line = parse_tensorrt_version(version)
     proto = _load(model)
     name = graph_name or (str(model) if isinstance(model, (str, os.PathLike)) else proto.graph.name)
@@ -241,18 +288,17 @@ def graph_findings(model, version: str, graph_name: str = "") -> list[Finding]:
                            f"--tensorrt {line}"))
     ops = ops_for(line)
     functions = {(f.domain, f.name): f for f in proto.functions}
-    types: dict[str, int] = {}
+    types: dict[str, tuple] = {}
     for n in _walk(proto.graph, functions, types):
         if n.domain not in ONNX_DOMAINS:
             out.append(Finding(name, n.name, n.op_type, n.domain, opset, None, avoid_flag(n.op_type, line)))
         elif n.op_type not in ops:
             out.append(Finding(name, n.name, n.op_type, n.domain or "ai.onnx", opset, op_added_in(n.op_type),
                                avoid_flag(n.op_type, line)))
-        elif n.op_type == "DequantizeLinear" and n.input and n.input[0] in types:
-            dtype = helper.tensor_dtype_to_string(types[n.input[0]]).removeprefix("TensorProto.").lower()
-            if dtype not in dq_types(line):
-                out.append(Finding(name, n.name, f"DequantizeLinear({dtype})", n.domain or "ai.onnx", opset,
-                                   dq_type_added_in(dtype), avoid_flag("DequantizeLinear", line)))
+        elif n.op_type == "DequantizeLinear":
+            for what, since in _dq_findings(n, types, line):
+                out.append(Finding(name, n.name, what, n.domain or "ai.onnx", opset, since,
+                                   avoid_flag("DequantizeLinear", line)))
     return out
 
 
