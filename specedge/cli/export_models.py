@@ -36,6 +36,14 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+class _Given(argparse._StoreAction):
+    """Stores the value and notes that it was given: --tensorrt fills in only the options left out."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..export.pipeline import DEFAULT_MAX_SEQ, DEFAULT_PREFILL_CHUNK
     from ..manifest import PRECISIONS
@@ -56,13 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --draft head: the training budget, tokens or minutes (default: train-draft's)")
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
-    p.add_argument("--draft-precision", default=None, choices=PRECISIONS,
-                   help="self-draft precision (default int4; with --tensorrt the cheapest weight-only form that version builds)")
+    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, action=_Given,
+                   help="self-draft precision (default int4); with --tensorrt, int4 where that version takes it, else int8")
     p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
     p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
-    p.add_argument("--kv-update", default=None, choices=("scatter", "delta"),
+    p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"), action=_Given,
                    help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) "
-                   "(default scatter; with --tensorrt what that version imports)")
+                   "(default scatter); with --tensorrt, what that version imports")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
@@ -102,6 +110,13 @@ def default_draft(precision: str, tensorrt: str | None = None) -> str:
     return "ngram" if precision in ("int4", "int8") else "self"
 
 
+def _unless_tensorrt(args, dest: str):
+    """The option's value, or None (decided by --tensorrt's version) when --tensorrt is given and it is not."""
+    if args.tensorrt is not None and dest not in getattr(args, "given", set()):
+        return None
+    return getattr(args, dest)
+
+
 def run(args) -> int:
     from ..export.pipeline import ExportOptions, export_bundle, prepare
 
@@ -116,8 +131,8 @@ def run(args) -> int:
         target=args.target,
         draft=default_draft(args.precision, args.tensorrt) if args.draft in ("auto", "head") else args.draft,
         out=args.out, precision=args.precision,
-        draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
-        kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
+        draft_precision=_unless_tensorrt(args, "draft_precision"), max_seq=args.max_seq, spec_tokens=args.spec_tokens,
+        kv_mode=_unless_tensorrt(args, "kv_update"), prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
         graphs=args.graphs, features=args.features or head, tree=args.tree, int4_kernel=args.int4_kernel,
         tensorrt=args.tensorrt,
     )
