@@ -189,6 +189,21 @@ def test_bundle_for_tensorrt_1016_keeps_scatter_and_takes_a_blocked_int4_draft(t
     assert dq and all(any(a.name == "block_size" for a in n.attribute) for n in dq)
     assert check_bundle(b, "10.16").ok
     assert not check_bundle(b, "10.3").ok  # TensorScatter, opset 24
+    # the blocked int4 draft TensorRT gets runs (ONNX Runtime) and is as close to the fp32 target as
+    # the MatMulNBits int4 draft ONNX Runtime gets (both round to nearest, blocks of 32)
+    import onnxruntime as ort
+
+    def logits(graph):
+        sess = ort.InferenceSession(str(b / graph.path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros([d if isinstance(d, int) else 3 for d in i.shape], np.float32)
+                 for i in sess.get_inputs()}
+        feeds.update(input_ids=np.array([[5, 17, 42]], np.int64), position=np.array([0], np.int64))
+        return sess.run(["logits"], feeds)[0]
+
+    want = logits(m.target.graph_for("tensorrt"))
+    dq = np.abs(logits(m.draft.graph_for("tensorrt")) - want).mean()
+    nbits = np.abs(logits(m.draft.graph_for("ort-cpu")) - want).mean()
+    assert m.draft.graph_for("ort-cpu").flavour == "ort" and dq < 1.5 * nbits, (dq, nbits)
 
 
 def test_default_export_is_unchanged(tiny_bundle_factory):
