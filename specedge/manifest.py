@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_VOCAB = 4_000_000
 MAX_MAX_SEQ = 1 << 20
+# The ai.onnx opset export-models writes (export/onnx_graph.OPSET); a graph may declare an older one.
+GRAPH_OPSET = 24
 
 
 class BundleError(Exception):
@@ -58,6 +61,9 @@ class GraphSpec:
     # (specedge_kernel.batch_invariant), so single-token steps need no padding for exact
     # speculation (runtime/invariant.py); optional, absent = false
     batch_invariant: bool = False
+    # the graph's ai.onnx opset when not GRAPH_OPSET (--tensorrt bundles): the onnxruntime it
+    # needs follows it (runtime/ort_version.py); optional, absent = GRAPH_OPSET
+    opset: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -68,7 +74,12 @@ class GraphSpec:
             **({"tree": True} if self.tree else {}),
             **({"custom_ops": list(self.custom_ops)} if self.custom_ops else {}),
             **({"batch_invariant": True} if self.batch_invariant else {}),
+            **({"opset": self.opset} if self.opset and self.opset != GRAPH_OPSET else {}),
         }
+
+    @property
+    def onnx_opset(self) -> int:
+        return self.opset or GRAPH_OPSET
 
 
 @dataclass
@@ -161,6 +172,8 @@ class Manifest:
     root: Path | None = None  # where it was loaded from; not serialized
     # A draft head trained for this target (`specedge train-draft`), kind "head"; None: no head.
     head: ModelSpec | None = None
+    # The TensorRT version the bundle was exported for (`export-models --tensorrt`); None: any.
+    tensorrt: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -169,6 +182,7 @@ class Manifest:
             "max_seq": self.max_seq,
             "batch": self.batch,
             "kv_mode": self.kv_mode,
+            **({"tensorrt": self.tensorrt} if self.tensorrt else {}),
             "spec": {"k": self.spec_tokens, "prefill_chunk": self.prefill_chunk},
             "tokenizer": {
                 "vocab_size": self.tokenizer_vocab_size,
@@ -355,6 +369,7 @@ def _model(d: dict, role: str) -> ModelSpec:
                 tree=_graph_tree_flag(g, where + ".graphs"),
                 custom_ops=_graph_custom_ops(g, where + ".graphs"),
                 batch_invariant=_graph_flag(g, "batch_invariant", where + ".graphs"),
+                opset=_graph_opset(g, where + ".graphs"),
             )
         )
     return m
@@ -379,6 +394,13 @@ def _graph_custom_ops(g: dict, where: str) -> list[str]:
         raise BundleError(f"the manifest's 'custom_ops' in {where} names '{unknown[0]}', which this specedge "
                           f"does not provide (it has '{LIBRARY}'): the bundle needs a newer specedge")
     return list(ops)
+
+
+def _graph_opset(g: dict, where: str) -> int:
+    v = g.get("opset", GRAPH_OPSET)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise BundleError(f"the manifest's 'opset' in {where} must be a number, got {v!r}")
+    return _bounded(v, 7, GRAPH_OPSET, where + ".opset")
 
 
 def _graph_tree_flag(g: dict, where: str) -> bool:
@@ -423,6 +445,9 @@ def parse_manifest(obj: Any) -> Manifest:
         if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
             raise BundleError(f"the manifest's checksum entry for '{rel}' is malformed")
     tvocab = _bounded(_req(tok, "vocab_size", int, "tokenizer"), 2, MAX_VOCAB, "tokenizer.vocab_size")
+    trt = obj.get("tensorrt")
+    if trt is not None and not (isinstance(trt, str) and re.fullmatch(r"\d+(\.\d+){1,2}", trt)):
+        raise BundleError("the manifest's tensorrt must be a TensorRT version such as \"10.3\"")
     return Manifest(
         schema_version=version,
         created_by=str(obj.get("created_by", "")),
@@ -442,6 +467,7 @@ def parse_manifest(obj: Any) -> Manifest:
         files=files,
         extra=obj.get("extra", {}) or {},
         head=head,
+        tensorrt=trt,
     )
 
 

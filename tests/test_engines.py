@@ -505,7 +505,7 @@ class FakeTRT(types.ModuleType):
             def parse_from_file(self, path):
                 import onnx
 
-                assert path.endswith("model.onnx")
+                assert path.endswith(".onnx")  # model.onnx, or model.portable.onnx beside an ort flavour
                 fake.calls["parsed"].append(path)
                 graph = onnx.load(path, load_external_data=False).graph
                 for i, n in enumerate(graph.node):

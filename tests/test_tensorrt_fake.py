@@ -404,10 +404,13 @@ def write_fake_plan(manifest, spec, folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(params=["scatter", "delta"])
+@pytest.fixture(params=["scatter", "delta", "tensorrt-10.3"])
 def bundle(request, tiny_bundle_factory):
     """A tiny fp32 llama bundle whose target has a portable graph (TensorRT's) and a features
-    output; the ngram draft keeps the export small."""
+    output; the ngram draft keeps the export small. tensorrt-10.3: exported with --tensorrt 10.3
+    (delta, opset 18, the norms written out)."""
+    if request.param == "tensorrt-10.3":
+        return tiny_bundle_factory("llama", kv_mode=None, draft="ngram", features=True, tensorrt="10.3")
     kw = {"graphs": "portable"} if request.param == "scatter" else {}
     return tiny_bundle_factory("llama", kv_mode=request.param, draft="ngram", features=True, **kw)
 

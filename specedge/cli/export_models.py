@@ -29,6 +29,14 @@ class TqdmProgress:
             print(msg, file=sys.stderr)
 
 
+class _Given(argparse._StoreAction):
+    """Stores the value and notes that it was given: --tensorrt fills in only the options left out."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..export.pipeline import DEFAULT_MAX_SEQ, DEFAULT_PREFILL_CHUNK
     from ..manifest import PRECISIONS
@@ -49,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --draft head: the training budget, tokens or minutes (default: train-draft's)")
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
-    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, help="self-draft precision (default int4)")
+    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, action=_Given,
+                   help="self-draft precision (default int4); with --tensorrt, int4 where that version takes it, else int8")
     p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
     p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
-    p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"),
-                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) (default scatter)")
+    p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"), action=_Given,
+                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) "
+                   "(default scatter); with --tensorrt, what that version imports")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
                    help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
@@ -69,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "one weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
                    "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
                    "(specedge: refused where its kernels do not run)"),
+    p.add_argument("--tensorrt", metavar="VERSION",
+                   help="the TensorRT the bundle is for (e.g. 10.3 on JetPack 6): every graph offered to TensorRT is one "
+                   "that version parses and builds (its kv mode and opset, no op outside its table, int4/int8 "
+                   "weights as DequantizeLinear); recorded in the manifest (docs/jetson.md)")
     p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -77,12 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_draft(precision: str) -> str:
+def default_draft(precision: str, tensorrt: str | None = None) -> str:
     """export-models' draft when none is named. A quantized target is already as cheap per token
     as its own int4 self-draft would be, so drafting with it costs a target step per token: on the
     default model's int4 target the n-gram drafter gives 110.7 tok/s, the int4 self-draft 76.1
-    (target-only 74.2; benchmarks/results/int4_exactness.json)."""
+    (target-only 74.2; benchmarks/results/int4_exactness.json). With --tensorrt: see
+    tensorrt_target.default_draft."""
+    if tensorrt is not None:
+        from ..export import tensorrt_target
+
+        return tensorrt_target.default_draft(tensorrt_target.resolve(tensorrt), precision)
     return "ngram" if precision in ("int4", "int8") else "self"
+
+
+def _unless_tensorrt(args, dest: str):
+    """The option's value, or None (decided by --tensorrt's version) when --tensorrt is given and it is not."""
+    if args.tensorrt is not None and dest not in getattr(args, "given", set()):
+        return None
+    return getattr(args, dest)
 
 
 def run(args) -> int:
@@ -96,11 +122,13 @@ def run(args) -> int:
 
         parse_budget(args.head_budget or "1")  # a bad budget is refused before the export, not after it
     opts = ExportOptions(
-        target=args.target, draft=default_draft(args.precision) if args.draft in ("auto", "head") else args.draft,
+        target=args.target,
+        draft=default_draft(args.precision, args.tensorrt) if args.draft in ("auto", "head") else args.draft,
         out=args.out, precision=args.precision,
-        draft_precision=args.draft_precision, max_seq=args.max_seq, spec_tokens=args.spec_tokens,
-        kv_mode=args.kv_update, prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
+        draft_precision=_unless_tensorrt(args, "draft_precision"), max_seq=args.max_seq, spec_tokens=args.spec_tokens,
+        kv_mode=_unless_tensorrt(args, "kv_update"), prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
         graphs=args.graphs, features=args.features or head, tree=args.tree, int4_kernel=args.int4_kernel,
+        tensorrt=args.tensorrt,
     )
     t0 = time.time()
     plan = prepare(opts)
@@ -130,13 +158,15 @@ def run(args) -> int:
         print(json.dumps({"bundle": str(out), "reused": reused, "seconds": round(took, 1), "bytes": size,
                           "target": {"family": m.target.family, "precision": m.target.precision},
                           "draft": {"kind": m.draft.kind, "precision": m.draft.precision if m.draft.is_model else None},
-                          "kv_mode": m.kv_mode, "max_seq": m.max_seq, "k": m.spec_tokens}))
+                          "kv_mode": m.kv_mode, "max_seq": m.max_seq, "k": m.spec_tokens,
+                          **({"tensorrt": m.tensorrt} if m.tensorrt else {})}))
     elif reused:
         print(f"bundle {out} is current (same sources and options, {m.created_by}): nothing to export")
     else:
         d = f"{m.draft.precision} {m.draft.family}" if m.draft.is_model else "n-gram"
         print(f"bundle written to {out} ({size / 1e6:.1f} MB, {took:.0f} s): target {m.target.family} "
-              f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}")
+              f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}"
+              + (f", for TensorRT {m.tensorrt}" if m.tensorrt else ""))
         tip = kernel_tip(m, args.int4_kernel, args.quiet)
         if tip:
             print(tip)

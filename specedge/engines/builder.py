@@ -302,12 +302,6 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
     specs = [s for s in (manifest.target, manifest.draft) if s.is_model and s.role in options.roles]
     if not specs:
         raise UserError("nothing to build: the selected models have no graph (an n-gram draft needs no engine)")
-    for s in specs:
-        if s.precision in ("int8", "int4"):
-            raise UserError(
-                f"the {s.role} is {s.precision} (ONNX Runtime's MatMulNBits), which TensorRT cannot parse; "
-                "export an fp16/bf16 bundle for TensorRT (export-models --precision fp16 --draft-precision fp16)"
-            )
     # The parser's own error names one node; the table names every one, with the export flag to use.
     check = check_bundle(manifest.root, installed_line(trt.__version__), roles=tuple(s.role for s in specs), manifest=manifest)
     if not check.ok:

@@ -18,11 +18,13 @@ import onnx
 import torch
 
 from ..contract import FEATURES_OUTPUT, TREE_INPUT, graph_io
+from ..manifest import GRAPH_OPSET
+from ..models.common import unfuse_norms
 from ..models.gqa import gqa_onnx
 
 FLAVOURS = ("portable", "ort")
 
-OPSET = 24
+OPSET = GRAPH_OPSET
 FORBIDDEN_OPS = {"If", "Loop", "Scan"}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -59,6 +61,7 @@ def export_graph(
     batch: int = 1,
     flavour: str = "portable",
     tree: bool = False,
+    opset: int = OPSET,
 ) -> None:
     """Export `model` (a specedge.models module) to `out_path` (+ `out_path.data`).
 
@@ -72,6 +75,9 @@ def export_graph(
     tree: the graph also takes the `tree_mask` input (contract.TREE_INPUT): the ancestor mask
     among the new tokens, from which it derives their rotary positions (position + depth) and
     masks (docs/design.md, "Tree calls").
+
+    opset below OPSET (an older TensorRT's range, export/tensorrt_target.py): the graph declares
+    it and the IR version that goes with it, and every norm is written out elementwise.
     """
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown graph flavour '{flavour}'")
@@ -82,6 +88,8 @@ def export_graph(
     model.kv_mode = "gqa" if flavour == "ort" else kv_mode
     model.tree = bool(tree)
     model.fuse_projections()
+    if opset < OPSET:
+        unfuse_norms(model)
     if flavour == "ort":
         model.prepare_rope_tables(max_seq, dtype)
     cache = model.empty_cache(max_seq, batch, dtype)
@@ -112,7 +120,7 @@ def export_graph(
             input_names=in_names,
             output_names=out_names,
             dynamo=True,
-            opset_version=OPSET,
+            opset_version=opset,
             custom_translation_table={
                 torch.ops.specedge.cache_write.default: _tensor_scatter,
                 torch.ops.specedge.gqa.default: gqa_onnx,
@@ -121,6 +129,8 @@ def export_graph(
             verbose=False,
         )
         proto = _optimize(prog.model)
+    if opset < OPSET:
+        proto.ir_version = onnx.helper.find_min_ir_version_for(list(proto.opset_import))
     _name_dynamic_dim(proto, "T")
     _drop_unused_initializers(proto)
     out_path.parent.mkdir(parents=True, exist_ok=True)

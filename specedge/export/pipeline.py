@@ -69,10 +69,11 @@ class ExportOptions:
     # int4: from a GGUF the file's own 4-bit blocks are stored exactly (gguf_exact.py), so the
     # default model's int4 draft agrees with its fp32 target on ~96% of greedy tokens (re-quantizing
     # gave 63-73%) while reading 112 MB per step against int8's 152 MB.
-    draft_precision: str = "int4"
+    # None: int4, or with `tensorrt` the cheapest weight-only form that version builds
+    draft_precision: str | None = "int4"
     max_seq: int = DEFAULT_MAX_SEQ
     spec_tokens: int = 4
-    kv_mode: str = "scatter"
+    kv_mode: str | None = "scatter"  # None: scatter, or with `tensorrt` what that version imports
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     force: bool = False
     block_size: int = 32
@@ -86,9 +87,33 @@ class ExportOptions:
     # a block-min correction), "specedge" ai.specedge.MatMulQ41's only (libspecedge_ops; the graph
     # then needs the library: GraphSpec.custom_ops)
     int4_kernel: str = "auto"
+    # a TensorRT version ("10.3"): every graph offered to TensorRT is one it parses and builds
+    # (tensorrt_target.py); the manifest records it
+    tensorrt: str | None = None
+
+
+def _resolve_tensorrt(o: ExportOptions):
+    """Fill in the options --tensorrt decides (kv mode, draft precision) after refusing the ones
+    that contradict it; returns the target (None without --tensorrt)."""
+    if o.tensorrt is None:
+        o.kv_mode = o.kv_mode or "scatter"
+        o.draft_precision = o.draft_precision or "int4"
+        return None
+    from .tensorrt_target import check_options, default_draft_precision, resolve
+
+    t = resolve(o.tensorrt)
+    check_options(t, kv_mode=o.kv_mode, graphs=o.graphs, precision=o.precision, draft_kind=_draft_kind(o),
+                  draft_precision=o.draft_precision, int4_kernel=o.int4_kernel)
+    o.tensorrt = t.version
+    # the ONNX Runtime graphs beside TensorRT's keep one int4 kernel (MatMulNBits) rather than a pair
+    o.int4_kernel = "matmulnbits"
+    o.kv_mode = o.kv_mode or t.kv_mode
+    o.draft_precision = o.draft_precision or default_draft_precision(t)
+    return t
 
 
 def validate_options(o: ExportOptions) -> None:
+    _resolve_tensorrt(o)
     if o.precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{o.precision}'")
     if o.draft_precision not in PRECISIONS:
@@ -170,7 +195,8 @@ def recorded_options(opts: ExportOptions) -> dict:
             "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
             "graphs": opts.graphs, **({"features": True} if opts.features else {}),
             **({"tree": True} if opts.tree else {}),
-            **({"int4_kernel": opts.int4_kernel} if _has_int4(opts) and opts.int4_kernel != "matmulnbits" else {})}
+            **({"int4_kernel": opts.int4_kernel} if _has_int4(opts) and opts.int4_kernel != "matmulnbits" else {}),
+            **({"tensorrt": opts.tensorrt} if opts.tensorrt else {})}
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -305,16 +331,17 @@ def _commit(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def graph_flavours(option: str, kv_mode: str, precision: str) -> list[str]:
+def graph_flavours(option: str, kv_mode: str, precision: str, tensorrt: bool = False) -> list[str]:
     """Which graph flavours to ship. auto: the ONNX Runtime flavour for CPU precisions (fp32,
     int8, int4), both flavours for GPU precisions (fp16, bf16: ONNX Runtime CUDA and TensorRT), and
-    only the portable one for delta bundles (TensorRT 10.3 on JetPack 6)."""
+    only the portable one for delta bundles (TensorRT 10.3 on JetPack 6); `tensorrt` (a bundle
+    exported for a TensorRT version): the portable one always."""
     if kv_mode == "delta":
         if option == "ort":
             raise UserError("--graphs ort needs --kv-update scatter (the ONNX Runtime flavour updates the cache in place)")
         return ["portable"]
     if option == "auto":
-        return ["ort", "portable"] if precision in ("fp16", "bf16") else ["ort"]
+        return ["ort", "portable"] if precision in ("fp16", "bf16") or tensorrt else ["ort"]
     if option == "both":
         return ["ort", "portable"]
     if option in ("ort", "portable"):
@@ -322,12 +349,12 @@ def graph_flavours(option: str, kv_mode: str, precision: str) -> list[str]:
     raise UserError(f"--graphs must be auto, ort, portable or both, got '{option}'")
 
 
-def _backends_for(flavour: str, flavours: list[str], precision: str = "fp32") -> list[str]:
+def _backends_for(flavour: str, flavours: list[str], precision: str = "fp32", dq: bool = False) -> list[str]:
     """Which runtime backends may run a graph. int8/int4 graphs hold ONNX Runtime's MatMulNBits,
-    which TensorRT cannot parse, so they are never offered to TensorRT (whatever their flavour):
-    TensorRT engines need an fp16/bf16 (or fp32) bundle."""
+    which TensorRT cannot parse, so they are never offered to TensorRT (whatever their flavour),
+    unless `dq` (--tensorrt): their weights then go through DequantizeLinear, which it parses."""
     ort_only = ["ort-cpu", "ort-cuda"]
-    if flavour == "ort" or precision in ("int8", "int4"):
+    if flavour == "ort" or (precision in ("int8", "int4") and not dq):
         return ort_only
     return ["ort-trt", "tensorrt"] + ([] if "ort" in flavours else ort_only)
 
@@ -375,10 +402,11 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
 
     from ..models import build_model, load_weights
     from ..models.common import default_feature_layers
-    from .onnx_graph import check_graph, drop_features_output, export_graph, save_with_external_data
-    from .quantize import quantize_weights, share_tied_embedding
+    from .onnx_graph import OPSET, check_graph, drop_features_output, export_graph, save_with_external_data
+    from .quantize import quantize_dq, quantize_weights, share_tied_embedding
+    from .tensorrt_target import TRT_OPSET, trt_weight_opset
 
-    flavours = graph_flavours(opts.graphs, opts.kv_mode, precision)
+    flavours = graph_flavours(opts.graphs, opts.kv_mode, precision, bool(opts.tensorrt))
     base_prec = precision if precision in ("fp16", "bf16") else "fp32"
     graphs: list[GraphSpec] = []
     fp32_out: dict = {}
@@ -392,6 +420,8 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         rel = f"{role}/{name}"
         path = tmp / rel
         reuse = (reuse_fp32 or {}).get(flavour) if base_prec == "fp32" else None
+        # TensorScatter is opset 24: only a delta graph can declare an older TensorRT's opset
+        opset = TRT_OPSET if opts.tensorrt and opts.kv_mode == "delta" else OPSET
         if reuse is not None:
             # Either the proto itself or the path of the saved fp32 graph (saving turns a proto's
             # tensors into external references, so a saved one is re-read from disk).
@@ -405,7 +435,7 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 model.feature_layers = taps
                 scratch = tmp / f".{role}-trace" / "model.onnx"
                 export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour,
-                             tree=opts.tree)
+                             tree=opts.tree, opset=opset)
                 del model
                 proto = onnx.load(str(scratch))
                 shutil.rmtree(scratch.parent)
@@ -416,9 +446,13 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 work = onnx.ModelProto()
                 work.CopyFrom(proto)
                 kernel = opts.int4_kernel if precision == "int4" and flavour == "ort" else "matmulnbits"
-                proto = quantize_weights(work, 4 if precision == "int4" else 8, opts.block_size, gguf=gguf,
-                                         say=lambda m: st.update(0, m), info=qinfo,
-                                         kernel="specedge" if kernel == "auto" else kernel)
+                bits = 4 if precision == "int4" else 8
+                if opts.tensorrt:  # the standard-op form TensorRT parses (no MatMulNBits)
+                    proto = quantize_dq(work, bits, opts.block_size, trt_weight_opset(precision), info=qinfo)
+                else:
+                    proto = quantize_weights(work, bits, opts.block_size, gguf=gguf,
+                                             say=lambda m: st.update(0, m), info=qinfo,
+                                             kernel="specedge" if kernel == "auto" else kernel)
                 st.update(1)
             if kernel == "auto" and custom_op_libraries(proto):
                 graphs += _write_int4_pair(tmp, rel, proto, flavour, flavours, opts.tree, progress, role)
@@ -432,9 +466,10 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
             st.update(1)
         ops = custom_op_libraries(proto)
         # MatMulQ41 is a CPU kernel: under ort-cuda every call would copy its tensors to the host
-        backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision)
+        backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision, bool(opts.tensorrt))
         graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops,
-                                batch_invariant=batch_invariant(proto)))
+                                batch_invariant=batch_invariant(proto),
+                                opset=next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))))
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:
@@ -546,6 +581,7 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
         target=tspec,
         draft=dspec,
         files=files,
+        tensorrt=opts.tensorrt,
         extra={"export_seconds": round(time.time() - t0, 1), "source_target": target.source,
                "source_draft": opts.draft if draft_kind != "self" else "self", "export": record},
     )

@@ -1,5 +1,6 @@
 """Post-passes on exported graphs: weight-only int8/int4 (MatMulNBits, through onnxruntime's own
-quantizer) and sharing the tied embedding / lm_head weight."""
+quantizer; or DequantizeLinear before each MatMul, the form TensorRT parses) and sharing the tied
+embedding / lm_head weight."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 BLOCK_SIZE = 32
 # accuracy_level 4 lets ORT's CPU kernel quantize activations to int8 for the int4 matmul:
@@ -77,8 +78,72 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
     return out
 
 
+def quantize_matrix(w, bits: int, block_size: int, name: str = "w"):
+    """Symmetric weight-only quantization of a MatMul weight W [K, N] as DequantizeLinear
+    inputs: (quantized initializer, scale initializer, node attributes). int8: one scale per
+    output column; int4: one per `block_size` rows of each column (opset 21's blocked form)."""
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    if bits == 8:
+        scale = np.abs(w).max(axis=0) / 127.0
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        return (numpy_helper.from_array(q, name + "_q"), numpy_helper.from_array(scale.astype(np.float32), name + "_s"),
+                {"axis": 1})
+    if k % block_size:
+        raise ValueError(f"{k} rows are not a multiple of the block size {block_size}")
+    blocks = np.abs(w.reshape(k // block_size, block_size, n)).max(axis=1)
+    scale = blocks / 7.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(w / np.repeat(scale, block_size, axis=0)), -8, 7).astype(np.int8)
+    qt = helper.make_tensor(name + "_q", TensorProto.INT4, [k, n], q.flatten().tolist())
+    return qt, numpy_helper.from_array(scale.astype(np.float32), name + "_s"), {"axis": 0, "block_size": block_size}
+
+
+def quantize_dq(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE, opset: int | None = None,
+                info: dict | None = None) -> onnx.ModelProto:
+    """Weight-only quantization as standard ops: every MatMul with a constant 2-D weight reads it
+    through a DequantizeLinear (quantize_matrix). `opset`: the opset the result declares (int4's
+    blocked form needs 21; a graph below it is converted by onnx's version converter)."""
+    from onnx import version_converter
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    nodes = []
+    done: dict[str, str] = {}
+    for n in proto.graph.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is not None and len(w.dims) == 2 and (bits == 8 or w.dims[0] % block_size == 0):
+            if w.name not in done:
+                q, s, attrs = quantize_matrix(numpy_helper.to_array(w), bits, block_size, name=w.name)
+                proto.graph.initializer.extend([q, s])
+                out = w.name + "_dq"
+                nodes.append(helper.make_node("DequantizeLinear", [q.name, s.name], [out], name=out, **attrs))
+                done[w.name] = out
+            n.input[1] = done[w.name]
+        nodes.append(n)
+    if not done:
+        raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    used = {i for n in proto.graph.node for i in n.input}  # a tied embedding's Gather keeps its table
+    keep = [t for t in proto.graph.initializer if t.name not in done or t.name in used]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(keep)
+    if info is not None:
+        info.clear()
+        info.update({"method": "dequantizelinear", "bits": bits, "symmetric": True,
+                     "granularity": "per-channel" if bits == 8 else f"block {block_size}", "matmuls": len(done)})
+    current = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    if opset is not None and opset > current:
+        proto = version_converter.convert_version(proto, opset)
+        proto.ir_version = helper.find_min_ir_version_for(list(proto.opset_import))
+    return proto
+
+
 def describe(precision: str, info: dict) -> str:
     """One line for the manifest's `weights` field (shown by `specedge inspect`)."""
+    if info.get("method") == "dequantizelinear":
+        return f"{precision} weight-only (DequantizeLinear, {info['granularity']}, symmetric)"
     head = f"{precision} weight-only (MatMulNBits"
     if not info or not info.get("exact_matmuls"):
         return head + ")"

@@ -29,9 +29,12 @@ class RMSNorm(nn.Module):
         # Gemma stores (weight - 1); the offset keeps the checkpoint's numbers untouched.
         self.offset = offset
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
+        # False writes the fp32 norm out elementwise too: parsers older than opset 23 (TensorRT
+        # before 10.15) have no RMSNormalization.
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
+        if x.dtype == torch.float32 and self.fused:
             # One ONNX RMSNormalization node (opset 23) instead of seven elementwise ones: at T=1
             # on a small CPU the per-node overhead is a third of a step.
             w = self.weight + self.offset if self.offset else self.weight
@@ -43,6 +46,13 @@ class RMSNorm(nn.Module):
         if self.offset:
             return (xf * (self.weight.float() + self.offset)).to(x.dtype)
         return self.weight * xf.to(x.dtype)
+
+
+def unfuse_norms(model: nn.Module) -> None:
+    """Every RMSNorm of `model` exported as elementwise ops (see RMSNorm.fused)."""
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.fused = False
 
 
 def _rope_params(config, layer_type: str | None) -> dict:

@@ -36,7 +36,7 @@ from .drafters.ngram import NgramProposer
 from .generator import GenerationConfig, Generator, Result, check_prompt
 from .int4_kernel import CHOICES as INT4_KERNELS
 from .invariant import InvariantSteps, rows_independent_of_t, wants_invariant_steps
-from .ort_version import check_onnxruntime_version
+from .ort_version import bundle_opset, check_onnxruntime_version
 from .policy import CostModel
 
 # ONNX Runtime intra-op threads per session: more than any CPU has cores; a larger number is a
@@ -496,12 +496,12 @@ def _clock() -> float:
     return time.perf_counter()
 
 
-def _check_onnxruntime() -> None:
+def _check_onnxruntime(manifest: Manifest) -> None:
     try:
         import onnxruntime
     except ImportError:
         return  # the backend says how to install it
-    check_onnxruntime_version(onnxruntime.__version__)
+    check_onnxruntime_version(onnxruntime.__version__, bundle_opset(manifest))
 
 
 def _accepts(klass, name: str) -> bool:
@@ -605,7 +605,7 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     else:
         dname = resolve_backend_name(draft_backend or backend) if draft == "model" else None
     if any(n and n.startswith("ort-") for n in (tname, dname)):
-        _check_onnxruntime()
+        _check_onnxruntime(manifest)
     if tname == "ort-cpu":  # the KV caches and logits live in host memory
         check_fits_memory(manifest, draft=dname is not None)
     if providers is not None and not all(n.startswith("ort-") for n in (tname, dname) if n):
