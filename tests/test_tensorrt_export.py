@@ -18,6 +18,7 @@ import pytest
 from specedge.engines.tensorrt_support import check_bundle, graph_findings
 from specedge.manifest import load_manifest
 
+from test_engines import _trt_table_ops
 from test_export_cli import assert_bad_input, run
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
@@ -114,6 +115,8 @@ def test_tensorrt_103_graph_passes_the_table_and_computes_the_default(graph_pair
     assert [(o.domain, o.version) for o in head.opset_import] == [("", 18)] and head.ir_version == 8
     assert graph_findings(str(trt), "10.3") == []
     assert not {n.op_type for n in head.graph.node} & {"RMSNormalization", "TensorScatter", "MatMulNBits"}
+    # what the engine tests' TensorRT stand-in parses on 10.3 (its own reading of the table)
+    assert {(n.domain, n.op_type) for n in head.graph.node} <= {("", op) for op in _trt_table_ops("10.3")}
     # the default graph is what it was: opset 24, one RMSNormalization per norm in fp32
     dhead = onnx.load(str(default), load_external_data=False)
     assert dhead.opset_import[0].version == 24
