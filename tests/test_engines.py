@@ -429,8 +429,8 @@ class _T:
 
 def _trt_table_ops(version: str) -> set[str]:
     """The ONNX operators tensorrt_ops.json lists for the newest table line at or below `version`,
-    read here independently of engines/tensorrt_support.py."""
-    table = json.loads((Path(specedge.engines.__file__).parent / "tensorrt_ops.json").read_text())
+    read here independently of tensorrt_support.py."""
+    table = json.loads((Path(specedge.__file__).parent / "tensorrt_ops.json").read_text())
     key = lambda v: tuple(int(x) for x in v.split(".")[:2])  # noqa: E731
     have = key(version)
     ops: set[str] = set()
@@ -445,7 +445,7 @@ class FakeTRT(types.ModuleType):
 
     Its parser reads the graph (not its weights) and, like TensorRT's, fails on the first node whose
     operator the ONNX parser of the version it reports does not import (the table in
-    engines/tensorrt_ops.json); it only warns about the opset, as TensorRT's does."""
+    tensorrt_ops.json); it only warns about the opset, as TensorRT's does."""
 
     def __init__(self, version, manifest_spec, kv_mode, max_seq):
         super().__init__("tensorrt")

@@ -99,7 +99,7 @@ def toy_onnx(kv_mode: str, seed: int = 0) -> tuple[bytes, np.ndarray, np.ndarray
     nodes.append(helper.make_node("Add", ["base", "total"], ["logits"]))
     graph = helper.make_graph(nodes, "toy", [vi(t) for t in ins], [vi(t) for t in outs], initializer=inits)
     # TensorScatter needs opset 24; the delta graph stays in the opsets TensorRT 10.3 documents (9..20), which
-    # build-engines checks (engines/tensorrt_ops.json)
+    # build-engines checks (tensorrt_ops.json)
     opset = 24 if kv_mode == "scatter" else 20
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="specedge-test")
     model.ir_version = 10

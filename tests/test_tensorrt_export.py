@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from specedge.engines.tensorrt_support import check_bundle, graph_findings
+from specedge.tensorrt_support import check_bundle, graph_findings
 from specedge.manifest import load_manifest
 
 from test_engines import _trt_table_ops

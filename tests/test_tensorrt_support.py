@@ -1,5 +1,5 @@
-"""The TensorRT support table (engines/tensorrt_ops.json), the checks built on it
-(engines/tensorrt_support.py) and `specedge inspect --tensorrt`."""
+"""The TensorRT support table (tensorrt_ops.json), the checks built on it
+(tensorrt_support.py) and `specedge inspect --tensorrt`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specedge.cli.main import main
-from specedge.engines import tensorrt_support as ts
+from specedge import tensorrt_support as ts
 from specedge.errors import UserError
 
 SUPPORTED = "10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1"

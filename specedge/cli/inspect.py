@@ -4,7 +4,7 @@ KV mode, graph I/O, sizes.
 By default it reads the manifest and checks each file's size (no hashing and no torch), so it
 is instant even on a multi-GB bundle, and says so; `--verify full` also checks every sha256.
 `--tensorrt VERSION` also lists, per graph that build-engines would give TensorRT, every node that
-version's ONNX parser does not import (engines/tensorrt_support.py): exit 3 when one would not parse
+version's ONNX parser does not import (tensorrt_support.py): exit 3 when one would not parse
 or no graph is offered to TensorRT, 0 when all would.
 """
 
@@ -143,7 +143,7 @@ CHECKED = {
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
     from ..contract import FEATURES_OUTPUT, TREE_INPUT
-    from ..engines.tensorrt_support import bundle_tensorrt
+    from ..tensorrt_support import bundle_tensorrt
     from ..runtime.invariant import wants_invariant_steps
     from .export_models import default_draft
 
@@ -224,7 +224,7 @@ def run(args) -> int:
     from ..bundle_files import check_graph_files
     from ..manifest import load_manifest
 
-    from ..engines import tensorrt_support as ts
+    from .. import tensorrt_support as ts
 
     line = ts.parse_tensorrt_version(args.tensorrt) if args.tensorrt is not None else None
     m = load_manifest(Path(args.bundle), verify=args.verify)

@@ -46,7 +46,7 @@ from .plan_json import (
     short_version,
 )
 from .profiles import input_shapes, profiles_for
-from .tensorrt_support import check_bundle, check_bundle_target, installed_line, parse_error_hint, refusal
+from ..tensorrt_support import check_bundle, check_bundle_target, installed_line, parse_error_hint, refusal
 
 GiB = 1 << 30
 TIMING_CACHE = "timing.cache"
@@ -302,6 +302,15 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
     specs = [s for s in (manifest.target, manifest.draft) if s.is_model and s.role in options.roles]
     if not specs:
         raise UserError("nothing to build: the selected models have no graph (an n-gram draft needs no engine)")
+    for s in specs:
+        # without --tensorrt, int4/int8 weights are ONNX Runtime's MatMulNBits (never TensorRT's form);
+        # a --tensorrt bundle writes them as DequantizeLinear, which the table check below judges
+        if s.precision in ("int8", "int4") and not manifest.tensorrt:
+            raise UserError(
+                f"the {s.role} is {s.precision} (ONNX Runtime's MatMulNBits), which TensorRT cannot parse; "
+                "export an fp16/bf16 bundle for TensorRT (export-models --precision fp16 --draft-precision fp16), "
+                "or export with --tensorrt VERSION"
+            )
     # The parser's own error names one node; the table names every one, with the export flag to use.
     check = check_bundle(manifest.root, installed_line(trt.__version__), roles=tuple(s.role for s in specs), manifest=manifest)
     if not check.ok:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BackendError, UserError
+from ..tensorrt_support import parse_version  # the TensorRT version parser, shared with the table
 from .profiles import Profile
 
 PLAN_SCHEMA_VERSION = 1
@@ -36,21 +37,6 @@ ENGINES_DIR = "engines"
 
 class EngineError(BackendError):
     """A plan that cannot be used here (built elsewhere, stale, corrupt, missing)."""
-
-
-def parse_version(s: str) -> tuple[int, ...]:
-    """'10.3.0.30' -> (10, 3, 0, 30); trailing text such as '10.15.1.post1' is ignored."""
-    parts = []
-    for p in str(s).strip().split("."):
-        m = re.match(r"^(\d+)", p)
-        if not m:
-            break
-        parts.append(int(m.group(1)))
-        if m.group(1) != p:
-            break
-    if not parts:
-        raise ValueError(f"not a version string: {s!r}")
-    return tuple(parts)
 
 
 def short_version(s: str, n: int = 2) -> str:

@@ -1,6 +1,6 @@
 """`export-models --tensorrt VERSION`: what a bundle for that TensorRT is made of.
 
-Every decision is asked of the TensorRT support table (engines/tensorrt_support.py) with a
+Every decision is asked of the TensorRT support table (tensorrt_support.py) with a
 one-node probe graph, so the table is the only place that knows what a version parses:
 
 - the kv mode: scatter when the version imports TensorScatter, else delta;
@@ -44,7 +44,7 @@ def trt_weight_opset(precision: str) -> int:
 
 def _probe(op: str, opset: int, version: str, **kw) -> bool:
     """Whether `version`'s table takes a one-node graph of `op` at `opset`."""
-    from ..engines.tensorrt_support import graph_findings
+    from ..tensorrt_support import graph_findings
 
     return not graph_findings(probe_graph(op, opset, **kw), version)
 
@@ -81,7 +81,7 @@ def probe_graph(op: str, opset: int, bits: int = 8):
 
 def resolve(version_text: str) -> TensorRTTarget:
     """The target for `--tensorrt VERSION` (a UserError for a bad or unknown version)."""
-    from ..engines.tensorrt_support import parse_tensorrt_version
+    from ..tensorrt_support import parse_tensorrt_version
 
     version = parse_tensorrt_version(version_text)
     return TensorRTTarget(

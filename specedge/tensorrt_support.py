@@ -31,10 +31,24 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
-from .plan_json import parse_version
+from .errors import UserError
 
 TABLE_FILE = Path(__file__).with_name("tensorrt_ops.json")
+
+
+def parse_version(s: str) -> tuple[int, ...]:
+    """'10.3.0.30' -> (10, 3, 0, 30); trailing text such as '10.15.1.post1' is ignored."""
+    parts = []
+    for p in str(s).strip().split("."):
+        m = re.match(r"^(\d+)", p)
+        if not m:
+            break
+        parts.append(int(m.group(1)))
+        if m.group(1) != p:
+            break
+    if not parts:
+        raise ValueError(f"not a version string: {s!r}")
+    return tuple(parts)
 MANIFEST_KEY = "tensorrt"
 ONNX_DOMAINS = ("", "ai.onnx")
 _VERSION_TEXT = re.compile(r"^\d+\.\d+(\.\d+){0,2}$")
@@ -353,7 +367,7 @@ def bundle_tensorrt(bundle_dir) -> str | None:
 
 def check_bundle(bundle_dir, version: str, roles: tuple[str, ...] = ("target", "draft"), manifest=None) -> BundleCheck:
     """Check every graph of the bundle that build-engines would give TensorRT `version`'s parser."""
-    from ..manifest import BundleError, load_manifest
+    from .manifest import BundleError, load_manifest
 
     line = parse_tensorrt_version(version)
     m = manifest if manifest is not None else load_manifest(bundle_dir, verify="none")
