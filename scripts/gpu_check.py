@@ -249,10 +249,10 @@ def speculative(backend, prompt, n_new, chunk, k, use_verifier):
     """Greedy speculative decoding with the n-gram drafter. With use_verifier the target's [k+1, V]
     logits go through verify_greedy; otherwise the on-device argmax path applies the same rule.
     Returns (tokens, decode seconds, target calls, acceptance stats dict)."""
-    from specedge.runtime.drafters.ngram import NgramDrafter
+    from specedge.runtime.drafters.ngram import NgramIndex
     from specedge.runtime.verify import AcceptanceStats, verify_greedy
 
-    drafter = NgramDrafter(k=k)
+    drafter = NgramIndex(k=k)
     stats = AcceptanceStats()
     pos = prefill(backend, prompt, chunk)
     history = list(prompt)
@@ -554,7 +554,7 @@ def check_pipeline_drafter(bundle, backend: str, draft: str, backend_options: di
                     backend_options={**backend_options, "cuda_graphs": graphs})
         row["load_seconds"] = time.perf_counter() - t0
         try:
-            target = getattr(pipe.target, "inner", pipe.target)
+            target = pipe.target
             row["describe"] = target.describe()
             row["draft_backend"] = pipe.draft_backend_name
             ids = {"target": [], "speculative": []}

@@ -62,7 +62,7 @@ def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, thread
     cats = sorted({p["category"] for p in suite})
     out = {"bundle": bundle, "target_precision": pipes["ngram"].manifest.target.precision,
            # padded single-token steps, as the pipeline chose them (a batch-invariant graph runs unpadded)
-           "invariant_steps": bool(pipes["ngram"].target.describe().get("invariant_steps")),
+           "invariant_steps": bool(pipes["ngram"].describe()["target"].get("invariant_steps")),
            "k": pipes["ngram"].manifest.spec_tokens, "prompts": len(suite), "repeats": repeats,
            "configurations": {}, "step_costs_ms": {}}
     for name in names:

@@ -64,7 +64,7 @@ def main(argv=None):
         drafters = ["ngram"]
         probe = load(args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft="ngram",
                      shared_pool=True)
-        res_steps = "padded (T = 2)" if probe.target.describe().get("invariant_steps") else "plain (T = 1)"
+        res_steps = "padded (T = 2)" if probe.describe()["target"].get("invariant_steps") else "plain (T = 1)"
         if probe.manifest.draft.is_model:
             drafters.append("model")
         if suite is None:

@@ -6,8 +6,8 @@ round accepts the longest root path of the proposed tree that matches the output
 target's token. The script decodes every bench-suite prompt target-only once (greedy, chat
 template, --max-new-tokens) and replays the rounds offline for:
 
-* `chain k=K`: the n-gram chain specedge drafts (NgramDrafter.propose), for K = nodes - 1;
-* `product tree`: specedge's n-gram tree as a tree round asks for it (NgramProposer.propose_tree,
+* `chain k=K`: the n-gram chain specedge drafts (NgramIndex.propose), for K = nodes - 1;
+* `product tree`: specedge's n-gram tree as a tree round asks for it (NgramDrafter.propose_tree,
   k = 4, depth nodes - 1): the chain first, then best first over the latest 8 matches' counts;
 * `best-first tree`: the same rule over every earlier occurrence (not the latest 8) and with no
   chain put first: every node's children are the distinct tokens that followed the longest
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specedge.bench.runner import load_average, load_prompts  # noqa: E402
-from specedge.runtime.drafters.ngram import NgramDrafter, NgramProposer  # noqa: E402
+from specedge.runtime.drafters.ngram import NgramIndex, NgramDrafter  # noqa: E402
 from specedge.runtime.sampling import SamplingParams  # noqa: E402
 from specedge.runtime.tree import Tree  # noqa: E402
 
@@ -139,7 +139,7 @@ def main() -> int:
 
     def chain(k):
         def rule(h, truth, state):
-            d = state.setdefault("d", NgramDrafter(SIZES, k))
+            d = state.setdefault("d", NgramIndex(SIZES, k))
             prop = d.propose(h, k)
             n = 0
             while n < len(prop) and n < len(truth) and prop[n] == truth[n]:
@@ -149,7 +149,7 @@ def main() -> int:
 
     def product_tree(nodes):
         def rule(h, truth, state):
-            prop = state.setdefault("p", NgramProposer(vocab, SIZES))
+            prop = state.setdefault("p", NgramDrafter(vocab, SIZES))
             return accepted(prop.propose_tree(h, 4, nodes, SamplingParams(), depth=nodes - 1), truth)
         return rule
 

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
               f"{'=' if tree.token_ids == want else '!='} target-only", file=sys.stderr)
     res = {"schema": "specedge.bench.tree_exactness/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "command": "python scripts/tree_exactness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "bundle": args.bundle, "target": pipe.target.describe(), "load_avg": load_average(),
+           "bundle": args.bundle, "target": pipe.describe()["target"], "load_avg": load_average(),
            "prompts": len(rows), "chain_mismatches": sum(not r["chain_equal"] for r in rows),
            "tree_mismatches": sum(not r["tree_equal"] for r in rows), "rows": rows}
     print(json.dumps(res, indent=1))

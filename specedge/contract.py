@@ -16,6 +16,7 @@ __all__ = [
     "FEATURES_OUTPUT",
     "KEY",
     "MAX_SPEC_TOKENS",
+    "NGRAM_SIZES",
     "SEED_MAX",
     "TREE_INPUT",
     "TensorSpec",
@@ -31,6 +32,10 @@ __all__ = [
 # k, the drafts per speculative round: 1..MAX_SPEC_TOKENS (the manifest's spec.k, --spec-tokens,
 # GenerationConfig.spec_tokens; cpp/src/manifest.h's kMaxSpecTokens holds the same value).
 MAX_SPEC_TOKENS = 16
+
+# The n-gram drafter's match sizes, longest first, where a bundle names none (its draft's
+# extra.ngram_sizes; cpp/src/manifest.h holds the same default).
+NGRAM_SIZES = (3, 2, 1)
 
 # Sampling seeds: 0..SEED_MAX, the C API's uint64_t (GenerationConfig.seed, --seed, the server's
 # `seed`; specedge.h's SPECEDGE_SEED_MAX, the same value).

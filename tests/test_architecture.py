@@ -207,3 +207,12 @@ def test_runtime_needs_no_torch():
 @pytest.mark.parametrize("unit", ["specedge.contract", "specedge.errors"])
 def test_the_bottom_layer_imports_nothing_of_specedge(unit):
     assert [t for t, _, _ in graph()[unit]] == []
+
+
+def test_the_runtime_api_is_its_top():
+    """runtime/api.py is the public surface (Pipeline, load): the runtime's other modules never
+    import it, so the assembly's parts (tokenizer, stream, requests, drafters, backends) stand alone."""
+    bad = [f"{name}:{line}" for name, imps in graph().items()
+           if name.startswith("specedge.runtime") and name != "specedge.runtime.api"
+           for target, line, _ in imps if target == "specedge.runtime.api"]
+    assert not bad, "\n".join(bad)

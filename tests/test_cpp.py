@@ -366,11 +366,11 @@ def test_tree_generation_matches_python_and_target_only(tiny_bundle_factory, kv_
 @pytest.mark.parametrize("build", ["release", "asan"])
 def test_ngram_trees_match_python_on_random_histories(tmp_path, build):
     """The hidden Catch2 case [ngram_tree_replay] builds the C++ n-gram tree for every call Python's
-    NgramDrafter.propose_tree answered on random repetitive histories (small alphabets, so many
+    NgramIndex.propose_tree answered on random repetitive histories (small alphabets, so many
     earlier matches continue differently; each stream one drafter on a growing history, sometimes
     rolled back), and checks tokens and parents: the best-first order, its ties and the vocabulary
     cut are the same in both runtimes. Release build and AddressSanitizer."""
-    from specedge.runtime.drafters.ngram import NgramDrafter
+    from specedge.runtime.drafters.ngram import NgramIndex
 
     exe = UNIT if build == "release" else BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
     if not exe.is_file():
@@ -379,7 +379,7 @@ def test_ngram_trees_match_python_on_random_histories(tmp_path, build):
     streams, deep, branched = [], 0, 0
     for _ in range(40):
         sizes = rng.choice([[3, 2, 1], [2, 1], [4, 2], [1]])
-        d = NgramDrafter(sizes)
+        d = NgramIndex(sizes)
         alphabet = rng.randint(2, 9)
         history = [rng.randrange(alphabet) for _ in range(rng.randint(1, 6))]
         calls = []

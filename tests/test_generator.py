@@ -16,7 +16,7 @@ from specedge.runtime.backends import Backend
 from specedge.runtime.cache import run_chunked
 from specedge.runtime.backends.ort import OrtBackend
 from specedge.runtime.drafters.model import ModelDrafter
-from specedge.runtime.drafters.ngram import NgramProposer
+from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.generator import GenerationConfig, Generator
 from specedge.runtime.policy import CostModel, SpecController, expected_tokens
 from specedge.runtime.rounds import speculative_round
@@ -593,7 +593,7 @@ def _scripted_stream(tok):
             return row
 
     target = Scripted(vocab, 128)
-    for drafter in (None, NgramProposer(vocab), ModelDrafter(Scripted(vocab, 128), 8)):
+    for drafter in (None, NgramDrafter(vocab), ModelDrafter(Scripted(vocab, 128), 8)):
         gen = Generator(target, drafter, vocab=vocab, eos_ids=[0], prefill_chunk=8, max_seq=128, spec_tokens=3,
                         decode=tok.decode, costs=CostModel({1: 1.0, 4: 1.0}, 0.01))
         r, pieces = run_gen(gen, script[:prompt_len], max_new_tokens=len(script) - prompt_len, guard=False)

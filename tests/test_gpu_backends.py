@@ -610,11 +610,11 @@ def test_torch_backend_greedy_tree_generation_equals_target_only(tiny_llama):
     import copy
 
     from specedge.runtime.backends.torch_backend import TorchBackend
-    from specedge.runtime.drafters.ngram import NgramProposer
+    from specedge.runtime.drafters.ngram import NgramDrafter
     from specedge.runtime.generator import GenerationConfig, Generator
 
     b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 96, device="cpu", dtype="float32", k=3, prefill_chunk=8)
-    drafter = NgramProposer(64)
+    drafter = NgramDrafter(64)
     gen = Generator(b, drafter, vocab=64, eos_ids=[], prefill_chunk=8, max_seq=96, spec_tokens=3,
                     decode=lambda ids: "")
     drafter.follow_target(gen.target)

@@ -1,4 +1,4 @@
-"""Batch-invariant target steps (specedge/runtime/invariant.py): a single-token step run as two
+"""Batch-invariant target steps (runtime/invariant.py, runtime/cache.py): a single-token step run as two
 tokens gives bit for bit the logits of the matching row of a verification call, so greedy
 speculation on an int4 target equals its target-only output. Tiny int4 bundles in CI; the slow
 test exports the real default model's int4 target."""
@@ -11,7 +11,8 @@ import pytest
 from specedge.manifest import load_manifest
 from specedge.runtime.api import load
 from specedge.runtime.backends import create_backend
-from specedge.runtime.invariant import InvariantSteps, wants_invariant_steps
+from specedge.runtime.cache import CacheTracker
+from specedge.runtime.invariant import wants_invariant_steps
 
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8 1 2 3 4", "hello world, hello"]
 
@@ -24,7 +25,7 @@ def int4_bundle(tiny_bundle_factory):
 
 def test_padded_steps_equal_verification_rows_bit_for_bit(int4_bundle):
     m = load_manifest(int4_bundle, verify="none")
-    steps = InvariantSteps(create_backend("ort-cpu", m, m.target, threads=1))
+    steps = CacheTracker(create_backend("ort-cpu", m, m.target, threads=1), m.prefill_chunk, invariant_steps=True)
     verify = create_backend("ort-cpu", m, m.target, threads=1)
     ids = np.random.default_rng(0).integers(3, m.target.vocab_size, size=60).astype(np.int64)
     for start in (5, 21, 40):
@@ -49,7 +50,7 @@ def test_last_slot_is_a_plain_single_token_call(int4_bundle):
             seen.append((list(ids), position))
             return np.zeros((len(ids), 4), np.float32)
 
-    w = InvariantSteps(Spy())
+    w = CacheTracker(Spy(), 1, invariant_steps=True)
     assert w.run(np.array([7]), 3).shape == (1, 4)
     assert w.run(np.array([7]), m.max_seq - 1).shape == (1, 4)
     assert w.run(np.array([7, 8, 9]), 10).shape == (3, 4)

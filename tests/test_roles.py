@@ -14,7 +14,7 @@ from specedge.manifest import ModelSpec
 from specedge.runtime.backends.base import Backend, import_optional
 from specedge.runtime.cache import CacheTracker
 from specedge.runtime.drafters.base import Drafter, Proposal
-from specedge.runtime.drafters.ngram import NgramDrafter, NgramProposer
+from specedge.runtime.drafters.ngram import NgramIndex, NgramDrafter
 from specedge.runtime.rounds import Round, TargetView, speculative_round, target_step
 from specedge.runtime.sampling import SamplingParams, make_rng, probs_from_logits
 from specedge.runtime.text import TextStreamer
@@ -56,7 +56,7 @@ def test_no_probabilities_is_exactly_a_point_mass():
         draft = rng.integers(0, V, k).tolist()
         seed = int(rng.integers(1 << 30))
         a = verify_sampling(draft, None, p, make_rng(seed))
-        b = verify_sampling(draft, NgramDrafter.probs(draft, V), p, make_rng(seed))
+        b = verify_sampling(draft, NgramIndex.probs(draft, V), p, make_rng(seed))
         assert a == b
 
 
@@ -97,14 +97,14 @@ def test_proposal_is_a_tokens_probs_pair():
 
 
 def test_ngram_proposer_proposes_without_probabilities_even_when_sampling():
-    d = NgramProposer(vocab=10)
+    d = NgramDrafter(vocab=10)
     assert isinstance(d, Drafter) and d.kind == "ngram" and d.calls == 0 and d.copied == 0
     history = [1, 2, 3, 4, 1, 2]
     for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1)):
         prop = d.propose(history, 3, params, make_rng(0))
         assert prop == Proposal([3, 4, 1], None)
     # never an id the target may not emit: the proposal stops before it
-    assert NgramProposer(vocab=4).propose([1, 2, 3, 9, 1, 2], 3, SamplingParams()).tokens == [3]
+    assert NgramDrafter(vocab=4).propose([1, 2, 3, 9, 1, 2], 3, SamplingParams()).tokens == [3]
     assert d.use_kv_donor(CacheTracker(Table(), 4)) is False
 
 

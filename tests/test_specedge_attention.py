@@ -353,7 +353,7 @@ def test_tiny_int4_bundles_step_unpadded_and_stay_exact(tiny_bundle_factory, fam
         warnings.simplefilter("error")  # the load-time check passes: no warning
         pipe = load(bundle, threads=1, verify="none")
     with pipe:
-        assert not pipe.target.describe().get("invariant_steps")
+        assert not pipe.describe()["target"].get("invariant_steps")
         for p in prompts:
             want = pipe.generate(p, max_new_tokens=24, speculative=False).token_ids
             assert pipe.generate(p, max_new_tokens=24, speculative=True).token_ids == want, p
@@ -362,21 +362,21 @@ def test_tiny_int4_bundles_step_unpadded_and_stay_exact(tiny_bundle_factory, fam
 def test_a_graph_this_machine_does_not_confirm_keeps_padded_steps(tiny_bundle_factory, tmp_path, monkeypatch):
     """A manifest that marks a graph batch-invariant is checked at load; when this machine's
     kernels disagree, the pipeline warns and pads single-token steps (exactness is kept)."""
-    from specedge.runtime import api
+    from specedge.runtime import api, invariant
 
     bundle = tmp_path / "b"
     shutil.copytree(tiny_bundle_factory(precision="int4", draft="ngram"), bundle)
     data = json.loads((bundle / "manifest.json").read_text())
     data["models"]["target"]["graphs"][0]["batch_invariant"] = True
     (bundle / "manifest.json").write_text(json.dumps(data))
-    monkeypatch.setattr(api, "rows_independent_of_t", lambda backend: False)
+    monkeypatch.setattr(invariant, "rows_independent_of_t", lambda backend: False)
     with pytest.warns(RuntimeWarning, match="marked batch-invariant, but on this machine a single-token call's row"):
         pipe = api.load(bundle, threads=1, verify="none")
     with pipe:
-        assert pipe.target.describe().get("invariant_steps") is True
-    monkeypatch.setattr(api, "rows_independent_of_t", lambda backend: True)
+        assert pipe.describe()["target"].get("invariant_steps") is True
+    monkeypatch.setattr(invariant, "rows_independent_of_t", lambda backend: True)
     with api.load(bundle, threads=1, verify="none") as pipe:
-        assert not pipe.target.describe().get("invariant_steps")
+        assert not pipe.describe()["target"].get("invariant_steps")
 
 
 CPP_GENERATE = Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build")) \
@@ -444,7 +444,7 @@ def test_tree_verification_on_the_batch_invariant_graph_is_exact(tiny_bundle_fac
                                  int4_kernel="specedge")
     repeats = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
     with load(bundle, threads=1, verify="size") as pipe:
-        assert not pipe.target.describe().get("invariant_steps")
+        assert not pipe.describe()["target"].get("invariant_steps")
         want = pipe.generate(token_ids=repeats, max_new_tokens=48, speculative=False).token_ids
         got = pipe.generate(token_ids=repeats, max_new_tokens=48, tree=True, guard=False)
     assert got.token_ids == want

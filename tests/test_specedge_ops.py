@@ -313,7 +313,7 @@ def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
     assert m["models"]["target"]["quantization"]["specedge_attention"] == 30 and g["batch_invariant"] is True
     prompts = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
     with load(out, threads=2) as pipe:
-        assert not pipe.target.describe().get("invariant_steps")  # confirmed at load: unpadded steps
+        assert not pipe.describe()["target"].get("invariant_steps")  # confirmed at load: unpadded steps
         spec = [pipe.generate(q, max_new_tokens=32, speculative=True).token_ids for q in prompts]
         plain = [pipe.generate(q, max_new_tokens=32, speculative=False).token_ids for q in prompts]
     assert spec == plain

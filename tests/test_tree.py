@@ -290,10 +290,10 @@ def test_tree_nodes_grow_with_cheap_calls_only():
 
 
 def test_ngram_tree_is_the_chain_then_the_likeliest_branches():
-    from specedge.runtime.drafters.ngram import NgramProposer
+    from specedge.runtime.drafters.ngram import NgramDrafter
 
     hist = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3, 4, 7, 1, 2, 3]
-    prop = NgramProposer(vocab=16)
+    prop = NgramDrafter(vocab=16)
     chain = prop.propose(hist, 3, SamplingParams()).tokens
     tree = prop.propose_tree(hist, 3, 8, SamplingParams())
     # the chain's continuation comes first and whole; "1 2 3" went on with 4 twice and 5 once, so
@@ -315,9 +315,9 @@ def test_ngram_tree_scores_and_vocabulary_match_the_cpp_case():
     """The case cpp/tests/test_tree.cpp checks too, worked by hand: "1 2" was followed by 3, 4
     and 5 (latest last), so the root's children each score 1/3; the chain is the latest match's
     5 6; ties go to the candidate found first (4 before 3, then the chain's own 1 after 6)."""
-    from specedge.runtime.drafters.ngram import NgramDrafter
+    from specedge.runtime.drafters.ngram import NgramIndex
 
-    d = NgramDrafter((2, 1))
+    d = NgramIndex((2, 1))
     h = [1, 2, 3, 7, 2, 9, 1, 2, 4, 8, 1, 2, 5, 6, 1, 2]
     assert d.propose_tree(h, 2, 8, 4, 16) == ([2, 5, 6, 4, 3, 1, 8, 7], [-1, 0, 1, 0, 0, 2, 3, 4])
     assert d.propose_tree(h, 2, 8, 2, 16) == ([2, 5, 6, 4, 3, 8, 7], [-1, 0, 1, 0, 0, 3, 4])

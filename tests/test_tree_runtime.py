@@ -361,7 +361,7 @@ def test_trees_are_refused_where_single_token_steps_are_padded(tiny_bundle_facto
     bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True,
                                  int4_kernel="matmulnbits")
     pipe = load(bundle, threads=1, verify="size")
-    assert pipe.target.describe().get("invariant_steps") is True
+    assert pipe.describe()["target"].get("invariant_steps") is True
     with pytest.raises(ValueError) as e:
         pipe.generate(token_ids=REPEATS, max_new_tokens=8, tree=True)
     assert str(e.value) == INEXACT_INT4

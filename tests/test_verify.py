@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from specedge.runtime.drafters.ngram import NgramDrafter
+from specedge.runtime.drafters.ngram import NgramIndex
 from specedge.runtime.sampling import SamplingParams, make_rng, probs_from_logits, sample
 from specedge.runtime.verify import AcceptanceStats, verify_greedy, verify_sampling
 
@@ -314,7 +314,7 @@ def test_zero_q_token_uses_one_hot_rule():
 
 def test_one_hot_q_never_emits_a_token_the_target_rules_out():
     p = np.array([[0.0, 0.4, 0.6], [1 / 3, 1 / 3, 1 / 3]])
-    q = NgramDrafter.probs([0], 3)
+    q = NgramIndex.probs([0], 3)
     rng = make_rng(0)
     outs = [verify_sampling([0], q, p, rng) for _ in range(2000)]
     assert all(len(o) == 1 and o[0] in (1, 2) for o in outs)

@@ -58,7 +58,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
-import inspect
 import json
 import os
 import platform
@@ -303,17 +302,6 @@ class PeakRSS:
 # ----------------------------------------------------------------------------- running
 
 
-def _accepted_kwargs(fn: Callable, kwargs: dict) -> dict:
-    """The keyword arguments `fn` takes (the runtime's API may not have every option)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return kwargs
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
 def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -324,9 +312,8 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 def _load_pipeline(bundle, cfg: BenchConfig, draft: str | None, verify: str):
     from ..runtime.api import load
 
-    kw = _accepted_kwargs(load, {"backend": cfg.backend, "threads": cfg.threads, "draft": draft, "verify": verify,
-                                 "shared_pool": cfg.shared_pool, "draft_kv": cfg.draft_kv})
-    return load(bundle, **kw)
+    return load(bundle, backend=cfg.backend, threads=cfg.threads, draft=draft, verify=verify,
+                shared_pool=cfg.shared_pool, draft_kv=cfg.draft_kv)
 
 
 def _encode(pipe, prompt: dict, max_new_tokens: int) -> tuple[list[int], bool]:
@@ -357,7 +344,7 @@ def _generate(pipe, ids: list[int], cfg: BenchConfig, mode: str, k: int, seed: i
         kw["spec_tokens"] = k
         if cfg.tree:
             kw["tree"] = True
-    return pipe.generate(**_accepted_kwargs(pipe.generate, kw))
+    return pipe.generate(**kw)
 
 
 def _record(res, *, mode, k, repeat, prompt, seed, n_prompt, truncated, peak) -> dict:

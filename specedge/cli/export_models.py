@@ -92,10 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_draft(precision: str, tensorrt: str | None = None) -> str:
-    """export-models' draft when none is named. A quantized target is already as cheap per token
-    as its own int4 self-draft would be, so drafting with it costs a target step per token: on the
-    default model's int4 target the n-gram drafter gives 110.7 tok/s, the int4 self-draft 76.1
-    (target-only 74.2; benchmarks/results/int4_exactness.json). With --tensorrt: see
+    """export-models' draft when none is named: the n-gram drafter for a quantized target, which is
+    already as cheap per token as its own int4 self-draft would be (figures:
+    benchmarks/results/int4_exactness.json); else the self-draft. With --tensorrt:
     tensorrt_target.default_draft."""
     if tensorrt is not None:
         from ..export import tensorrt_target

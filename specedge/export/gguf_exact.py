@@ -367,9 +367,9 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
 
 MIN_FORMS = ("correction", "float_zp")
 # How the correction's blocksum(A) is computed: "reduce" (default) Reshape [..., K/32, 32] +
-# ReduceSum; "matmul" one MatMul of A with a 0/1 block-indicator matrix [K, K/32] (120 nodes fewer
-# on SmolLM2-135M, but no measurable step-time gain: scripts/int4_blocksum.py, BENCHMARKS.md "int4
-# targets"; so not the default).
+# ReduceSum; "matmul" one MatMul of A with a 0/1 block-indicator matrix [K, K/32] (fewer nodes,
+# but no measurable step-time gain: scripts/int4_blocksum.py, BENCHMARKS.md "int4 targets"; so
+# not the default).
 BLOCKSUM_FORMS = ("matmul", "reduce")
 
 

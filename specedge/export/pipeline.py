@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints import resolve
-from ..contract import MAX_SPEC_TOKENS, graph_io
+from ..contract import MAX_SPEC_TOKENS, NGRAM_SIZES, graph_io
 from ..errors import UserError
 from ..manifest import (
     KV_DTYPE,
@@ -67,8 +67,8 @@ class ExportOptions:
     out: str | None = None
     precision: str = "fp32"
     # int4: from a GGUF the file's own 4-bit blocks are stored exactly (gguf_exact.py), so the
-    # default model's int4 draft agrees with its fp32 target on ~96% of greedy tokens (re-quantizing
-    # gave 63-73%) while reading 112 MB per step against int8's 152 MB.
+    # draft agrees with its target far more often than a re-quantized one, and reads fewer bytes
+    # per step than int8 (figures: BENCHMARKS.md, README.md)
     # None: int4, or with `tensorrt` the cheapest weight-only form that version builds
     draft_precision: str | None = "int4"
     max_seq: int = DEFAULT_MAX_SEQ
@@ -551,7 +551,7 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
     elif draft_kind == "model":
         dspec, _ = _export_one(tmp, "draft", draft, opts.draft_precision, opts, progress)
     else:
-        dspec = ModelSpec(role="draft", kind="ngram", extra={"ngram_sizes": [3, 2, 1]})
+        dspec = ModelSpec(role="draft", kind="ngram", extra={"ngram_sizes": list(NGRAM_SIZES)})
     del fp32
     files: dict[str, dict] = {}
     rels = list(tok_files)

@@ -4,6 +4,7 @@ The generator's target and the model drafter each own one `CacheTracker`; it is 
 that writes their token record. Feeding appends, rolling back forgets the tail (the graph masks
 every slot at or beyond `position`), `reuse` keeps an exact prefix for the next request, and
 `adopt` records slots something else wrote (K/V copied from another cache, a chained draft call).
+A target tracker may also pad its single-token steps (`invariant_steps`, runtime/invariant.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import Backend
+from .invariant import PAD_TOKEN
 
 __all__ = ["CacheTracker", "common_prefix", "run_chunked"]
 
 
-def run_chunked(backend: Backend, ids, position: int, chunk: int) -> np.ndarray:
-    """Feed `ids` from `position` in calls of at most `chunk` tokens; return the last row's logits
-    ([V], a view valid until the backend's next call). The prefill of every model goes through
-    here, so equal chunk boundaries give bit-identical caches (prefix reuse relies on it)."""
+def run_chunked(backend: Backend | CacheTracker, ids, position: int, chunk: int) -> np.ndarray:
+    """Feed `ids` from `position` in calls of at most `chunk` tokens (`backend.run`: a backend,
+    or a tracker calling its backend); return the last row's logits ([V], a view valid until the
+    backend's next call). The prefill of every model goes through here, so equal chunk boundaries
+    give bit-identical caches (prefix reuse relies on it)."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
         raise ValueError("nothing to feed")
@@ -54,15 +57,39 @@ class CacheTracker:
     request may keep those slots when its prompt starts with the same tokens: a fresh run would
     compute them with the very same calls, so reuse is bit-identical to starting from scratch
     (slots written by T=1 or verification calls could round differently and are never reused).
+
+    `invariant_steps` runs every single-token call as two tokens, the second a padding token the
+    graph masks and the next call overwrites, so a step rounds like a verification row
+    (runtime/invariant.py). The last slot has no room for it: there both modes call T = 1.
     """
 
-    def __init__(self, backend: Backend, chunk: int):
+    def __init__(self, backend: Backend, chunk: int, invariant_steps: bool = False):
         if chunk < 1:
             raise ValueError(f"prefill chunk must be >= 1, got {chunk}")
         self.backend = backend
         self.chunk = int(chunk)
+        self.invariant_steps = bool(invariant_steps)
         self._tokens: list[int] = []
         self.exact = 0
+
+    def _padded(self, ids, position: int) -> tuple[np.ndarray, bool]:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self.invariant_steps and ids.shape[0] == 1 and position + 2 <= self.backend.max_seq:
+            return np.array([ids[0], PAD_TOKEN], dtype=np.int64), True
+        return ids, False
+
+    def run(self, ids, position: int) -> np.ndarray:
+        """The backend's `run` as this cache calls it (single-token steps padded when
+        `invariant_steps`); records nothing. Logits [T, V], a view until the next call."""
+        ids, padded = self._padded(ids, position)
+        out = self.backend.run(ids, position)
+        return out[:1] if padded else out
+
+    def argmax(self, ids, position: int) -> np.ndarray:
+        """`run`'s rows' argmax (int64 [T]) through the backend's `argmax`; records nothing."""
+        ids, padded = self._padded(ids, position)
+        out = self.backend.argmax(ids, position)
+        return out[:1] if padded else out
 
     @property
     def tokens(self) -> list[int]:
@@ -96,9 +123,7 @@ class CacheTracker:
         backend cannot, and then the caller feeds them)."""
         n = self.position
         m = min(common_prefix(donor.tokens, history), len(history) - 1)
-        # a wrapped target (runtime/invariant.py) lends the K/V of the backend it wraps
-        source = getattr(donor.backend, "inner", donor.backend)
-        if m > n and self.backend.copy_kv_from(source, n, m):
+        if m > n and self.backend.copy_kv_from(donor.backend, n, m):
             self.adopt(history[n:m])
             return m - n
         return 0
@@ -120,7 +145,7 @@ class CacheTracker:
     def feed(self, ids) -> np.ndarray:
         """Run `ids` (one call) at the current position; logits [T, V] (view until the next call)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        logits = self.backend.run(ids, len(self._tokens))
+        logits = self.run(ids, len(self._tokens))
         self._tokens.extend(ids.tolist())
         return logits
 
@@ -128,7 +153,7 @@ class CacheTracker:
         """Like feed, but only each row's argmax (int64 [T]): GPU backends compute it on the
         device and copy T integers instead of [T, V] logits."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        best = self.backend.argmax(ids, len(self._tokens))
+        best = self.argmax(ids, len(self._tokens))
         self._tokens.extend(ids.tolist())
         return best
 
@@ -137,7 +162,7 @@ class CacheTracker:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         start = len(self._tokens)
         aligned = start == self.exact and start % self.chunk == 0
-        row = run_chunked(self.backend, ids, start, self.chunk)
+        row = run_chunked(self, ids, start, self.chunk)
         self._tokens.extend(ids.tolist())
         if aligned:
             self.exact = start + (ids.size // self.chunk) * self.chunk

@@ -15,13 +15,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..contract import MAX_SPEC_TOKENS
 from .backends import Backend
 from .cache import CacheTracker
 from .drafters.base import Drafter
-from .policy import CostModel, SpecController
+from .policy import DEFAULT_DRAFT_STEP, CostModel, SpecController, static_cost_model
+from .requests import GenerationConfig, check_prompt
 from .rounds import Round, TargetView, speculative_round, target_step
 from .tree_round import tree_round
 from .tree_size import tree_nodes
@@ -52,53 +50,12 @@ def inexact_tree_refusal(precision: str) -> str:
     """Why a tree request is refused on a target whose single-token steps are padded to stay exact
     (runtime/invariant.py): the same kernels that round a 1-token call differently from a 2-token
     one (ONNX Runtime's attention) also sum a tree node's keys in another order than the chain's
-    when masked siblings sit between them, which flips greedy picks at this precision (3 of 10
-    bench prompts on the int4 default model, 0 with specedge's int4 kernels, which sum in key
-    order: scripts/tree_exactness.py)."""
+    when masked siblings sit between them, which flips greedy picks at this precision (specedge's
+    int4 kernels sum in key order and do not: scripts/tree_exactness.py)."""
     fix = (", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
            if precision == "int4" else "")
     return (f"tree verification would not be exact on this {precision} target: ONNX Runtime's attention "
             f"orders a tree node's sums differently from a chain's, enough to change its picks; leave tree off{fix}")
-
-
-@dataclass
-class GenerationConfig:
-    """Everything one request can set. `spec_tokens=None` takes the bundle's k."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: Sequence[str] | None = None
-    spec_tokens: int | None = None
-    speculative: bool = True
-    adaptive_k: bool = False
-    guard: bool = True
-    # verify a token tree per round (the drafter's propose_tree) instead of a chain; needs a
-    # target graph that takes trees (export-models --tree)
-    tree: bool = False
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
-
-    def validate(self) -> GenerationConfig:
-        """Raise ValueError (one sentence) on a bad setting."""
-        m = self.max_new_tokens
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
-        self.sampling.validate()
-        k = self.spec_tokens
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_TOKENS):
-            raise ValueError(f"spec_tokens (k) must be an integer in 1..{MAX_SPEC_TOKENS}, got {k!r}")
-        if self.stop is not None:
-            if isinstance(self.stop, str):
-                self.stop = [self.stop]
-            for s in self.stop:
-                if not isinstance(s, str) or not s:
-                    raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
-        return self
 
 
 @dataclass
@@ -114,19 +71,6 @@ class Result:
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
-def check_prompt(prompt: Sequence[int], max_seq: int) -> list[int]:
-    """The prompt as ints, refused (ValueError, one sentence) when empty or when no new token fits."""
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    if len(prompt) >= max_seq:
-        raise ValueError(
-            f"the prompt has {len(prompt)} tokens but the bundle's context holds {max_seq} "
-            "(prompt + at least one new token must fit)"
-        )
-    return prompt
 
 
 @dataclass
@@ -186,12 +130,15 @@ class Generator:
 
     vocab: ids that may be generated (the tokenizer's; logits may have padding rows beyond).
     costs: the pipeline's CostModel (shared across requests; updated while generating).
+    static_costs: the fixed costs a seeded sampling run decides with (policy.static_costs).
+    invariant_steps: pad the target's single-token steps (runtime/cache.py, runtime/invariant.py).
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None, *, vocab: int, eos_ids: Sequence[int],
                  prefill_chunk: int, max_seq: int, spec_tokens: int, decode: Callable[[list[int]], str],
-                 costs: CostModel | None = None, static_costs: CostModel | None = None):
-        self.target = CacheTracker(target, prefill_chunk)
+                 costs: CostModel | None = None, static_costs: CostModel | None = None,
+                 invariant_steps: bool = False):
+        self.target = CacheTracker(target, prefill_chunk, invariant_steps)
         self.drafter = drafter
         self.int4_kernels = int4_kernels(target, drafter)
         self.vocab = int(vocab)
@@ -203,9 +150,8 @@ class Generator:
         self.spec_tokens = int(spec_tokens)
         self.decode = decode
         self.costs = costs or CostModel()
-        # Costs a seeded sampling run decides with: fixed, so the same seed gives the same output
-        # whatever the machine's timing noise (measured costs would make the guard's choices vary).
-        self.static_costs = static_costs or CostModel({1: 1.0, MAX_SPEC_TOKENS + 1: 1.8}, 0.1)
+        # fixed, so the same seed gives the same output whatever the machine's timing noise
+        self.static_costs = static_costs or static_cost_model(DEFAULT_DRAFT_STEP)
 
     def reset(self) -> None:
         """Forget every cache's content (after a warm-up or calibration wrote into them)."""
@@ -222,7 +168,7 @@ class Generator:
             backend = self.target.backend
             if not backend.takes_trees:
                 raise ValueError(tree_refusal(backend))
-            if backend.describe().get("invariant_steps"):
+            if self.target.invariant_steps:
                 raise ValueError(inexact_tree_refusal(backend.spec.precision))
 
     def _request(self, prompt: list[int], cfg: GenerationConfig) -> _Request:

@@ -1,29 +1,28 @@
 """Batch-invariant target steps: exact greedy speculation on targets whose kernels round a
 single-token call differently from a call of several tokens.
 
-Speculative decoding is exact only if the verification call (T = k + 1 tokens) gives each row
-the very logits a target-only step (T = 1) would. ONNX Runtime's CPU kernels do not: at T = 1
-GroupQueryAttention (and fp32 MatMul, and MatMulNBits at accuracy level 0/1) take an M = 1 path
-that sums in another order than the M >= 2 one. In fp32 that is a 1e-5 logit gap; in an int4
-graph at accuracy level 4 the difference flips int8 activation roundings downstream and grows to
-~1 logit, enough to change greedy picks (scripts/int4_exactness.py). Every call with T >= 2
-tokens, by contrast, gives row i bit for bit the same logits whatever T is (measured: T = 2 row
-0 equals each row of T = 5; tests/test_invariant.py pins it on a tiny bundle).
+Speculative decoding is exact only if the verification call (T = k + 1 tokens) gives each row the
+very logits a target-only step (T = 1) would. ONNX Runtime's CPU kernels do not: at T = 1
+GroupQueryAttention (and fp32 MatMul, and MatMulNBits at low accuracy levels) take an M = 1 path
+that sums in another order. Quantized graphs amplify the gap until greedy picks change
+(scripts/int4_exactness.py; docs/design.md "Batch-invariant target steps"). Calls with T >= 2
+give row i the same bits whatever T is (tests/test_invariant.py pins it).
 
-So in this mode a single-token step is run as T = 2: the real token plus one padding token
-written at the next slot. The graph masks every slot at or beyond position + T, and the next
-call writes that slot first, so the padding is never read; only row 0 is returned. The one
-exception is the last cache slot, where a second token does not fit: there both target-only and
-speculative decoding make the same T = 1 call (k is 0 with one free slot), so they still agree.
+So a target's cache tracker (runtime/cache.py `CacheTracker(invariant_steps=True)`) runs each
+single-token step as T = 2: the real token plus `PAD_TOKEN` at the next slot, which the graph masks
+and the next call overwrites; only row 0 is returned. This module says when that is needed.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
+from ..manifest import BundleError, Manifest
 from .backends import Backend
 
-__all__ = ["InvariantSteps", "PAD_TOKEN", "rows_independent_of_t", "wants_invariant_steps"]
+__all__ = ["PAD_TOKEN", "choose_invariant_steps", "rows_independent_of_t", "wants_invariant_steps"]
 
 PAD_TOKEN = 0  # any id works: its row is dropped and its K/V slot is masked, then overwritten
 
@@ -32,8 +31,8 @@ QUANTIZED = ("int4", "int8", "fp16", "bf16")
 
 
 def wants_invariant_steps(precision: str) -> bool:
-    """The default for a target of this precision: on for quantized and half-precision targets
-    (gaps that flip greedy picks), off for fp32 (a 1e-5 gap; 20/20 prompts agree without it)."""
+    """The default for a target of this precision: on for quantized and half-precision targets,
+    whose gaps flip greedy picks; off for fp32, whose gap is too small to (docs/design.md)."""
     return precision in QUANTIZED
 
 
@@ -50,36 +49,20 @@ def rows_independent_of_t(backend: Backend, token: int = PAD_TOKEN) -> bool:
     return bool(np.array_equal(one, two))
 
 
-class InvariantSteps:
-    """A target backend whose T = 1 calls run as T = 2 (see the module docstring). Everything
-    else is the wrapped backend's: attribute reads go through to it."""
-
-    def __init__(self, backend: Backend):
-        self.inner = backend
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def _padded(self, input_ids, position: int):
-        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
-        if ids.shape[0] == 1 and position + 2 <= self.inner.max_seq:
-            return np.array([ids[0], PAD_TOKEN], dtype=np.int64), True
-        return ids, False
-
-    def run(self, input_ids, position: int) -> np.ndarray:
-        ids, padded = self._padded(input_ids, position)
-        out = self.inner.run(ids, position)
-        return out[:1] if padded else out
-
-    def argmax(self, input_ids, position: int) -> np.ndarray:
-        ids, padded = self._padded(input_ids, position)
-        out = self.inner.argmax(ids, position)
-        return out[:1] if padded else out
-
-    def copy_kv_from(self, other, start: int, end: int) -> bool:
-        return self.inner.copy_kv_from(getattr(other, "inner", other), start, end)
-
-    def describe(self) -> dict:
-        d = self.inner.describe()
-        d["invariant_steps"] = True
-        return d
+def choose_invariant_steps(manifest: Manifest, backend_name: str, target: Backend) -> bool:
+    """load()'s default: pad the steps of a target that wants it (`wants_invariant_steps`) unless
+    its graph is marked batch-invariant and this machine's kernels confirm it (one warning if not)."""
+    if not wants_invariant_steps(manifest.target.precision):
+        return False
+    try:  # the graph the backend chose (runtime/int4_kernel.py), else the one it serves
+        marked = (getattr(target, "graph_spec", None) or manifest.target.graph_for(backend_name)).batch_invariant
+    except BundleError:
+        return True
+    if not marked:
+        return True
+    if rows_independent_of_t(target):
+        return False
+    warnings.warn("the target graph is marked batch-invariant, but on this machine a single-token call's row differs "
+                  "from a verification row: single-token steps run as 2 tokens to stay exact", RuntimeWarning,
+                  stacklevel=3)
+    return True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..contract import MAX_SPEC_TOKENS
 
-__all__ = ["CostModel", "SpecController", "expected_tokens"]
+__all__ = ["CostModel", "SpecController", "draft_step_cost", "expected_tokens", "static_cost_model"]
 
 EMA_WEIGHT = 0.2  # weight of a new cost measurement in the moving average
 SPIKE_CLAMP = 2.0  # a measurement counts at most this many times the current estimate
@@ -31,6 +31,15 @@ LOCAL_WEIGHT = 0.25  # weight of a new measurement in the request's own step tim
 # their mean, spikes included, is what the request pays)
 PROBE_ROUNDS = 16  # rounds without a 1-token step after which one is taken to time c(1) afresh
 TREE_RETRY_START, TREE_RETRY_MAX = 32, 512  # chain rounds, across requests, before trees are tried again, doubling
+
+# Seeded sampling decides with fixed costs, so a seed gives the same output on any machine. Decode
+# is memory-bound: a target call costs one step plus VERIFY_TOKEN_COST per extra token, a draft
+# step its weight bytes relative to the target's (at least MIN_DRAFT_STEP).
+VERIFY_TOKEN_COST = 0.05
+MIN_DRAFT_STEP = 0.02
+UNSIZED_DRAFT_STEP = 0.3  # a draft model whose weight bytes the manifest does not give
+LOOKUP_DRAFT_STEP = 0.01  # a drafter without a model (prompt lookup)
+DEFAULT_DRAFT_STEP = 0.1  # a Generator made without a pipeline's figure
 
 
 @dataclass
@@ -91,6 +100,18 @@ class CostModel:
                          self.carry_chain, self.tree_backoff)
 
 
+def static_cost_model(draft_step: float) -> CostModel:
+    """The fixed costs of seeded sampling for a drafter whose step costs `draft_step` target steps."""
+    return CostModel({1: 1.0, MAX_SPEC_TOKENS + 1: 1.0 + VERIFY_TOKEN_COST * MAX_SPEC_TOKENS}, draft_step)
+
+
+def draft_step_cost(draft_bytes: int, target_bytes: int) -> float:
+    """A draft model's step in target steps, from the weight bytes both read per step."""
+    if draft_bytes > 0 and target_bytes > 0:
+        return max(draft_bytes / target_bytes, MIN_DRAFT_STEP)
+    return UNSIZED_DRAFT_STEP
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.)."""
     if alpha >= 1.0:
@@ -101,47 +122,12 @@ def expected_tokens(alpha: float, k: int) -> float:
 class SpecController:
     """Chooses k per round; shrinks k or falls back to target-only when speculation does not pay.
 
-    A round with k drafts is worth E(k) target steps and costs k draft steps + one target call of
-    k + 1 tokens; its speed-up is the ratio of the two, with step times this request measured
-    itself (`step_cost`): a load spike slows its rounds and its 1-token steps alike, so their ratio
-    holds where absolute costs learned earlier do not. c(1) is timed by a 1-token step that follows
-    one (the first after a round pays for the shape change); after PROBE_ROUNDS rounds without such
-    a timing, 1-token steps are taken (a probe, two steps) so c(1) is never older than the rounds. E(k') for k' up to the k in use comes from
-    this request's recent rounds (decayed): a round that accepted n drafts would have accepted
-    min(n, k') with k' drafts, since the first k' drafts are the same. Beyond that, E uses the
-    geometric model with the per-token acceptance rate. After `min_rounds` rounds, when the current k's
-    speed-up falls below `keep` (KEEP), the best smaller k is taken
-    if it pays (>= SHRINK_MIN), else decoding goes target-only for `backoff` tokens (BACKOFF_START,
-    doubling up to BACKOFF_MAX on each consecutive fallback), after which speculation is tried
-    again with the starting k. A draft whose ceiling (every draft accepted) is below SHRINK_MIN at
-    every k falls back after one round, and that fallback goes on across requests through the
-    shared CostModel (`carry_fallback`, `carry_backoff`), as if they were one long request: a new
-    request does not pay a losing round to learn it again. A request that finds speculation
-    paying clears it.
-
-    adaptive_k (off by default) also moves k by the last round: +1 when all k were accepted,
-    -1 when the rejection came in the first half.
-
-    When k stops paying while trees are on, the trees go first: they are turned off (as the tree
-    judgement does, carried) and k is judged afresh as a chain after MIN_ROUNDS more rounds; only
-    then may k shrink.
-
-    Tree rounds (both runtimes; the tree cases of the replay vectors pin them) are judged by what they cost: the target call of
-    all the tree's nodes (`call`), not the chain's k + 1, and draft time per step of depth; a round
-    whose accepted path reached k (or the tree's depth, when shallower) counts as fully accepted,
-    and an n-gram tree that goes deeper than k is priced as the call that stood in for the chain
-    of k. A chain's figures are
-    the same either way, so the rules above (and the chain replay vectors) are unchanged for chains.
-    Trees are also judged against the chain they replace: a tree round knows how many of its
-    tokens the chain alone (the tree's first line) would have given (`chain_accepted`: greedy, from
-    the target's argmax; sampling, from the first-line nodes its verification kept), so
-    after `min_rounds` tree rounds the guard compares the two on the same rounds, priced at
-    c(call) and c(k + 1), and turns trees off for the rest of the request (`use_tree`) when the
-    chain would have been faster. Like a hopeless draft's fallback, that verdict goes on across
-    requests through the shared CostModel (`carry_chain`: TREE_RETRY_START chain rounds of tree
-    requests (`trees`), doubling up to TREE_RETRY_MAX on each turn-off in a row), so short requests
-    do not each pay MIN_ROUNDS losing tree rounds to learn it again; a request whose trees pay
-    clears it.
+    Feed it every round (`record_round`) and target-only step (`record_plain`); `next_k` is the k
+    of the next round (0: a target-only step), `use_tree` whether that round may be a tree. The
+    rules (speed-up from this request's own step times, the counterfactual E(k), shrinking,
+    fallback and backoff carried across requests through the shared CostModel, adaptive k, trees
+    judged against the chain they replace) are docs/design.md "The speculation policy"; the C++
+    runtime implements the same, and tests/data/policy_vectors.json pins both.
     """
 
     def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
@@ -361,11 +347,9 @@ class SpecController:
                 return
             if self.use_tree and self.tree_call:
                 # k does not pay with trees: drop the trees (the extra, dearer part of the call)
-                # and judge k afresh as a chain, on MIN_ROUNDS chain rounds of its own. A shrink
-                # lasts the request, and 4 tree rounds priced at the tree's call (a sibling
-                # accepted in each of two missed rounds) made k = 4 look worse than k = 1: the
-                # self-draft's summarization trees then emitted 0.79x the chain's tokens per call
-                # (BENCHMARKS.md, tree run 18)
+                # and judge k afresh as a chain, on MIN_ROUNDS chain rounds of its own: a shrink
+                # lasts the request, and a few tree rounds priced at the tree's call can make a
+                # good k look worse than k = 1 (BENCHMARKS.md, tree runs)
                 self._trees_off()
                 self.rounds_since = 0
                 return

@@ -6,8 +6,8 @@ CPU each token is compute. So the tree gets the most nodes whose call the cost m
 (`policy.CostModel`, the guard's, measured at load and refined while generating) prices at most
 TREE_SLACK above the chain call it replaces: a CPU gets a few branches, a GPU many. A size is
 only trusted once measured: the tree grows at most TREE_GROWTH nodes past the largest call
-measured so far (the first benchmark run, with no such cap, extrapolated a few noisy timings to
-27-node trees that cost 1.6x the chain call; benchmarks/results/tree/).
+measured so far (without that cap a few noisy timings extrapolated to trees dearer than the
+chain call: benchmarks/results/tree/).
 """
 
 from __future__ import annotations

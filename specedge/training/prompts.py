@@ -93,8 +93,8 @@ def distill_prompts() -> list[tuple[str, str]]:
 # More prompts from templates, written for training (not the bench suite, not head_diagnose's
 # held-out prompts): everyday topics in several question forms, small coding tasks in four
 # languages, and later excerpts of the same documentation than distill_prompts uses. A head
-# learns from the number of distinct contexts it sees: 4.5x the prompts (with the same steps x2)
-# raised held-out first-draft accuracy from 26% to 36% (BENCHMARKS.md, head experiment F).
+# learns from the number of distinct contexts it sees: more prompts raised held-out first-draft
+# accuracy (BENCHMARKS.md, head experiment F).
 TOPICS = ["composting at home", "the water cycle", "time management", "learning to swim", "volcanoes",
           "saving for retirement", "public speaking", "the history of the printing press", "house plants",
           "electric cars", "the immune system", "chess openings", "baking bread", "solar panels", "bird migration",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 
-from .base import Backend, BackendError
+from .base import Backend, BackendError, SessionOptions
 
-__all__ = ["BACKENDS", "Backend", "BackendError", "create_backend", "resolve_backend_name"]
+__all__ = ["BACKENDS", "Backend", "BackendError", "SessionOptions", "backend_class", "create_backend",
+           "resolve_backend_name"]
 
 # name -> (module in this package, class name). `auto` is resolved by `resolve_backend_name`.
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -79,16 +79,8 @@ def create_backend(name: str, manifest, spec, threads: int | None = None, provid
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise BackendError(f"threads must be a positive integer, got {threads!r}")
     klass = backend_class(real)
-    try:
-        params = inspect.signature(klass.__init__).parameters
-    except (TypeError, ValueError):  # pragma: no cover - C extension classes
-        params = {}
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    taken = klass.session_kwargs(SessionOptions(threads=threads, providers=providers))
     for key, value in (("threads", threads), ("providers", providers)):
-        if value is None:
-            continue
-        if key in params or takes_kwargs:
-            opts[key] = value
-        else:
+        if value is not None and key not in taken:
             raise BackendError(f"backend '{real}' does not take {key}")
-    return klass(manifest, spec, **opts)
+    return klass(manifest, spec, **{**taken, **opts})

@@ -14,16 +14,32 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import BackendError, import_optional
 from ...manifest import Manifest, ModelSpec
 
-__all__ = ["Backend", "BackendError", "import_optional"]
+__all__ = ["Backend", "BackendError", "SessionOptions", "import_optional"]
 
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What `load` settles for every backend of a pipeline. Each backend class says which of
+    these its constructor takes (`Backend.session_kwargs`); the others do not apply to it (a GPU
+    backend has no CPU thread pool)."""
+
+    threads: int | None = None
+    providers: object = None  # ONNX Runtime execution providers: names or (name, options) pairs
+    allow_spinning: bool | None = None
+    alternating: bool = False  # two sessions take turns on the CPU (a target and its draft)
+    shared_pool: bool = False
+    int4_kernel: str = "auto"
 
 
 class Backend(ABC):
@@ -41,6 +57,25 @@ class Backend(ABC):
     # the graph takes tree calls (the manifest's graph `tree`, contract.TREE_INPUT): `run_tree`
     # and `keep_path` work; chain calls bind the lower-triangular mask themselves
     takes_trees: bool = False
+
+    @classmethod
+    def session_kwargs(cls, session: SessionOptions) -> dict:
+        """The constructor keywords this backend takes from `session` (none by default)."""
+        return {}
+
+    @classmethod
+    def open(cls, manifest: Manifest, spec: ModelSpec, session: SessionOptions,
+             options: Mapping | None = None) -> Backend:
+        """This backend for `spec`, with the session options it takes (providers it does not take
+        are refused, other options ignored) and its own `options` (load's backend_options:
+        keywords of its constructor, which may not repeat a session one)."""
+        kwargs = cls.session_kwargs(session)
+        if session.providers is not None and "providers" not in kwargs:  # threads: GPU backends have no pool
+            raise BackendError(f"backend '{cls.name}' does not take providers")
+        clash = sorted(set(kwargs) & set(options or {}))
+        if clash:
+            raise BackendError(f"backend_options may not set {', '.join(clash)}: load() sets it for backend '{cls.name}'")
+        return cls(manifest, spec, **kwargs, **(options or {}))
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):
         if isinstance(spec, ModelSpec) and spec.kind == "ngram":  # test doubles pass other spec objects

@@ -5,7 +5,7 @@ call. A `Proposal` carries the tokens and, only when they were *sampled*, the ro
 were sampled from. A deterministic proposal (a greedy draft, a prompt lookup) carries no
 distribution: the verifier treats each token as a point mass, which is exact for any way the
 token was chosen (docs/design.md, exactness rules). A new drafter is one new file: subclass
-`Drafter`, implement `propose`, and construct it in `runtime/api.py`'s `load`.
+`Drafter`, implement `propose` and `from_bundle`, and name it in drafters/__init__.py's DRAFTERS.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..backends import Backend, BackendError, SessionOptions
 from ..cache import CacheTracker
+from ..policy import LOOKUP_DRAFT_STEP
 from ..sampling import SamplingParams, probs_from_logits, sample
 from ..tree import Tree
 
@@ -32,7 +34,41 @@ class Proposal(NamedTuple):
 
 
 class Drafter(ABC):
-    kind: str = ""
+    kind: str = ""  # its name in load(draft=...), the stats and describe()
+    # the draft model's logits index the target's ids, so its vocabulary bounds the pipeline's
+    bounds_vocab: bool = False
+    # what load's progress display calls the session of its model
+    session_label: str = "draft session"
+
+    # -- assembly (load): what it needs of the bundle, where its model runs, how it is built --
+
+    @classmethod
+    def check_bundle(cls, manifest) -> None:
+        """Refuse (ValueError, one sentence) a bundle that lacks what this drafter needs."""
+
+    @classmethod
+    def backend_name(cls, target: str, asked: str | None) -> str | None:
+        """The backend its model runs on, from the target's and the draft_backend asked for
+        (both resolved names or None); None for a drafter without a model."""
+        return None
+
+    @classmethod
+    def open_backend(cls, name: str, manifest, session: SessionOptions, options, target: str) -> Backend:
+        """Its model's backend `name` (load's session options, and backend_options as `options`)."""
+        raise BackendError(f"the {cls.kind} drafter runs no model")
+
+    @classmethod
+    def from_bundle(cls, manifest, backend: Backend | None, vocab: int) -> Drafter:
+        """The drafter for `manifest` on `backend` (None without a model), proposing ids < vocab;
+        every drafter in DRAFTERS makes one (drafters made by hand, in tests, need not)."""
+        raise NotImplementedError(f"the {cls.kind or cls.__name__} drafter is not made from a bundle")
+
+    @classmethod
+    def step_cost(cls, manifest) -> float:
+        """A draft step in target steps, for seeded sampling's fixed costs (policy.py)."""
+        return LOOKUP_DRAFT_STEP
+
+    # -- the drafter role ---------------------------------------------------------------------
 
     def __init__(self):
         self.calls = 0  # backend calls made while proposing (stats); 0 for a drafter without a model
@@ -100,8 +136,7 @@ def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarra
     target's `vocab` ids), so the first child is accepted with min(1, p/q) exactly as in a chain
     round; the siblings, q's likeliest other tokens, are point masses tested on the residual.
     A greedy line under sampling would be accepted only with p(x), far less when the draft is
-    good (the int4 self-draft at temperature 0.8: 2.92 tokens per call against the chain's 4.68,
-    BENCHMARKS.md tree run 14).
+    good (BENCHMARKS.md, tree runs).
     Exact either way (runtime/tree.py: a sibling may be any function of the draft's earlier choices)."""
     sampled = params is not None and not params.greedy
     if sampled and (rng is None or vocab is None):

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+
+from ..backends import Backend, BackendError, SessionOptions, resolve_backend_name
 from ..cache import CacheTracker, common_prefix
+from ..policy import draft_step_cost
 from ..sampling import SamplingParams, probs_from_logits, sample
 from ..tree import Tree
 from .base import Drafter, Proposal, chain_tree
@@ -48,6 +52,37 @@ def read_draft_vocab(manifest) -> np.ndarray:
 
 class HeadDrafter(Drafter):
     kind = "head"
+    session_label = "draft head session"
+
+    @classmethod
+    def check_bundle(cls, manifest) -> None:
+        if manifest.head is None:
+            raise ValueError("this bundle has no draft head: train one with `specedge train-draft BUNDLE`")
+
+    @classmethod
+    def backend_name(cls, target: str, asked: str | None) -> str:
+        # the head is a few MB: it runs on the CPU next to any target, which hands it its features
+        name = resolve_backend_name(asked) if asked else "ort-cpu"
+        if name != "ort-cpu":
+            raise BackendError(f"a draft head runs on the ort-cpu backend (draft_backend {name!r}); "
+                               "its target may use any backend")
+        return name
+
+    @classmethod
+    def open_backend(cls, name: str, manifest, session: SessionOptions, options, target: str) -> Backend:
+        from ..backends.ort_head import OrtHeadBackend
+
+        if target != "ort-cpu":  # providers and backend_options are the GPU target's
+            session, options = replace(session, providers=None), None
+        return OrtHeadBackend.open(manifest, manifest.head, session, options)
+
+    @classmethod
+    def from_bundle(cls, manifest, backend: Backend, vocab: int) -> HeadDrafter:
+        return cls(backend, read_draft_vocab(manifest), vocab, manifest.prefill_chunk)
+
+    @classmethod
+    def step_cost(cls, manifest) -> float:
+        return draft_step_cost(manifest.head.weight_bytes, manifest.target.weight_bytes)
 
     def __init__(self, head, d2t: np.ndarray, vocab: int, prefill_chunk: int):
         super().__init__()
@@ -63,7 +98,7 @@ class HeadDrafter(Drafter):
         self.fed: list[int] = []  # fed[j]: the token (history[j + 1]) whose embedding head slot j holds
 
     def _features(self) -> np.ndarray:
-        backend = getattr(self.target.backend, "inner", self.target.backend)  # through InvariantSteps
+        backend = self.target.backend
         feats = getattr(backend, "features", None)
         if feats is None:
             raise ValueError(f"the target backend '{backend.name}' does not return target features: "

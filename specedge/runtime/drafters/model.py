@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import Backend
+from ..backends import Backend, SessionOptions, backend_class, resolve_backend_name
 from ..cache import CacheTracker, common_prefix
+from ..policy import draft_step_cost
 from ..sampling import SamplingParams, probs_from_logits, sample
 from ..tree import Tree
 from .base import Drafter, Proposal, chain_tree
@@ -37,6 +38,28 @@ class ModelDrafter(Drafter):
     draft's logits may carry padding rows beyond it)."""
 
     kind = "model"
+    bounds_vocab = True
+
+    @classmethod
+    def check_bundle(cls, manifest) -> None:
+        if not manifest.draft.is_model:
+            raise ValueError("this bundle's draft is an n-gram drafter: it has no draft model (use draft='ngram')")
+
+    @classmethod
+    def backend_name(cls, target: str, asked: str | None) -> str:
+        return resolve_backend_name(asked or target)
+
+    @classmethod
+    def open_backend(cls, name: str, manifest, session: SessionOptions, options, target: str) -> Backend:
+        return backend_class(name).open(manifest, manifest.draft, session, options)
+
+    @classmethod
+    def from_bundle(cls, manifest, backend: Backend, vocab: int) -> ModelDrafter:
+        return cls(backend, manifest.prefill_chunk, vocab=min(vocab, backend.vocab_size))
+
+    @classmethod
+    def step_cost(cls, manifest) -> float:
+        return draft_step_cost(manifest.draft.weight_bytes, manifest.target.weight_bytes)
 
     def __init__(self, backend: Backend, prefill_chunk: int, vocab: int | None = None):
         super().__init__()

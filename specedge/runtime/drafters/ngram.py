@@ -7,7 +7,7 @@ Works well on inputs that repeat themselves (code edits, summaries quoting the p
 
 The naive search slices and compares every earlier position on each call; the index below makes
 a call cost O(new tokens) Python work plus one C-level list comparison to confirm the history only
-grew (about 30 us at 8k tokens when `history` is a list; a numpy array is converted first).
+grew (a numpy `history` is converted to a list first).
 """
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...contract import NGRAM_SIZES
 from ..sampling import SamplingParams
 from ..tree import Tree
 from .base import Drafter, Proposal
 
-__all__ = ["NgramDrafter", "NgramProposer"]
+__all__ = ["NgramDrafter", "NgramIndex"]
 
 # earlier occurrences of an n-gram remembered for tree proposals: enough for the few branches a
 # CPU can afford, bounded so a repetitive history costs no more than a constant per token
 MATCHES_KEPT = 8
 
 
-class NgramDrafter:
+class NgramIndex:
     """Prompt-lookup drafter with an incremental index of n-gram -> most recent start position.
 
     The index follows one growing history. `propose` keeps it when the new history extends the
@@ -37,7 +38,7 @@ class NgramDrafter:
     `reset()` frees the index explicitly, e.g. when a request ends.
     """
 
-    def __init__(self, ngram_sizes: Sequence[int] = (3, 2, 1), k: int = 4):
+    def __init__(self, ngram_sizes: Sequence[int] = NGRAM_SIZES, k: int = 4):
         sizes = tuple(ngram_sizes)
         if not sizes:
             raise ValueError("ngram_sizes must name at least one n-gram size")
@@ -192,7 +193,7 @@ class NgramDrafter:
     def probs(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
         """One-hot q rows [len(tokens), vocab_size] (float64): the n-gram proposal's exact
         distribution, written out. `verify_sampling` treats a proposal without rows (probs None)
-        as exactly this, without building [k, V] arrays, and that is what `NgramProposer` passes."""
+        as exactly this, without building [k, V] arrays, and that is what `NgramDrafter` passes."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -203,26 +204,33 @@ class NgramDrafter:
         return q
 
 
-class NgramProposer(Drafter):
-    """The n-gram drafter in the drafter role: deterministic proposals (no probabilities), only
-    ids the target may emit."""
+class NgramDrafter(Drafter):
+    """Prompt lookup in the drafter role (an `NgramIndex` over the history): deterministic
+    proposals (no probabilities), only ids the target may emit."""
 
     kind = "ngram"
 
-    def __init__(self, vocab: int, ngram_sizes=(3, 2, 1)):
+    @classmethod
+    def from_bundle(cls, manifest, backend, vocab: int) -> NgramDrafter:
+        draft = manifest.draft
+        return cls(vocab, tuple(draft.extra.get("ngram_sizes", NGRAM_SIZES)) if not draft.is_model else NGRAM_SIZES)
+
+    def __init__(self, vocab: int, ngram_sizes: Sequence[int] = NGRAM_SIZES):
         super().__init__()
-        self.drafter = NgramDrafter(ngram_sizes=ngram_sizes, k=4)
+        if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 1:
+            raise ValueError(f"vocab must be a positive integer, got {vocab!r}")
+        self.index = NgramIndex(ngram_sizes=ngram_sizes, k=4)
         self.vocab = vocab
 
     def reset(self) -> None:
-        self.drafter.reset()
+        self.index.reset()
 
     def start(self, prompt) -> None:
-        self.drafter.reset()
+        self.index.reset()
 
     def propose(self, history, k: int, params: SamplingParams, rng=None) -> Proposal:
         out = []
-        for t in self.drafter.propose(history, k):
+        for t in self.index.propose(history, k):
             if not 0 <= t < self.vocab:  # never propose an id the target may not emit
                 break
             out.append(int(t))
@@ -230,8 +238,8 @@ class NgramProposer(Drafter):
 
     def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
                      depth: int | None = None) -> Tree | None:
-        """`NgramDrafter.propose_tree`'s tree of at most `nodes` nodes and depth `depth` (default
+        """`NgramIndex.propose_tree`'s tree of at most `nodes` nodes and depth `depth` (default
         k): the chain first, then the likeliest branches by the history's own counts; no
         distributions (point masses, exact for any choice)."""
-        tokens, parents = self.drafter.propose_tree(history, k, nodes, max(k, depth or k), self.vocab)
+        tokens, parents = self.index.propose_tree(history, k, nodes, max(k, depth or k), self.vocab)
         return Tree(tokens, parents) if len(tokens) > 1 else None
