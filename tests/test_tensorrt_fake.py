@@ -379,11 +379,12 @@ def fake_gpu(monkeypatch, bundle):
     return rt
 
 
-def write_fake_plan(manifest, spec, folder: Path) -> Path:
-    """A fake plan of `spec` and its plan.json (the builder's PlanInfo, profiles and writer)."""
+def write_fake_plan(manifest, spec, folder: Path, trt_version: str = TRT_VERSION) -> Path:
+    """A fake plan of `spec` and its plan.json (the builder's PlanInfo, profiles and writer), as
+    built by TensorRT `trt_version`. The C++ fakes (cpp/tests/fake_tensorrt) read the same plan."""
     graph = spec.graph_for("tensorrt")
     profiles = profiles_for(manifest)
-    inputs, outputs = graph_io(spec, manifest.kv_mode, manifest.max_seq, manifest.batch)
+    inputs, outputs = graph_io(spec, manifest.kv_mode, manifest.max_seq, manifest.batch, tree=graph.tree)
     io = [[ts.name, "input", ts.dtype, list(ts.shape)] for ts in inputs]
     io += [[ts.name, "output", ts.dtype, list(ts.shape)] for ts in outputs]
     io.append([ARGMAX_OUTPUT, "output", "int64", [manifest.batch, "T", 1]])
@@ -395,7 +396,7 @@ def write_fake_plan(manifest, spec, folder: Path) -> Path:
     (folder / f"{spec.role}.plan").write_bytes(data)
     info = pj.PlanInfo(
         role=spec.role, plan_file=f"{spec.role}.plan", plan_sha256=pj.sha256_bytes(data), plan_bytes=len(data),
-        tensorrt_version=TRT_VERSION, gpu_name=GPU_NAME, compute_capability=GPU_CC, kv_mode=manifest.kv_mode,
+        tensorrt_version=trt_version, gpu_name=GPU_NAME, compute_capability=GPU_CC, kv_mode=manifest.kv_mode,
         max_seq=manifest.max_seq, batch=manifest.batch, precision=spec.precision, profiles=profiles,
         onnx_path=graph.path, onnx_sha256=str((manifest.files.get(graph.path) or {}).get("sha256", "")),
         extra_outputs=[ARGMAX_OUTPUT], created_by="tests/test_tensorrt_fake.py",
