@@ -82,7 +82,7 @@ class FakeCudart(types.ModuleType):
         self.cudaError_t = CudaError
         self.cudaMemcpyKind = types.SimpleNamespace(
             cudaMemcpyHostToDevice="H2D", cudaMemcpyDeviceToHost="D2H", cudaMemcpyDeviceToDevice="D2D")
-        self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=2)
+        self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self.cudaStreamNonBlocking = 1
         self.allocs: dict[int, tuple[object, int, str]] = {}  # ptr -> (ctypes buffer, size, "device"|"host")
         self.streams: dict[int, FakeStream] = {}
@@ -375,8 +375,13 @@ def fake_gpu(monkeypatch, bundle):
     monkeypatch.setitem(sys.modules, "cuda", cuda)
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", rt)
-    monkeypatch.setitem(sys.modules, "tensorrt", FakeTensorRT(rt))
+    monkeypatch.setitem(sys.modules, "tensorrt", FakeTensorRT(rt, trt_version_for(load_manifest(bundle))))
     return rt
+
+
+def trt_version_for(m) -> str:
+    """The TensorRT the fake reports: the one a `--tensorrt X.Y` bundle was exported for."""
+    return f"{m.tensorrt}.0" if m.tensorrt else TRT_VERSION
 
 
 def write_fake_plan(manifest, spec, folder: Path, trt_version: str = TRT_VERSION) -> Path:
@@ -419,7 +424,7 @@ def bundle(request, tiny_bundle_factory):
 @pytest.fixture
 def engines(bundle, tmp_path):
     m = load_manifest(bundle)
-    return m, write_fake_plan(m, m.target, tmp_path / "engines")
+    return m, write_fake_plan(m, m.target, tmp_path / "engines", trt_version_for(m))
 
 
 def make_pair(m, folder, cuda_graphs=True):
@@ -579,7 +584,7 @@ def test_load_pipeline_on_tensorrt_greedy_equals_target_only(fake_gpu, bundle, t
     b = tmp_path / "bundle"
     shutil.copytree(bundle, b)
     m = load_manifest(b)
-    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC))
+    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC), trt_version_for(m))
     prompt = [int(x) for x in np.tile(tokens(7, seed=4), 3)]  # repetitive: the n-gram drafter proposes
     pipe = load(b, backend="tensorrt", draft="ngram", backend_options={"cuda_graphs": True})
     ort = load(bundle, backend="ort-cpu", threads=1, draft="ngram", warmup=False)
