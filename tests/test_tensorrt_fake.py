@@ -366,6 +366,11 @@ class FakeContext:
 def fake_gpu(monkeypatch, bundle):
     """Installs the fakes as `cuda.bindings.runtime` and `tensorrt`; returns the fake cudart.
     (After the bundle's export: torch probes for a `tensorrt` module when it is imported.)"""
+    return install_fakes(monkeypatch, bundle)
+
+
+def install_fakes(monkeypatch, bundle):
+    """fake_gpu's work, with a TensorRT of the version `bundle` was exported for."""
     rt = FakeCudart()
     cuda = types.ModuleType("cuda")
     bindings = types.ModuleType("cuda.bindings")
@@ -599,3 +604,55 @@ def test_load_pipeline_on_tensorrt_greedy_equals_target_only(fake_gpu, bundle, t
     finally:
         pipe.close()
         ort.close()
+
+
+@pytest.fixture
+def tree_bundle(tiny_bundle_factory):
+    """A `--tensorrt 10.3 --tree` bundle: its TensorRT graph takes `tree_mask`."""
+    return tiny_bundle_factory("llama", kv_mode=None, draft="ngram", tensorrt="10.3", tree=True)
+
+
+def test_tree_calls_match_ort_cpu(monkeypatch, tree_bundle, tmp_path):
+    """Chains bind the lower-triangular mask, tree calls the tree's; keep_path commits the path in
+    the cache arena; logits equal ort-cpu's on the same calls."""
+    install_fakes(monkeypatch, tree_bundle)
+    m = load_manifest(tree_bundle)
+    trt, ref = make_pair(m, write_fake_plan(m, m.target, tmp_path / "engines", trt_version_for(m)))
+    ids = tokens(40, seed=5)
+    # a tree of 5 nodes at 16: root, two children of the root, a child of each
+    parents = [-1, 0, 0, 1, 2]
+    mask = np.eye(5, dtype=bool)
+    for i, p in enumerate(parents):
+        while p >= 0:
+            mask[i, p], p = True, parents[p]
+    try:
+        assert trt.takes_trees and ref.takes_trees
+        np.testing.assert_allclose(trt.run(ids[:16], 0), ref.run(ids[:16], 0), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(trt.run_tree(ids[16:21], 16, mask), ref.run_tree(ids[16:21], 16, mask),
+                                   atol=1e-4, rtol=0)
+        trt.keep_path(16, [0, 2, 4])
+        ref.keep_path(16, [0, 2, 4])
+        for t, pos in ((1, 19), (5, 20), (3, 25)):  # chains after the path: the kept slots are the ones read
+            x = ids[pos : pos + t]
+            np.testing.assert_allclose(trt.run(x, pos), ref.run(x, pos), atol=1e-4, rtol=0, err_msg=f"T={t}")
+    finally:
+        trt.close()
+
+
+def test_tree_generation_on_tensorrt_equals_target_only(monkeypatch, tree_bundle, tmp_path):
+    from specedge.runtime.api import load
+
+    install_fakes(monkeypatch, tree_bundle)
+    b = tmp_path / "bundle"
+    shutil.copytree(tree_bundle, b)
+    m = load_manifest(b)
+    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC), trt_version_for(m))
+    prompt = [int(x) for x in np.tile(tokens(7, seed=4), 3)]
+    pipe = load(b, backend="tensorrt", draft="ngram")
+    try:
+        want = pipe.generate(token_ids=prompt, max_new_tokens=24, speculative=False)
+        got = pipe.generate(token_ids=prompt, max_new_tokens=24, tree=True, guard=False)
+        assert got.token_ids == want.token_ids
+        assert got.stats["tree_rounds"] > 0
+    finally:
+        pipe.close()
