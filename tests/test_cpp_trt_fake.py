@@ -12,6 +12,7 @@ where g++, cmake or third_party/onnxruntime are missing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -41,11 +42,11 @@ def generate() -> Path:
         pytest.skip(f"needs g++, cmake and third_party/onnxruntime (bash scripts/cpp_setup.sh); missing: "
                     f"{', '.join(missing) or 'third_party/onnxruntime'}")
     cfg = ["cmake", "-S", str(REPO / "cpp"), "-B", str(BUILD), f"-DONNXRUNTIME_ROOT={ORT_ROOT}",
-           "-DSPECEDGE_FAKE_TENSORRT=ON", "-DSPECEDGE_BUILD_TESTS=OFF"]
-    build = ["cmake", "--build", str(BUILD), "--target", "specedge_generate", "-j2"]
+           "-DSPECEDGE_FAKE_TENSORRT=ON", "-DSPECEDGE_BUILD_TESTS=OFF",
+           # unoptimized: the build is most of this test's time, and the tiny model runs as fast
+           "-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_CXX_FLAGS_DEBUG=-O0"]
+    build = ["cmake", "--build", str(BUILD), "--target", "specedge_generate", "specedge_fake_refusals", "-j2"]
     with open("/tmp/specedge-cpp.lock", "w") as lock:
-        import fcntl
-
         fcntl.flock(lock, fcntl.LOCK_EX)
         for cmd in (cfg, build):
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -195,3 +196,45 @@ def test_tree_bundle_chains_and_tree_rounds(generate, tiny_bundle_factory, tmp_p
                 fake_stats(p.stderr)
                 if extra:
                     assert got["stats"]["tree_rounds"] > 0 and got["stats"]["trees_off"] is False
+        # a GPU's call cost, flat in T: trees grow to the largest measured size + 2, which the engine's
+        # largest profile (16) must bound (it refused "no optimization profile covers T = 17")
+        p = run(generate, b, prompt, "--max-new-tokens", 48, "--backend", "tensorrt", "--tree", "--no-guard",
+                env={"SPECEDGE_FAKE_TRT_STEP_US": "20000"})
+        assert json.loads(p.stdout)["token_ids"] == json.loads(
+            run(generate, b, prompt, "--max-new-tokens", 48, "--no-spec").stdout)["token_ids"]
+
+
+def test_draft_head_reads_the_engines_features(generate, tiny_bundle_factory, tmp_path):
+    """A draft head (on ONNX Runtime) beside the TensorRT target reads the features the engine's
+    `hidden_states` output copied back after each call (TrtBackend::keep_features): the same
+    drafts, acceptances and tokens as beside the ort-cpu target (fixed k, no guard)."""
+    from specedge.training.train import TrainOptions, train_draft
+
+    b = tmp_path / "head"
+    shutil.copytree(tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", features=True), b)
+    train_draft(b, TrainOptions(budget="500", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
+                                doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(tmp_path / "ck")))
+    with_plans(b, tmp_path / "head-trt")
+    b = tmp_path / "head-trt"
+    for prompt in ("hello there", "def add(a, b): return a + b"):
+        args = ("--max-new-tokens", 40, "--draft", "head", "--no-guard", "--spec-tokens", 3)
+        ref = json.loads(run(generate, b, prompt, *args).stdout)
+        p = run(generate, b, prompt, *args, "--backend", "tensorrt", env={"SPECEDGE_FAKE_GPU_STATS": "1"})
+        got = json.loads(p.stdout)
+        fake_stats(p.stderr)
+        assert got["token_ids"] == ref["token_ids"]
+        assert got["stats"]["drafter"] == "head"
+        for key in ("drafted", "accepted", "accepted_histogram", "draft_calls"):
+            assert got["stats"][key] == ref["stats"][key], key
+
+
+def test_the_fakes_refuse_what_tensorrt_and_cuda_refuse(generate, bundle):
+    """The refusals the runtime never reaches when it is right (a misaligned or missing address,
+    an unset shape, a shape outside the profile, a capture without warm-up, a copy of the wrong
+    direction or past an allocation), checked on the fakes themselves with a bundle's plan."""
+    plan = pj.engines_root(bundle) / pj.device_tag(GPU_NAME, GPU_CC) / "target.plan"
+    p = subprocess.run([str(generate.with_name("specedge_fake_refusals")), str(plan)], capture_output=True, text=True,
+                       timeout=120)
+    lines = p.stdout.strip().splitlines()
+    assert p.returncode == 0 and len(lines) == 14 and all(x.startswith("ok: ") for x in lines), p.stdout + p.stderr
+    assert "never freed" not in p.stderr, p.stderr

@@ -31,6 +31,7 @@ import importlib.machinery
 import json
 import shutil
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -87,6 +88,7 @@ class FakeCudart(types.ModuleType):
         self.allocs: dict[int, tuple[object, int, str]] = {}  # ptr -> (ctypes buffer, size, "device"|"host")
         self.streams: dict[int, FakeStream] = {}
         self.stats = {"graph_launches": 0, "captures": 0, "engine_steps": 0}
+        self.step_seconds = 0.0  # each engine step's extra time: a GPU's call cost, flat in T
         self.errors: list[str] = []
 
     # memory
@@ -347,6 +349,7 @@ class FakeContext:
 
         def step():
             cu.stats["engine_steps"] += 1
+            time.sleep(cu.step_seconds)
             feeds = {i.name: read(i.name) for i in eng.session.get_inputs()}
             outs = eng.session.run(None, feeds)
             for o, arr in zip(eng.session.get_outputs(), outs):
@@ -639,20 +642,29 @@ def test_tree_calls_match_ort_cpu(monkeypatch, tree_bundle, tmp_path):
         trt.close()
 
 
-def test_tree_generation_on_tensorrt_equals_target_only(monkeypatch, tree_bundle, tmp_path):
+@pytest.mark.parametrize("step_seconds", [0.0, 0.02], ids=["cpu-cost", "flat-cost"])
+def test_tree_generation_on_tensorrt_equals_target_only(monkeypatch, tree_bundle, tmp_path, step_seconds):
+    """flat-cost: every call costs about the same whatever its T, as small calls on a GPU, so trees
+    grow to the largest size measured (+ TREE_GROWTH) and past the engine's largest profile unless
+    the backend's max_call_tokens bounds them."""
     from specedge.runtime.api import load
 
-    install_fakes(monkeypatch, tree_bundle)
+    install_fakes(monkeypatch, tree_bundle).step_seconds = step_seconds
     b = tmp_path / "bundle"
     shutil.copytree(tree_bundle, b)
     m = load_manifest(b)
     write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC), trt_version_for(m))
     prompt = [int(x) for x in np.tile(tokens(7, seed=4), 3)]
     pipe = load(b, backend="tensorrt", draft="ngram")
+    calls = []
+    run_tree = pipe.target.run_tree
+    pipe.target.run_tree = lambda ids, pos, mask: calls.append(len(ids)) or run_tree(ids, pos, mask)
     try:
-        want = pipe.generate(token_ids=prompt, max_new_tokens=24, speculative=False)
-        got = pipe.generate(token_ids=prompt, max_new_tokens=24, tree=True, guard=False)
+        n = 90 if step_seconds else 24  # flat cost: trees grow by TREE_GROWTH a round, up to the profile's 16
+        want = pipe.generate(token_ids=prompt, max_new_tokens=n, speculative=False)
+        got = pipe.generate(token_ids=prompt, max_new_tokens=n, tree=True, guard=False)
         assert got.token_ids == want.token_ids
         assert got.stats["tree_rounds"] > 0
+        assert pipe.target.max_call_tokens == 16 and max(calls) <= 16  # the prefill chunk's profile
     finally:
         pipe.close()

@@ -38,7 +38,8 @@
 // between streams; events. The reference is the ort-cpu backend on the same graph.
 //
 // SPECEDGE_FAKE_GPU_STATS=1 prints "fake cudart: captures=N graph_launches=N engine_steps=N" on stderr at exit;
-// SPECEDGE_FAKE_GPU_COUNT=N reports N devices (default 1; 0 = no GPU).
+// SPECEDGE_FAKE_GPU_COUNT=N reports N devices (default 1; 0 = no GPU); SPECEDGE_FAKE_TRT_STEP_US=N makes every engine
+// step last N more microseconds, so that a call costs about the same whatever its T, as small calls on a GPU.
 #pragma once
 #include <cuda_runtime_api.h>
 

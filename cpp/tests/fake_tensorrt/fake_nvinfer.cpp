@@ -4,12 +4,15 @@
 #include <onnxruntime_cxx_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_gpu.h"
@@ -198,6 +201,12 @@ apiv::VCudaEngine* load_plan(const apiv::VRuntime& rt, const char* blob, size_t 
 bool run_step(const apiv::VCudaEngine& eng, const std::map<std::string, void*>& bound, int64_t t, void* memory,
               int64_t memory_bytes) {
   fake_gpu::count_engine_step();
+  // a GPU's call cost, flat in T for small calls: SPECEDGE_FAKE_TRT_STEP_US microseconds per step
+  static const long step_us = [] {
+    const char* env = std::getenv("SPECEDGE_FAKE_TRT_STEP_US");
+    return env && *env ? std::atol(env) : 0L;
+  }();
+  if (step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_us));
   if (memory_bytes > 0) {
     if (fake_gpu::where(memory, size_t(memory_bytes)) != fake_gpu::Where::Device) {
       fake_gpu::report("fake TensorRT: the context's device memory is not device memory any more");

@@ -41,6 +41,8 @@ class Backend(ABC):
     # the graph takes tree calls (the manifest's graph `tree`, contract.TREE_INPUT): `run_tree`
     # and `keep_path` work; chain calls bind the lower-triangular mask themselves
     takes_trees: bool = False
+    # the most tokens one call takes (TensorRT: its largest optimization profile); trees stay within it
+    max_call_tokens: int = 1 << 30
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):
         if isinstance(spec, ModelSpec) and spec.kind == "ngram":  # test doubles pass other spec objects

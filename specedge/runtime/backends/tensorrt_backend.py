@@ -253,6 +253,7 @@ class TensorRTBackend(Backend):
             raise
         self.cuda_graphs = bool(cuda_graphs)
         self.graph_sizes = [p.t_min for p in self.profiles if p.exact]
+        self.max_call_tokens = max(p.t_max for p in self.profiles)
 
     # ------------------------------------------------------------------ buffers
 
