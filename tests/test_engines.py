@@ -130,6 +130,14 @@ def test_binding_plan_delta_maps_new_entries_into_the_delta_arena():
     assert b["argmax"].shape == (2, 5, 1)
 
 
+def test_binding_plan_of_a_tree_graph_binds_its_mask():
+    plain = binding_plan(spec(), "delta", S, 5, batch=2)
+    b = binding_plan(spec(), "delta", S, 5, batch=2, tree=True)
+    assert [x.name for x in b] == ["input_ids", "position", "tree_mask"] + [x.name for x in plain][2:]
+    m = b[2]
+    assert (m.io, m.buffer, m.offset, m.shape, m.dtype) == ("input", "tree_mask", 0, (2, 5, 5), "bool")
+
+
 def _spec(layers, kv_heads, head_dim, kv_dtype="float16"):
     return ModelSpec(role="target", kind="model", precision="fp16", kv_dtype=kv_dtype, num_layers=layers,
                      num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=V)

@@ -31,6 +31,7 @@ import importlib.machinery
 import json
 import shutil
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -82,11 +83,12 @@ class FakeCudart(types.ModuleType):
         self.cudaError_t = CudaError
         self.cudaMemcpyKind = types.SimpleNamespace(
             cudaMemcpyHostToDevice="H2D", cudaMemcpyDeviceToHost="D2H", cudaMemcpyDeviceToDevice="D2D")
-        self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=2)
+        self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self.cudaStreamNonBlocking = 1
         self.allocs: dict[int, tuple[object, int, str]] = {}  # ptr -> (ctypes buffer, size, "device"|"host")
         self.streams: dict[int, FakeStream] = {}
         self.stats = {"graph_launches": 0, "captures": 0, "engine_steps": 0}
+        self.step_seconds = 0.0  # each engine step's extra time: a GPU's call cost, flat in T
         self.errors: list[str] = []
 
     # memory
@@ -347,6 +349,7 @@ class FakeContext:
 
         def step():
             cu.stats["engine_steps"] += 1
+            time.sleep(cu.step_seconds)
             feeds = {i.name: read(i.name) for i in eng.session.get_inputs()}
             outs = eng.session.run(None, feeds)
             for o, arr in zip(eng.session.get_outputs(), outs):
@@ -366,6 +369,11 @@ class FakeContext:
 def fake_gpu(monkeypatch, bundle):
     """Installs the fakes as `cuda.bindings.runtime` and `tensorrt`; returns the fake cudart.
     (After the bundle's export: torch probes for a `tensorrt` module when it is imported.)"""
+    return install_fakes(monkeypatch, bundle)
+
+
+def install_fakes(monkeypatch, bundle):
+    """fake_gpu's work, with a TensorRT of the version `bundle` was exported for."""
     rt = FakeCudart()
     cuda = types.ModuleType("cuda")
     bindings = types.ModuleType("cuda.bindings")
@@ -375,15 +383,21 @@ def fake_gpu(monkeypatch, bundle):
     monkeypatch.setitem(sys.modules, "cuda", cuda)
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", rt)
-    monkeypatch.setitem(sys.modules, "tensorrt", FakeTensorRT(rt))
+    monkeypatch.setitem(sys.modules, "tensorrt", FakeTensorRT(rt, trt_version_for(load_manifest(bundle))))
     return rt
 
 
-def write_fake_plan(manifest, spec, folder: Path) -> Path:
-    """A fake plan of `spec` and its plan.json (the builder's PlanInfo, profiles and writer)."""
+def trt_version_for(m) -> str:
+    """The TensorRT the fake reports: the one a `--tensorrt X.Y` bundle was exported for."""
+    return f"{m.tensorrt}.0" if m.tensorrt else TRT_VERSION
+
+
+def write_fake_plan(manifest, spec, folder: Path, trt_version: str = TRT_VERSION) -> Path:
+    """A fake plan of `spec` and its plan.json (the builder's PlanInfo, profiles and writer), as
+    built by TensorRT `trt_version`. The C++ fakes (cpp/tests/fake_tensorrt) read the same plan."""
     graph = spec.graph_for("tensorrt")
     profiles = profiles_for(manifest)
-    inputs, outputs = graph_io(spec, manifest.kv_mode, manifest.max_seq, manifest.batch)
+    inputs, outputs = graph_io(spec, manifest.kv_mode, manifest.max_seq, manifest.batch, tree=graph.tree)
     io = [[ts.name, "input", ts.dtype, list(ts.shape)] for ts in inputs]
     io += [[ts.name, "output", ts.dtype, list(ts.shape)] for ts in outputs]
     io.append([ARGMAX_OUTPUT, "output", "int64", [manifest.batch, "T", 1]])
@@ -395,7 +409,7 @@ def write_fake_plan(manifest, spec, folder: Path) -> Path:
     (folder / f"{spec.role}.plan").write_bytes(data)
     info = pj.PlanInfo(
         role=spec.role, plan_file=f"{spec.role}.plan", plan_sha256=pj.sha256_bytes(data), plan_bytes=len(data),
-        tensorrt_version=TRT_VERSION, gpu_name=GPU_NAME, compute_capability=GPU_CC, kv_mode=manifest.kv_mode,
+        tensorrt_version=trt_version, gpu_name=GPU_NAME, compute_capability=GPU_CC, kv_mode=manifest.kv_mode,
         max_seq=manifest.max_seq, batch=manifest.batch, precision=spec.precision, profiles=profiles,
         onnx_path=graph.path, onnx_sha256=str((manifest.files.get(graph.path) or {}).get("sha256", "")),
         extra_outputs=[ARGMAX_OUTPUT], created_by="tests/test_tensorrt_fake.py",
@@ -418,7 +432,7 @@ def bundle(request, tiny_bundle_factory):
 @pytest.fixture
 def engines(bundle, tmp_path):
     m = load_manifest(bundle)
-    return m, write_fake_plan(m, m.target, tmp_path / "engines")
+    return m, write_fake_plan(m, m.target, tmp_path / "engines", trt_version_for(m))
 
 
 def make_pair(m, folder, cuda_graphs=True):
@@ -578,7 +592,7 @@ def test_load_pipeline_on_tensorrt_greedy_equals_target_only(fake_gpu, bundle, t
     b = tmp_path / "bundle"
     shutil.copytree(bundle, b)
     m = load_manifest(b)
-    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC))
+    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC), trt_version_for(m))
     prompt = [int(x) for x in np.tile(tokens(7, seed=4), 3)]  # repetitive: the n-gram drafter proposes
     pipe = load(b, backend="tensorrt", draft="ngram", backend_options={"cuda_graphs": True})
     ort = load(bundle, backend="ort-cpu", threads=1, draft="ngram", warmup=False)
@@ -593,3 +607,64 @@ def test_load_pipeline_on_tensorrt_greedy_equals_target_only(fake_gpu, bundle, t
     finally:
         pipe.close()
         ort.close()
+
+
+@pytest.fixture
+def tree_bundle(tiny_bundle_factory):
+    """A `--tensorrt 10.3 --tree` bundle: its TensorRT graph takes `tree_mask`."""
+    return tiny_bundle_factory("llama", kv_mode=None, draft="ngram", tensorrt="10.3", tree=True)
+
+
+def test_tree_calls_match_ort_cpu(monkeypatch, tree_bundle, tmp_path):
+    """Chains bind the lower-triangular mask, tree calls the tree's; keep_path commits the path in
+    the cache arena; logits equal ort-cpu's on the same calls."""
+    install_fakes(monkeypatch, tree_bundle)
+    m = load_manifest(tree_bundle)
+    trt, ref = make_pair(m, write_fake_plan(m, m.target, tmp_path / "engines", trt_version_for(m)))
+    ids = tokens(40, seed=5)
+    # a tree of 5 nodes at 16: root, two children of the root, a child of each
+    parents = [-1, 0, 0, 1, 2]
+    mask = np.eye(5, dtype=bool)
+    for i, p in enumerate(parents):
+        while p >= 0:
+            mask[i, p], p = True, parents[p]
+    try:
+        assert trt.takes_trees and ref.takes_trees
+        np.testing.assert_allclose(trt.run(ids[:16], 0), ref.run(ids[:16], 0), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(trt.run_tree(ids[16:21], 16, mask), ref.run_tree(ids[16:21], 16, mask),
+                                   atol=1e-4, rtol=0)
+        trt.keep_path(16, [0, 2, 4])
+        ref.keep_path(16, [0, 2, 4])
+        for t, pos in ((1, 19), (5, 20), (3, 25)):  # chains after the path: the kept slots are the ones read
+            x = ids[pos : pos + t]
+            np.testing.assert_allclose(trt.run(x, pos), ref.run(x, pos), atol=1e-4, rtol=0, err_msg=f"T={t}")
+    finally:
+        trt.close()
+
+
+@pytest.mark.parametrize("step_seconds", [0.0, 0.02], ids=["cpu-cost", "flat-cost"])
+def test_tree_generation_on_tensorrt_equals_target_only(monkeypatch, tree_bundle, tmp_path, step_seconds):
+    """flat-cost: every call costs about the same whatever its T, as small calls on a GPU, so trees
+    grow to the largest size measured (+ TREE_GROWTH) and past the engine's largest profile unless
+    the backend's max_call_tokens bounds them."""
+    from specedge.runtime.api import load
+
+    install_fakes(monkeypatch, tree_bundle).step_seconds = step_seconds
+    b = tmp_path / "bundle"
+    shutil.copytree(tree_bundle, b)
+    m = load_manifest(b)
+    write_fake_plan(m, m.target, pj.engines_root(b) / pj.device_tag(GPU_NAME, GPU_CC), trt_version_for(m))
+    prompt = [int(x) for x in np.tile(tokens(7, seed=4), 3)]
+    pipe = load(b, backend="tensorrt", draft="ngram")
+    calls = []
+    run_tree = pipe.target.run_tree
+    pipe.target.run_tree = lambda ids, pos, mask: calls.append(len(ids)) or run_tree(ids, pos, mask)
+    try:
+        n = 90 if step_seconds else 24  # flat cost: trees grow by TREE_GROWTH a round, up to the profile's 16
+        want = pipe.generate(token_ids=prompt, max_new_tokens=n, speculative=False)
+        got = pipe.generate(token_ids=prompt, max_new_tokens=n, tree=True, guard=False)
+        assert got.token_ids == want.token_ids
+        assert got.stats["tree_rounds"] > 0
+        assert pipe.target.max_call_tokens == 16 and max(calls) <= 16  # the prefill chunk's profile
+    finally:
+        pipe.close()

@@ -502,7 +502,7 @@ GenResult Engine::generate(const std::vector<int32_t>& prompt, const GenConfig& 
     // a tree round (tree_round.cpp) when asked for and the guard still finds trees paying
     std::optional<TreeRound> tr;
     if (kk >= 1 && cfg.tree && ctl.use_tree) {
-      int nodes = std::min(tree_nodes(*costs, kk), room);
+      int nodes = std::min({tree_nodes(*costs, kk), room, target_->max_call_tokens()});  // TensorRT: its largest profile
       if (tree_nodes_override) nodes = tree_nodes_override(kk, nodes);
       // a tree may go past k where its drafter's depth is free, within what is left to emit
       int depth = std::min({nodes - 1, cfg.max_new_tokens - int(out.size()) - 1, room - 1});

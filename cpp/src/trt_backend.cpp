@@ -18,6 +18,7 @@
 
 #include "error.h"
 #include "sha256.h"
+#include "tree.h"
 #include "trt_plan.h"
 
 #if NV_TENSORRT_MAJOR < 10
@@ -238,9 +239,9 @@ struct TrtBackend::Impl {
   // the buffers (the contexts' scratch memory among them), the stream, and the logger last.
   Logger logger;
   Stream stream;
-  DeviceMem kv, ids, pos, logits, delta, argmax, scratch;
+  DeviceMem kv, ids, pos, mask, logits, delta, argmax, scratch;
   std::map<std::string, DeviceMem> extras;  // named extra outputs: bound; hidden_states read only after keep_features()
-  HostMem ids_host, pos_host, logits_host;
+  HostMem ids_host, pos_host, mask_host, logits_host;
   // keep_features(): the features output of each call (batch row 0) comes back to feat_host, and every slot's
   // row lives in feat_store [S, TF], like the cache, for a head drafter on the CPU
   HostMem feat_host;
@@ -259,6 +260,7 @@ struct TrtBackend::Impl {
   const ModelSpec* spec = nullptr;
   std::string role, kv_mode, bundle;
   bool delta_mode = false, has_argmax = false, graphs_on = true;
+  bool tree = false;  // the graph takes tree calls: every call binds tree_mask [B, T, T] (lower-triangular for chains)
   int B = 1, S = 0, V = 0, t_max = 0, device = 0;
   trt::KVLayout cache;
   std::vector<trt::Profile> profiles;
@@ -277,6 +279,7 @@ struct TrtBackend::Impl {
     switch (b) {
       case trt::Buffer::InputIds: return ids.u8();
       case trt::Buffer::Position: return pos.u8();
+      case trt::Buffer::TreeMask: return mask.u8();
       case trt::Buffer::Logits: return logits.u8();
       case trt::Buffer::Cache: return kv.u8();
       case trt::Buffer::Delta: return delta.u8();
@@ -295,7 +298,7 @@ struct TrtBackend::Impl {
     if (!c.ctx->setInputShape("input_ids", d))
       fail_trt("TensorRT refused input_ids of shape [" + std::to_string(B) + ", " + std::to_string(t) + "] for the " +
                role);
-    for (const auto& b : trt::binding_plan(*spec, kv_mode, S, t, B, has_argmax))
+    for (const auto& b : trt::binding_plan(*spec, kv_mode, S, t, B, has_argmax, tree))
       if (!c.ctx->setTensorAddress(b.name.c_str(), base(b.buffer) + b.offset))
         fail_trt("TensorRT refused the address of '" + b.name + "' of the " + role);
     for (auto& [name, mem] : extras)
@@ -307,6 +310,8 @@ struct TrtBackend::Impl {
   bool enqueue(Ctx& c, int t, std::string* why = nullptr) {
     cudaError_t e = cudaMemcpyAsync(ids.p, ids_host.p, 8 * size_t(B) * size_t(t), cudaMemcpyHostToDevice, stream.s);
     if (e == cudaSuccess) e = cudaMemcpyAsync(pos.p, pos_host.p, 8 * size_t(B), cudaMemcpyHostToDevice, stream.s);
+    if (e == cudaSuccess && tree)
+      e = cudaMemcpyAsync(mask.p, mask_host.p, size_t(B) * size_t(t) * size_t(t), cudaMemcpyHostToDevice, stream.s);
     if (e != cudaSuccess) {
       if (!why) cuda_check(e, "cudaMemcpyAsync (inputs to the GPU)");  // throws
       cudaGetLastError();
@@ -439,7 +444,8 @@ TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
     if (mode == nvinfer1::TensorIOMode::kINPUT) ins.emplace_back(name);
     else if (mode == nvinfer1::TensorIOMode::kOUTPUT) outs.emplace_back(name);
   }
-  trt::expected_names(spec, m.kv_mode, &want_in, &want_out);
+  s.tree = spec.graph_for("tensorrt").tree;
+  trt::expected_names(spec, m.kv_mode, &want_in, &want_out, s.tree);
   std::string problem = trt::check_graph_names(spec.role, want_in, want_out, ins, outs);
   if (!problem.empty()) fail_bundle(problem);
   s.has_argmax = std::find(outs.begin(), outs.end(), trt::kArgmaxOutput) != outs.end();
@@ -453,8 +459,8 @@ TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   // Types and static dimensions of every contract tensor; a dimension that changes with T must be dynamic (-1)
   // or equal to it.
   {
-    auto p1 = trt::binding_plan(spec, m.kv_mode, s.S, 1, s.B, false);
-    auto p2 = trt::binding_plan(spec, m.kv_mode, s.S, 2, s.B, false);
+    auto p1 = trt::binding_plan(spec, m.kv_mode, s.S, 1, s.B, false, s.tree);
+    auto p2 = trt::binding_plan(spec, m.kv_mode, s.S, 2, s.B, false, s.tree);
     for (size_t i = 0; i < p1.size(); ++i) {
       const auto& b = p1[i];
       DataType got = eng.getTensorDataType(b.name.c_str());
@@ -506,6 +512,10 @@ TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   if (s.has_argmax) s.argmax.alloc(argmax_elem * BT, "argmax");
   s.ids_host.alloc(8 * BT, "input_ids");
   s.pos_host.alloc(8 * size_t(s.B), "position");
+  if (s.tree) {
+    s.mask.alloc(size_t(s.B) * size_t(s.t_max) * size_t(s.t_max), "tree_mask");
+    s.mask_host.alloc(size_t(s.B) * size_t(s.t_max) * size_t(s.t_max), "tree_mask");
+  }
   s.logits_host.alloc(4 * size_t(s.t_max) * size_t(s.V), "logits");
 
   // ---- one context per profile, sharing one scratch allocation (they run one after another on one stream)
@@ -563,14 +573,50 @@ const std::string& TrtBackend::graph_note() const { return impl_->graph_note; }
 int TrtBackend::max_call_tokens() const { return impl_->t_max; }
 
 const float* TrtBackend::run(const int32_t* ids, int t, int position) {
-  Impl& s = *impl_;
   check_call(t, position);
+  return call(ids, t, position, nullptr);
+}
+
+bool TrtBackend::takes_trees() const { return impl_->tree; }
+
+const float* TrtBackend::run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) {
+  check_tree_call(t, position, mask);
+  return call(ids, t, position, mask);
+}
+
+void TrtBackend::keep_path(int position, const std::vector<int>& path) {
+  Impl& s = *impl_;
+  auto moves = compaction_moves(path);
+  if (moves.empty()) return;
+  // one slot of every row per move, in the moves' order on our stream (no move overwrites a later move's source)
+  cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
+  for (const trt::Copy2D& cp : trt::path_copies(s.cache, position, moves))
+    cuda_check(cudaMemcpy2DAsync(s.kv.u8() + cp.dst_offset, cp.dpitch, s.kv.u8() + cp.src_offset, cp.spitch, cp.width,
+                                 cp.height, cudaMemcpyDeviceToDevice, s.stream.s),
+               "cudaMemcpy2DAsync (the accepted path's K/V)");
+  cuda_check(cudaStreamSynchronize(s.stream.s), "cudaStreamSynchronize");
+  if (s.keep_feat)  // the kept feature rows follow the K/V, as in OrtBackend::keep_path
+    for (const auto& [src, dst] : moves)
+      std::memcpy(s.feat_store.data() + size_t(position + dst) * size_t(s.TF),
+                  s.feat_store.data() + size_t(position + src) * size_t(s.TF), size_t(s.TF) * sizeof(float));
+}
+
+// One call of t tokens at `position`; `mask` [t, t] for a tree call, null for a chain (a graph that takes trees then
+// gets the lower-triangular mask).
+const float* TrtBackend::call(const int32_t* ids, int t, int position, const uint8_t* mask) {
+  Impl& s = *impl_;
   const int pi = trt::select_profile(s.profiles, t);
   auto* ih = static_cast<int64_t*>(s.ids_host.p);
   auto* ph = static_cast<int64_t*>(s.pos_host.p);
+  auto* mh = static_cast<uint8_t*>(s.mask_host.p);
+  const size_t tt = size_t(t) * size_t(t);
   for (int b = 0; b < s.B; ++b) {
     for (int i = 0; i < t; ++i) ih[size_t(b) * size_t(t) + size_t(i)] = ids[i];
     ph[b] = position;
+    if (s.tree)
+      for (int i = 0; i < t; ++i)
+        for (int j = 0; j < t; ++j)
+          mh[size_t(b) * tt + size_t(i) * size_t(t) + size_t(j)] = mask ? mask[size_t(i) * size_t(t) + size_t(j)] != 0 : j <= i;
   }
   cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
   Impl::Ctx& c = s.contexts[size_t(pi)];

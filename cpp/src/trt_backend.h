@@ -24,6 +24,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "manifest.h"
@@ -38,6 +39,10 @@ class TrtBackend : public Backend {
   TrtBackend& operator=(const TrtBackend&) = delete;
 
   const float* run(const int32_t* ids, int t, int position) override;
+  // A graph exported with --tree: tree calls bind the caller's mask; chains bind the lower-triangular one.
+  bool takes_trees() const override;
+  const float* run_tree(const int32_t* ids, int t, int position, const uint8_t* mask) override;
+  void keep_path(int position, const std::vector<int>& path) override;
   std::string name() const override { return "tensorrt"; }
   int max_call_tokens() const override;
   bool copy_kv_from(const Backend& other, int start, int end) override;
@@ -49,6 +54,7 @@ class TrtBackend : public Backend {
   const std::string& graph_note() const;
 
  private:
+  const float* call(const int32_t* ids, int t, int position, const uint8_t* mask);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -324,6 +324,7 @@ size_t dtype_bytes(const std::string& dtype) {
   if (dtype == "float32" || dtype == "int32") return 4;
   if (dtype == "float16" || dtype == "bfloat16") return 2;
   if (dtype == "int64") return 8;
+  if (dtype == "bool") return 1;
   fail_bundle("unsupported tensor dtype '" + dtype + "'");
 }
 
@@ -348,6 +349,7 @@ const char* buffer_name(Buffer b) {
   switch (b) {
     case Buffer::InputIds: return "input_ids";
     case Buffer::Position: return "position";
+    case Buffer::TreeMask: return "tree_mask";
     case Buffer::Logits: return "logits";
     case Buffer::Cache: return "cache";
     case Buffer::Delta: return "delta";
@@ -357,8 +359,9 @@ const char* buffer_name(Buffer b) {
 }
 
 void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vector<std::string>* inputs,
-                    std::vector<std::string>* outputs) {
+                    std::vector<std::string>* outputs, bool tree) {
   inputs->assign({"input_ids", "position"});
+  if (tree) inputs->push_back("tree_mask");
   outputs->assign({"logits"});
   for (int i = 0; i < spec.num_layers; ++i) {
     inputs->push_back("past_key." + std::to_string(i));
@@ -372,7 +375,7 @@ void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vect
 }
 
 std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t, int batch,
-                                        bool argmax) {
+                                        bool argmax, bool tree) {
   if (kv_mode != "scatter" && kv_mode != "delta") fail_bundle("unknown kv mode '" + kv_mode + "'");
   if (t < 1) fail_arg("T must be >= 1, got " + std::to_string(t));
   KVLayout cache = KVLayout::for_cache(spec, max_seq, batch), delta = KVLayout::for_delta(spec, t, batch);
@@ -380,6 +383,7 @@ std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string
   std::vector<TensorBinding> out;
   out.push_back({"input_ids", true, Buffer::InputIds, 0, {B, T}, "int64"});
   out.push_back({"position", true, Buffer::Position, 0, {B}, "int64"});
+  if (tree) out.push_back({"tree_mask", true, Buffer::TreeMask, 0, {B, T, T}, "bool"});
   for (int i = 0; i < spec.num_layers; ++i)
     for (int kind = 0; kind < 2; ++kind)
       out.push_back({std::string(kind ? "past_value." : "past_key.") + std::to_string(i), true, Buffer::Cache,
@@ -449,6 +453,23 @@ std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end) {
   c.dst_offset = c.src_offset = size_t(start) * slot;
   c.dpitch = c.spitch = cache.row_bytes();
   return expand_copies(cache, cache, c);
+}
+
+std::vector<Copy2D> path_copies(const KVLayout& cache, int position, const std::vector<std::pair<int, int>>& moves) {
+  const size_t slot = size_t(cache.head_dim) * cache.itemsize;
+  std::vector<Copy2D> out;
+  for (const auto& [src, dst] : moves) {
+    if (position < 0 || src < 0 || dst < 0 || position + std::max(src, dst) >= cache.seq)
+      fail_arg("tree nodes " + std::to_string(std::max(src, dst)) + " past position " + std::to_string(position) +
+               " are outside max_seq " + std::to_string(cache.seq));
+    Copy2D c;
+    c.width = slot;
+    c.dst_offset = size_t(position + dst) * slot;
+    c.src_offset = size_t(position + src) * slot;
+    c.dpitch = c.spitch = cache.row_bytes();
+    for (const Copy2D& one : expand_copies(cache, cache, c)) out.push_back(one);
+  }
+  return out;
 }
 
 std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, int position) {

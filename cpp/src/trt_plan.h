@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "manifest.h"
@@ -100,7 +101,7 @@ int select_profile(const std::vector<Profile>& profiles, int t);
 
 // ------------------------------------------------------------------ buffers and bindings
 
-size_t dtype_bytes(const std::string& dtype);  // float32 4, float16/bfloat16 2, int64 8, int32 4
+size_t dtype_bytes(const std::string& dtype);  // float32 4, float16/bfloat16 2, int64 8, int32 4, bool 1
 
 // TensorRT wants every tensor address 256-byte aligned (IExecutionContext::setTensorAddress).
 constexpr size_t kTensorAlign = 256;
@@ -124,7 +125,7 @@ struct KVLayout {
   size_t offset(int kind, int layer) const;  // byte offset of one tensor
 };
 
-enum class Buffer { InputIds, Position, Logits, Cache, Delta, Argmax };
+enum class Buffer { InputIds, Position, TreeMask, Logits, Cache, Delta, Argmax };
 const char* buffer_name(Buffer b);
 
 struct TensorBinding {
@@ -136,13 +137,14 @@ struct TensorBinding {
   std::string dtype;
 };
 
-// Names of the graph contract (docs/design.md) for one model: inputs and outputs, in order.
+// Names of the graph contract (docs/design.md) for one model: inputs and outputs, in order (tree: the graph takes
+// tree calls, the `tree_mask` input after `position`).
 void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vector<std::string>* inputs,
-                    std::vector<std::string>* outputs);
+                    std::vector<std::string>* outputs, bool tree = false);
 // Every tensor of the contract for a call with T = t, mapped to its buffer. Scatter mode binds present_* to the
 // very addresses of past_* (in-place update); delta mode binds new_* into the delta arena laid out for this T.
 std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t, int batch,
-                                        bool argmax);
+                                        bool argmax, bool tree = false);
 // "" when an engine's I/O follows the contract, else the sentence (extra outputs are allowed: argmax, named
 // hidden states; missing or extra inputs and missing outputs are not).
 std::string check_graph_names(const std::string& role, const std::vector<std::string>& want_in,
@@ -160,6 +162,9 @@ std::vector<Copy2D> delta_copies(const KVLayout& cache, const KVLayout& delta, i
 // The 2-D copies that copy slots [start, end) of every row between two arenas of the same layout (a self-draft
 // taking the target's K/V): one copy when the arena is dense, else one per tensor; none when start == end.
 std::vector<Copy2D> slot_copies(const KVLayout& cache, int start, int end);
+// The 2-D copies, within one arena, that commit a tree's accepted path: for each (source, destination) of
+// compaction_moves (offsets from `position`, issued in that order) one slot of every row (binding.py path_copies).
+std::vector<Copy2D> path_copies(const KVLayout& cache, int position, const std::vector<std::pair<int, int>>& moves);
 
 }  // namespace trt
 }  // namespace specedge

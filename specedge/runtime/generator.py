@@ -187,7 +187,7 @@ class Generator:
         if k < 1:
             return target_step(self.view, req.tokens, req.params, req.rng)
         if req.cfg.tree and req.ctl.use_tree:
-            nodes = min(tree_nodes(req.ctl.costs, k), room)
+            nodes = min(tree_nodes(req.ctl.costs, k), room, self.target.backend.max_call_tokens)
             # a tree may go past k where its drafter's depth is free, within what is left to emit
             depth = min(nodes - 1, req.cfg.max_new_tokens - len(req.out) - 1, room - 1)
             return tree_round(self.view, self.drafter, req.tokens, k, nodes, req.params, req.rng, depth)

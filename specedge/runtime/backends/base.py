@@ -57,6 +57,8 @@ class Backend(ABC):
     # the graph takes tree calls (the manifest's graph `tree`, contract.TREE_INPUT): `run_tree`
     # and `keep_path` work; chain calls bind the lower-triangular mask themselves
     takes_trees: bool = False
+    # the most tokens one call takes (TensorRT: its largest optimization profile); trees stay within it
+    max_call_tokens: int = 1 << 30
 
     @classmethod
     def session_kwargs(cls, session: SessionOptions) -> dict:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...contract import ARGMAX_OUTPUT, FEATURES_OUTPUT, KEY, VALUE, TensorSpec, graph_io, parse_kv_name
+from ...contract import ARGMAX_OUTPUT, FEATURES_OUTPUT, KEY, TREE_INPUT, VALUE, TensorSpec, graph_io, parse_kv_name
 from ...manifest import DTYPE_BYTES, ModelSpec
 
 
@@ -210,21 +210,23 @@ class Binding:
 
     name: str
     io: str  # "input" or "output"
-    buffer: str  # "input_ids" | "position" | "cache" | "logits" | "delta" | "argmax"
+    buffer: str  # "input_ids" | "position" | "tree_mask" | "cache" | "logits" | "delta" | "argmax" | "features"
     offset: int  # bytes into the buffer (the arenas); 0 otherwise
     shape: tuple[int, ...]
     dtype: str
 
 
-def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int = 1, argmax: bool = False) -> list[Binding]:
-    """Every tensor of the graph contract for a call with T = t, mapped to its buffer.
+def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int = 1, argmax: bool = False,
+                 tree: bool = False) -> list[Binding]:
+    """Every tensor of the graph contract for a call with T = t, mapped to its buffer (tree: the
+    graph takes tree calls, its `tree_mask` input binds the tree_mask buffer).
 
     Scatter mode binds `present_*` to the very addresses of `past_*` (the graph updates the cache
     in place); delta mode binds `new_*` into the delta arena for this T.
     """
     if kv_mode not in ("scatter", "delta"):
         raise ValueError(f"unknown kv mode '{kv_mode}'")
-    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
+    inputs, outputs = graph_io(spec, kv_mode, max_seq, batch, tree)
     cache = KVLayout.for_cache(spec, max_seq, batch)
     delta = KVLayout.for_delta(spec, t, batch)
     out: list[Binding] = []
@@ -237,8 +239,8 @@ def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int
             kv = parse_kv_name(ts.name)
             if ts.name == "input_ids":
                 out.append(Binding(ts.name, io, "input_ids", 0, shape_of(ts), ts.dtype))
-            elif ts.name == "position":
-                out.append(Binding(ts.name, io, "position", 0, shape_of(ts), ts.dtype))
+            elif ts.name in ("position", TREE_INPUT):
+                out.append(Binding(ts.name, io, ts.name, 0, shape_of(ts), ts.dtype))
             elif ts.name == "logits":
                 out.append(Binding(ts.name, io, "logits", 0, shape_of(ts), ts.dtype))
             elif ts.name == FEATURES_OUTPUT:  # hidden states for a draft head (manifest `features`)

@@ -231,7 +231,9 @@ class TensorRTBackend(Backend):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         ins = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outs = [n for n in names if n not in ins]
-        want_in, want_out = expected_names(spec, self.kv_mode, self.max_seq, self.batch)
+        # a graph exported with --tree takes tree_mask: every call binds it (lower-triangular for chains)
+        self.takes_trees = bool(spec.graph_for("tensorrt").tree)
+        want_in, want_out = expected_names(spec, self.kv_mode, self.max_seq, self.batch, self.takes_trees)
         try:
             check_graph_names(spec.role, want_in, want_out, ins, outs)
         except ValueError as e:
@@ -251,6 +253,7 @@ class TensorRTBackend(Backend):
             raise
         self.cuda_graphs = bool(cuda_graphs)
         self.graph_sizes = [p.t_min for p in self.profiles if p.exact]
+        self.max_call_tokens = max(p.t_max for p in self.profiles)
 
     # ------------------------------------------------------------------ buffers
 
@@ -280,6 +283,9 @@ class TensorRTBackend(Backend):
         self._pos_host = host_view(self._pos_host_ptr, 8 * B * n_pos, np.int64)
         self._ids_host_ptr = self._hmalloc(8 * B * t_all)
         self._ids_host = host_view(self._ids_host_ptr, 8 * B * t_all, np.int64)
+        if self.takes_trees:
+            self._mask_host_ptr = self._hmalloc(B * t_all * t_all)
+            self._mask_host = host_view(self._mask_host_ptr, B * t_all * t_all, np.bool_)
         self._logits_host_ptr = self._hmalloc(4 * B * t_all * V)
         self._logits_host = host_view(self._logits_host_ptr, 4 * B * t_all * V, np.float32)
         isz = np.dtype(self._amax_dtype).itemsize
@@ -301,6 +307,8 @@ class TensorRTBackend(Backend):
             }
             if self.has_argmax:
                 b["argmax"] = self._dmalloc(isz * B * t)
+            if self.takes_trees:
+                b["tree_mask"] = self._dmalloc(B * t * t)
             if F:
                 b["features"] = self._dmalloc(4 * B * t * F)
             if self.kv_mode == "delta":  # padded strides: the layout of any T <= t_max fits in it
@@ -330,7 +338,8 @@ class TensorRTBackend(Backend):
         ctx, bufs = self._contexts[pi], self._bufs[pi]
         if not ctx.set_input_shape("input_ids", (self.batch, t)):
             raise BackendError(f"TensorRT refused input_ids shape ({self.batch}, {t})")
-        for b in binding_plan(self.spec, self.kv_mode, self.max_seq, t, self.batch, argmax=self.has_argmax):
+        for b in binding_plan(self.spec, self.kv_mode, self.max_seq, t, self.batch, argmax=self.has_argmax,
+                              tree=self.takes_trees):
             addr = bufs[b.buffer] + b.offset
             if overrides and b.name in overrides:
                 addr = overrides[b.name]
@@ -341,6 +350,8 @@ class TensorRTBackend(Backend):
         cu, s = self.cu, self._stream
         cu.memcpy_async(self._bufs[pi]["input_ids"], self._ids_host_ptr, 8 * self.batch * t, cu.H2D, s)
         cu.memcpy_async(self._pos_dev, self._pos_host_ptr, 8 * self.batch, cu.H2D, s)
+        if self.takes_trees:
+            cu.memcpy_async(self._bufs[pi]["tree_mask"], self._mask_host_ptr, self.batch * t * t, cu.H2D, s)
         if not self._contexts[pi].execute_async_v3(int(s)):
             raise BackendError("TensorRT failed to enqueue the engine")
 
@@ -370,11 +381,14 @@ class TensorRTBackend(Backend):
             raise BackendError("the backend is closed")
         return self.check_call(input_ids, position)
 
-    def _step(self, ids: np.ndarray, position: int) -> tuple[int, int]:
+    def _step(self, ids: np.ndarray, position: int, mask: np.ndarray | None = None) -> tuple[int, int]:
         t = int(ids.shape[0])
         B = self.batch
         self._ids_host[: B * t] = np.tile(ids, B)
         self._pos_host[:B] = position
+        if self.takes_trees:  # a tree's mask, or a chain's (lower-triangular)
+            m = np.tril(np.ones((t, t), dtype=bool)) if mask is None else mask
+            self._mask_host[: B * t * t] = np.tile(m.reshape(-1), B)
         pi = self._profile_index(t)
         if self.cuda_graphs and t in self.graph_sizes and self.profiles[pi].exact:
             g = self._graphs.get(t)
@@ -422,8 +436,16 @@ class TensorRTBackend(Backend):
         return True
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
-        ids = self._check_call(input_ids, position)
-        pi, t = self._step(ids, position)
+        return self._logits(self._check_call(input_ids, position), position)
+
+    def run_tree(self, input_ids: np.ndarray, position: int, mask: np.ndarray) -> np.ndarray:
+        if self._closed:
+            raise BackendError("the backend is closed")
+        ids, m = self.check_tree_call(input_ids, position, mask)
+        return self._logits(ids, position, m)
+
+    def _logits(self, ids: np.ndarray, position: int, mask: np.ndarray | None = None) -> np.ndarray:
+        pi, t = self._step(ids, position, mask)
         V = self.vocab_size
         self.cu.memcpy_async(self._logits_host_ptr, self._bufs[pi]["logits"], 4 * t * V, self.cu.D2H, self._stream)
         self.cu.sync(self._stream)
@@ -453,6 +475,7 @@ class TensorRTBackend(Backend):
         chain_ok = (
             self.cuda_graphs and self.kv_mode == "scatter" and self.has_argmax and self._amax_dtype == np.int64
             and 1 in self.graph_sizes and self.batch == 1
+            and not self.takes_trees  # the chain binds no tree_mask
             and k <= getattr(self, "_chain_slots", k)  # the chain buffers, once allocated, hold this many steps
             and k <= self._pos_host.size  # the positions of the k steps travel in one copy from this buffer
         )
