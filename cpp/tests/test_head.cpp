@@ -58,13 +58,17 @@ struct Watched : Drafter {
   std::function<void(const std::vector<int32_t>&, const std::vector<int32_t>&, const std::vector<double>*)> on_chain;
   std::function<void(const std::vector<int32_t>&, const Tree*)> on_tree;
   std::function<int(int, int)> tree_nodes;  // (k, nodes) -> the nodes this tree gets instead
+  std::function<void(const std::vector<int32_t>&, int, int)> on_observe;
   explicit Watched(std::unique_ptr<Drafter> d) : inner(std::move(d)) {}
   std::string kind() const override { return inner->kind(); }
   void reset() override { inner->reset(); }
   void start(const std::vector<int32_t>& prompt) override { inner->start(prompt); }
   int64_t calls() const override { return inner->calls(); }
   int64_t copied() const override { return inner->copied(); }
-  void observe(const std::vector<int32_t>& h, int drafted, int accepted) override { inner->observe(h, drafted, accepted); }
+  void observe(const std::vector<int32_t>& h, int drafted, int accepted) override {
+    if (on_observe) on_observe(h, drafted, accepted);
+    inner->observe(h, drafted, accepted);
+  }
   Proposal propose(const std::vector<int32_t>& h, int k, const SamplingParams& p, Rng& rng) override {
     Proposal out = inner->propose(h, k, p, rng);
     if (on_chain) on_chain(h, out.tokens, out.q);
@@ -151,6 +155,42 @@ TEST_CASE("head drafter: the draft vocabulary map; no draft outside it, q rows z
   }
   CHECK(seen > 0);
   CHECK(rows > 0);
+}
+
+TEST_CASE("the loop tells its drafter what each speculative round kept (Drafter::observe)") {
+  NEED_TINY(b, "head_scatter");
+  Engine e(b, head_options());
+  Watched& w = watch(e);
+  bool takes_trees = false;  // a bundle exported with --tree: tree rounds tell it too
+  for (const auto& gr : e.manifest().target.graphs) takes_trees = takes_trees || gr.tree;
+  for (bool tree : {false, takes_trees}) {
+    int64_t rounds = 0, drafted = 0, accepted = 0;
+    std::vector<int32_t> last;
+    w.on_observe = [&](const std::vector<int32_t>& h, int d, int a) {
+      CHECK(d >= 1);
+      CHECK((a >= 0 && a <= d));
+      ++rounds;
+      drafted += d;
+      accepted += a;
+      last = h;
+    };
+    GenConfig g;
+    g.max_new_tokens = 24;
+    g.guard = false;
+    g.tree = tree;
+    std::vector<int32_t> prompt = e.encode("def add(a, b):");
+    GenResult r = e.generate(prompt, g, nullptr);
+    INFO("tree " << tree);
+    CHECK(rounds > 0);
+    CHECK(rounds == r.stats.target_calls);  // one call per round that verified drafts
+    CHECK(drafted == r.stats.drafted);
+    CHECK(accepted == r.stats.accepted);
+    // the history it is given is the committed sequence: the prompt, then the ids generated
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), r.token_ids.begin(), r.token_ids.end());
+    REQUIRE(last.size() <= all.size() + 1);  // the last round's target token may be an EOS
+    CHECK(std::equal(last.begin(), last.begin() + long(std::min(last.size(), all.size())), all.begin()));
+  }
 }
 
 TEST_CASE("head drafter: refusals, each one sentence") {
