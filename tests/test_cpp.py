@@ -357,9 +357,15 @@ def test_tree_generation_matches_python_and_target_only(tiny_bundle_factory, kv_
         if draft == "ngram":  # an n-gram tree may go past k (its trees: the replay test below)
             loop = "the cat the cat the cat the cat"
             plain = pipe.generate(loop, max_new_tokens=32, speculative=False).token_ids
+            # A greedy tree's size follows the measured costs, so a loaded machine may give every
+            # tree only the chain's k + 1 nodes; a seeded run sizes its trees from the static costs
+            # in both runtimes, and top-k 1 makes each sample the greedy pick.
+            py = pipe.generate(loop, max_new_tokens=32, tree=True, guard=False, spec_tokens=1, temperature=1.0,
+                               top_k=1, seed=0)
             deep = cpp_json(bundle, loop, "--max-new-tokens", 32, "--threads", 1, "--tree", "--no-guard",
-                            "--spec-tokens", 1)
-            assert deep["token_ids"] == plain
+                            "--spec-tokens", 1, "--temperature", 1, "--top-k", 1, "--seed", 0)
+            assert deep["token_ids"] == plain == py.token_ids
+            assert deep["stats"]["accepted_histogram"] == py.stats["accepted_histogram"]
             assert sum(deep["stats"]["accepted_histogram"][2:]) > 0, deep["stats"]  # rounds kept > k = 1
 
 

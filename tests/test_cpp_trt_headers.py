@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("trt_backend.cpp", "trt_plan.cpp", "backend.cpp", "engine.cpp", "head_drafter.cpp")
+SOURCES = ("trt_backend.cpp", "trt_plan.cpp", "backend.cpp", "engine.cpp", "drafters/head.cpp")
 
 
 def _includes() -> list[tuple[str, str]]:

@@ -187,7 +187,7 @@ namespace {
 // libspecedge_ops.so: $SPECEDGE_OPS_LIB, else beside the library this code is linked into (the
 // build folder, or PREFIX/lib after cmake --install). Python looks in the same places.
 // The kernels' slow portable path (a CPU without AVX2) is worth one warning per process, as in
-// Python's custom_ops.register: a step takes ~10x as long.
+// Python's custom_ops.register: its steps are several times slower.
 void warn_if_portable(const std::string& path) {
   static std::once_flag once;
   std::call_once(once, [&] {

@@ -717,6 +717,8 @@ struct Tokenizer::Impl {
   std::vector<TrieNode> trie_raw, trie_norm;  // non-normalized / normalized added tokens
   int64_t vocab_size = 0;
 
+  void read_merges(const json& list);      // model.merges: ranks by position, first wins
+  void read_added_tokens(const json& list);  // added_tokens, matched before the model (tries)
   static void trie_insert(std::vector<TrieNode>& trie, const std::string& s, int idx) {
     if (trie.empty()) trie.emplace_back();
     int node = 0;
@@ -916,6 +918,54 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return from_json(ss.str());
 }
 
+void Tokenizer::Impl::read_merges(const json& list) {
+  int32_t rank = 0;
+  for (const json& mg : list) {
+    std::string a, b;
+    if (mg.is_string()) {
+      std::string s = mg.get<std::string>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        fail_bundle("the tokenizer has a malformed merge '" + s + "'");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (mg.is_array() && mg.size() == 2) {
+      a = mg[0].get<std::string>();
+      b = mg[1].get<std::string>();
+    } else {
+      fail_bundle("the tokenizer has a malformed merge");
+    }
+    auto ia = vocab.find(a), ib = vocab.find(b), ic = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || ic == vocab.end())
+      fail_bundle("the tokenizer has a merge of tokens missing from its vocabulary ('" + a + "' '" + b + "')");
+    uint64_t key = (uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second);
+    merges.emplace(key, std::make_pair(rank, ic->second));  // first (lowest rank) wins
+    ++rank;
+  }
+}
+
+void Tokenizer::Impl::read_added_tokens(const json& list) {
+  for (const json& a : list) {
+    AddedToken at{a.at("content").get<std::string>(), int32_t(a.at("id").get<int64_t>()), a.value("special", false),
+                  a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
+                  a.value("normalized", !a.value("special", false))};
+    if (at.id < 0 || at.id >= 50000000) fail_bundle("the tokenizer has an added token with an invalid id");
+    if (at.content.empty()) continue;
+    size_t idx = added.size();
+    added.push_back(at);
+    added_by_id[at.id] = idx;
+    vocab_size = std::max<int64_t>(vocab_size, int64_t(at.id) + 1);
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& at = added[i];
+    // tokenizers: special tokens are never normalized
+    if (at.normalized && !at.special)
+      trie_insert(trie_norm, normalizer ? normalizer->apply(at.content) : at.content, int(i));
+    else
+      trie_insert(trie_raw, at.content, int(i));
+  }
+}
+
 Tokenizer Tokenizer::from_json(const std::string& text) {
   json j;
   try {
@@ -964,54 +1014,12 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
       }
       m.byte_ids[b] = it->second;
     }
-    int32_t rank = 0;
-    for (const json& mg : model.at("merges")) {
-      std::string a, b;
-      if (mg.is_string()) {
-        std::string s = mg.get<std::string>();
-        size_t sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          fail_bundle("the tokenizer has a malformed merge '" + s + "'");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (mg.is_array() && mg.size() == 2) {
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      } else {
-        fail_bundle("the tokenizer has a malformed merge");
-      }
-      auto ia = m.vocab.find(a), ib = m.vocab.find(b), ic = m.vocab.find(a + b);
-      if (ia == m.vocab.end() || ib == m.vocab.end() || ic == m.vocab.end())
-        fail_bundle("the tokenizer has a merge of tokens missing from its vocabulary ('" + a + "' '" + b + "')");
-      uint64_t key = (uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second);
-      m.merges.emplace(key, std::make_pair(rank, ic->second));  // first (lowest rank) wins
-      ++rank;
-    }
+    m.read_merges(model.at("merges"));
     if (j.contains("normalizer") && !j["normalizer"].is_null()) m.normalizer = parse_normalizer(j["normalizer"]);
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) m.pre = parse_pretokenizer(j["pre_tokenizer"]);
     if (j.contains("decoder") && !j["decoder"].is_null()) m.decoder = parse_decoder(j["decoder"]);
     m.vocab_size = max_id + 1;
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const json& a : j["added_tokens"]) {
-        AddedToken at{a.at("content").get<std::string>(), int32_t(a.at("id").get<int64_t>()), a.value("special", false),
-                      a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
-                      a.value("normalized", !a.value("special", false))};
-        if (at.id < 0 || at.id >= 50000000) fail_bundle("the tokenizer has an added token with an invalid id");
-        if (at.content.empty()) continue;
-        size_t idx = m.added.size();
-        m.added.push_back(at);
-        m.added_by_id[at.id] = idx;
-        m.vocab_size = std::max<int64_t>(m.vocab_size, int64_t(at.id) + 1);
-      }
-      for (size_t i = 0; i < m.added.size(); ++i) {
-        const AddedToken& at = m.added[i];
-        // tokenizers: special tokens are never normalized
-        if (at.normalized && !at.special)
-          Impl::trie_insert(m.trie_norm, m.normalizer ? m.normalizer->apply(at.content) : at.content, int(i));
-        else
-          Impl::trie_insert(m.trie_raw, at.content, int(i));
-      }
-    }
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) m.read_added_tokens(j["added_tokens"]);
   } catch (const json::exception& e) {
     fail_bundle(std::string("the bundle's tokenizer.json is malformed: ") + e.what());
   }

@@ -1,4 +1,4 @@
-// Draft-head drafter tests (head_drafter.h). They need SPECEDGE_TINY_BUNDLES/head_scatter, a tiny
+// Draft-head drafter tests (drafters/head.h). They need SPECEDGE_TINY_BUNDLES/head_scatter, a tiny
 // bundle with target features and a trained head, and scatter_self/ (tests/test_cpp.py makes them);
 // without them they are skipped with a message. The hidden case [head_replay] replays a trace of
 // the Python head drafter's proposals ($SPECEDGE_HEAD_TRACE, written by tests/test_cpp.py) and
@@ -21,7 +21,7 @@
 #include "engine.h"
 #include "specedge.h"
 #include "error.h"
-#include "head_drafter.h"
+#include "drafters/head.h"
 #include "manifest.h"
 #include "ort_backend.h"
 
@@ -50,6 +50,48 @@ EngineOptions head_options() {
   return o;
 }
 
+// The engine's own drafter, shown to a test: every proposal passes through here on its way to the
+// loop, and a tree round may be given another size (a replay gives each round the size Python's
+// had, since sizes follow measured costs). Nothing in the engine knows it is watched.
+struct Watched : Drafter {
+  std::unique_ptr<Drafter> inner;
+  std::function<void(const std::vector<int32_t>&, const std::vector<int32_t>&, const std::vector<double>*)> on_chain;
+  std::function<void(const std::vector<int32_t>&, const Tree*)> on_tree;
+  std::function<int(int, int)> tree_nodes;  // (k, nodes) -> the nodes this tree gets instead
+  std::function<void(const std::vector<int32_t>&, int, int)> on_observe;
+  explicit Watched(std::unique_ptr<Drafter> d) : inner(std::move(d)) {}
+  std::string kind() const override { return inner->kind(); }
+  void reset() override { inner->reset(); }
+  void start(const std::vector<int32_t>& prompt) override { inner->start(prompt); }
+  int64_t calls() const override { return inner->calls(); }
+  int64_t copied() const override { return inner->copied(); }
+  void observe(const std::vector<int32_t>& h, int drafted, int accepted) override {
+    if (on_observe) on_observe(h, drafted, accepted);
+    inner->observe(h, drafted, accepted);
+  }
+  Proposal propose(const std::vector<int32_t>& h, int k, const SamplingParams& p, Rng& rng) override {
+    Proposal out = inner->propose(h, k, p, rng);
+    if (on_chain) on_chain(h, out.tokens, out.q);
+    return out;
+  }
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& h, int k, int nodes, const SamplingParams& p, Rng& rng,
+                                   int depth) override {
+    if (tree_nodes) nodes = tree_nodes(k, nodes);
+    std::optional<Tree> t = inner->propose_tree(h, k, nodes, p, rng, depth);
+    if (on_tree) on_tree(h, t ? &*t : nullptr);
+    return t;
+  }
+};
+
+Watched& watch(Engine& e) {
+  auto w = std::make_unique<Watched>(nullptr);
+  Watched& ref = *w;
+  ref.inner = e.generator().replace_drafter(std::move(w));
+  return ref;
+}
+
+HeadDrafter* head_of(Engine& e) { return dynamic_cast<HeadDrafter*>(e.generator().drafter()); }
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -72,14 +114,14 @@ TEST_CASE("head drafter: the draft vocabulary map; no draft outside it, q rows z
   REQUIRE(allowed.size() == d2t.size());  // distinct
   Engine e(b, head_options());
   CHECK(e.drafter_kind() == "head");
-  REQUIRE(e.head_drafter() != nullptr);
-  CHECK(e.head_drafter()->d2t() == d2t);
+  REQUIRE(head_of(e) != nullptr);
+  CHECK(head_of(e)->d2t() == d2t);
   const int V = e.vocab();
   REQUIRE(int(allowed.size()) < V);  // a real reduction: ids outside the map exist and never appear
   CHECK(*allowed.rbegin() < V);
   int64_t seen = 0, rows = 0;
-  e.head_drafter()->observe = [&](const std::vector<int32_t>&, const std::vector<int32_t>& drafts,
-                                  const std::vector<double>* q) {
+  watch(e).on_chain = [&](const std::vector<int32_t>&, const std::vector<int32_t>& drafts,
+                          const std::vector<double>* q) {
     for (int32_t t : drafts) CHECK(allowed.count(t) == 1);
     seen += int64_t(drafts.size());
     if (!q) return;
@@ -115,6 +157,42 @@ TEST_CASE("head drafter: the draft vocabulary map; no draft outside it, q rows z
   CHECK(rows > 0);
 }
 
+TEST_CASE("the loop tells its drafter what each speculative round kept (Drafter::observe)") {
+  NEED_TINY(b, "head_scatter");
+  Engine e(b, head_options());
+  Watched& w = watch(e);
+  bool takes_trees = false;  // a bundle exported with --tree: tree rounds tell it too
+  for (const auto& gr : e.manifest().target.graphs) takes_trees = takes_trees || gr.tree;
+  for (bool tree : {false, takes_trees}) {
+    int64_t rounds = 0, drafted = 0, accepted = 0;
+    std::vector<int32_t> last;
+    w.on_observe = [&](const std::vector<int32_t>& h, int d, int a) {
+      CHECK(d >= 1);
+      CHECK((a >= 0 && a <= d));
+      ++rounds;
+      drafted += d;
+      accepted += a;
+      last = h;
+    };
+    GenConfig g;
+    g.max_new_tokens = 24;
+    g.guard = false;
+    g.tree = tree;
+    std::vector<int32_t> prompt = e.encode("def add(a, b):");
+    GenResult r = e.generate(prompt, g, nullptr);
+    INFO("tree " << tree);
+    CHECK(rounds > 0);
+    CHECK(rounds == r.stats.target_calls);  // one call per round that verified drafts
+    CHECK(drafted == r.stats.drafted);
+    CHECK(accepted == r.stats.accepted);
+    // the history it is given is the committed sequence: the prompt, then the ids generated
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), r.token_ids.begin(), r.token_ids.end());
+    REQUIRE(last.size() <= all.size() + 1);  // the last round's target token may be an EOS
+    CHECK(std::equal(last.begin(), last.begin() + long(std::min(last.size(), all.size())), all.begin()));
+  }
+}
+
 TEST_CASE("head drafter: refusals, each one sentence") {
   NEED_TINY(plain, "scatter_self");
   NEED_TINY(b, "head_scatter");
@@ -129,7 +207,7 @@ TEST_CASE("head drafter: refusals, each one sentence") {
   own.draft = "";
   Engine e(b, own);
   CHECK(e.drafter_kind() == "model");
-  CHECK(e.head_drafter() == nullptr);
+  CHECK(head_of(e) == nullptr);
 
   Manifest m = load_manifest(b);
   BackendOptions bo;
@@ -241,11 +319,13 @@ TEST_CASE("head drafter: every proposal of a recorded Python trace", "[.][head_r
   ss << in.rdbuf();
   nlohmann::json trace = nlohmann::json::parse(ss.str());
   Engine e(trace["bundle"].get<std::string>(), head_options());
+  Watched& w = watch(e);
   size_t checked = 0;
   for (const auto& run : trace["runs"]) {
     std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> got;
-    e.head_drafter()->observe = [&](const std::vector<int32_t>& h, const std::vector<int32_t>& d,
-                                    const std::vector<double>*) { got.emplace_back(h, d); };
+    w.on_chain = [&](const std::vector<int32_t>& h, const std::vector<int32_t>& d, const std::vector<double>*) {
+      got.emplace_back(h, d);
+    };
     GenConfig g;
     g.max_new_tokens = run["max_new_tokens"].get<int>();
     g.spec_tokens = run["spec_tokens"].get<int>();
@@ -277,6 +357,7 @@ TEST_CASE("head drafter: every tree of a recorded Python trace", "[.][head_tree_
   ss << in.rdbuf();
   nlohmann::json trace = nlohmann::json::parse(ss.str());
   Engine e(trace["bundle"].get<std::string>(), head_options());
+  Watched& w = watch(e);
   size_t checked = 0;
   for (const auto& run : trace["runs"]) {
     // (history, tokens, parents; empty tokens: no tree)
@@ -284,13 +365,13 @@ TEST_CASE("head drafter: every tree of a recorded Python trace", "[.][head_tree_
     // each round gets the tree size Python's had (sizes follow measured costs: timing noise)
     const auto& want = run["trees"];
     size_t round = 0;
-    e.tree_nodes_override = [&](int k, int nodes) {
+    w.tree_nodes = [&](int k, int nodes) {
       REQUIRE(round < want.size());
       CHECK(k == want[round][2].get<int>());
       CHECK(nodes >= k + 1);
       return want[round++][3].get<int>();
     };
-    e.head_drafter()->observe_tree = [&](const std::vector<int32_t>& h, const Tree* t) {
+    w.on_tree = [&](const std::vector<int32_t>& h, const Tree* t) {
       if (t) got.emplace_back(h, t->tokens, t->parents);
       else got.emplace_back(h, std::vector<int32_t>{}, std::vector<int>{});
     };
@@ -300,8 +381,8 @@ TEST_CASE("head drafter: every tree of a recorded Python trace", "[.][head_tree_
     g.guard = false;
     g.tree = true;
     GenResult r = e.generate(e.encode(run["prompt"].get<std::string>()), g, nullptr);
-    e.head_drafter()->observe_tree = nullptr;
-    e.tree_nodes_override = nullptr;
+    w.on_tree = nullptr;
+    w.tree_nodes = nullptr;
     INFO("prompt: " << run["prompt"].get<std::string>());
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) {

@@ -13,13 +13,11 @@
 // Drafts are only proposals: nothing here can change the tokens the target emits.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
+#include "drafters/base.h"
 #include "manifest.h"
-#include "sampling.h"
-#include "tree.h"
 
 namespace specedge {
 
@@ -30,14 +28,21 @@ class OrtBackend;
 // head.vocab_size distinct ids of the target vocabulary, else SPECEDGE_ERR_BUNDLE.
 std::vector<int32_t> read_draft_vocab(const Manifest& m);
 
-class HeadDrafter {
+class HeadDrafter : public Drafter {
  public:
   // `head`: the head's backend; `target`: the target's cache, whose backend keeps features
   // (OrtBackend::keep_features); `vocab`: the target vocabulary q rows cover.
   HeadDrafter(OrtBackend* head, const CacheTracker* target, std::vector<int32_t> d2t, int vocab, int chunk);
-  void reset() { fed_.clear(); }
-  void start(const std::vector<int32_t>& /*prompt*/) { fed_.clear(); }
-  int64_t calls() const { return calls_; }  // head backend calls made by propose (stats: draft_calls)
+  std::string kind() const override { return "head"; }
+  void reset() override { fed_.clear(); }
+  void start(const std::vector<int32_t>& /*prompt*/) override { fed_.clear(); }
+  int64_t calls() const override { return calls_; }
+  Proposal propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng) override;
+  // The head stays at depth k whatever `depth` allows: a level deeper is one more of its calls.
+  std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes, const SamplingParams& p,
+                                   Rng& rng, int depth) override {
+    return propose_tree(history, k, nodes, p, rng);
+  }
   const std::vector<int32_t>& d2t() const { return d2t_; }
   // Tokens (target ids), and their q rows [k, vocab] when sampling.
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
@@ -49,12 +54,6 @@ class HeadDrafter {
   // or no head slots left.
   std::optional<Tree> propose_tree(const std::vector<int32_t>& history, int k, int nodes, const SamplingParams& p,
                                    Rng& rng);
-  // Called after every tree proposal with (history, the tree or nullptr): tests check each tree
-  // against the Python head's.
-  std::function<void(const std::vector<int32_t>&, const Tree*)> observe_tree;
-  // Called after every proposal with (history, drafts, q rows [drafts, vocab] or nullptr when
-  // greedy): tests check each proposal against the Python head's and the draft vocabulary.
-  std::function<void(const std::vector<int32_t>&, const std::vector<int32_t>&, const std::vector<double>*)> observe;
 
  private:
   const float* catch_up(const std::vector<int32_t>& history);
@@ -65,6 +64,7 @@ class HeadDrafter {
   std::vector<int32_t> fed_;  // fed_[j]: the token (history[j + 1]) whose embedding head slot j holds
   std::vector<float> hidden_;  // the last step's hidden_out row [hidden_size]
   int64_t calls_ = 0;
+  std::vector<double> q_;
 };
 
 }  // namespace specedge

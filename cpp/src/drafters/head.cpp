@@ -1,4 +1,4 @@
-#include "head_drafter.h"
+#include "drafters/head.h"
 
 #include <algorithm>
 #include <fstream>
@@ -6,19 +6,11 @@
 #include <set>
 #include <sstream>
 
-#include "engine.h"
+#include "cache.h"
 #include "error.h"
 #include "ort_backend.h"
 
 namespace specedge {
-
-namespace {
-int common_prefix(const int32_t* a, size_t na, const int32_t* b, size_t nb, size_t limit) {
-  size_t n = std::min({na, nb, limit}), i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return int(i);
-}
-}  // namespace
 
 std::vector<int32_t> read_draft_vocab(const Manifest& m) {
   const std::string& rel = m.head.draft_vocab_file;
@@ -64,7 +56,7 @@ const float* HeadDrafter::catch_up(const std::vector<int32_t>& history) {
   const int n = int(history.size()), last = n - 2;
   if (!target_) fail_arg("the head drafter was not given the target's cache");
   if (target_->position() < n - 1 ||
-      common_prefix(target_->tokens().data(), target_->tokens().size(), history.data(), history.size(), size_t(n - 1)) <
+      common_prefix(target_->tokens(), 0, history, 0, size_t(n - 1)) <
           n - 1)
     fail_arg("the target's cache does not hold the committed sequence the head drafts after");
   const Backend* tb = target_->backend();
@@ -74,7 +66,7 @@ const float* HeadDrafter::catch_up(const std::vector<int32_t>& history) {
              "' does not return target features: head drafting needs a bundle exported with features");
   const int F = tb->feature_dim();
   // always re-feed slot n - 2: its output is needed
-  int start = common_prefix(fed_.data(), fed_.size(), history.data() + 1, history.size() - 1, size_t(last));
+  int start = common_prefix(fed_, 0, history, 1, size_t(last));
   const float* logits = nullptr;
   const float* hidden = nullptr;
   int rows = 0;
@@ -95,10 +87,7 @@ std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, i
   std::vector<int32_t> out;
   const int n = int(history.size());
   if (k >= 1 && n >= 2) k = std::min(k, head_->max_seq() - (n - 1));
-  if (k < 1 || n < 2) {  // no target features yet, or no head slots left: nothing to draft from
-    if (observe) observe(history, out, nullptr);
-    return out;
-  }
+  if (k < 1 || n < 2) return out;  // no target features yet, or no head slots left: nothing to draft from
   const float* row = catch_up(history);
   std::vector<double> probs;
   if (!p.greedy()) {
@@ -123,19 +112,20 @@ std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, i
       ++calls_;
     }
   }
-  if (observe) observe(history, out, p.greedy() ? nullptr : q);
   return out;
+}
+
+// Sampled drafts carry their q rows (over the target's vocabulary); greedy ones are point masses.
+Proposal HeadDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng) {
+  std::vector<int32_t> tokens = propose(history, k, p, rng, p.greedy() ? nullptr : &q_);
+  return {std::move(tokens), p.greedy() ? nullptr : &q_};
 }
 
 std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& history, int k, int nodes,
                                               const SamplingParams& p, Rng& rng) {
-  std::optional<Tree> tree;
   const int n = int(history.size());
   if (k >= 1 && nodes >= 2 && n >= 2) k = std::min(k, head_->max_seq() - (n - 1));
-  if (k < 1 || nodes < 2 || n < 2) {  // no target features yet, or no head slots left: a chain round
-    if (observe_tree) observe_tree(history, nullptr);
-    return tree;
-  }
+  if (k < 1 || nodes < 2 || n < 2) return std::nullopt;  // no target features yet, or no head slots left
   const float* row = catch_up(history);
   int slot = n - 1;
   auto step = [&](int32_t tok) {
@@ -146,9 +136,7 @@ std::optional<Tree> HeadDrafter::propose_tree(const std::vector<int32_t>& histor
     ++calls_;
     return lg;
   };
-  tree = chain_tree(history.back(), row, vd_, step, k, nodes, d2t_.data(), &p, &rng, vocab_);
-  if (observe_tree) observe_tree(history, &*tree);
-  return tree;
+  return chain_tree(history.back(), row, vd_, step, k, nodes, d2t_.data(), &p, &rng, vocab_);
 }
 
 }  // namespace specedge
