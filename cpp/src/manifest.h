@@ -11,7 +11,7 @@
 namespace specedge {
 
 // Written by this version's export; 1 is read too (2 added the target's optional features output
-// and the optional models.head entry, a trained draft head: head_drafter.h).
+// and the optional models.head entry, a trained draft head: drafters/head.h).
 constexpr int kSchemaVersion = 2;
 constexpr int kMinSchemaVersion = 1;
 constexpr int kMaxSpecTokens = 16;
