@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specedge.export import specedge_kernel as sk
 from specedge.export.int4_graphs import matmulnbits_twin
+from specedge.export.quantize import describe
 
 from test_gguf_exact import rel_err
 from test_specedge_ops import needs_lib, run_on_path, session
@@ -140,3 +141,11 @@ def test_the_swap_takes_only_8_bit_block_32_nodes_and_the_twin_swaps_back():
     back = twin.graph.node[0]
     assert (back.domain, back.op_type, list(back.input)) == ("com.microsoft", "MatMulNBits", ["a", "b", "s"])
     assert not sk.custom_op_libraries(twin)
+
+
+def test_the_manifest_line_counts_the_swapped_nodes():
+    info = {"method": "gguf-exact", "exact_matmuls": 3, "source_types": {"Q4_1": 2, "Q8_0": 1},
+            "specedge_kernel_matmuls": 2, "specedge_q8_matmuls": 1}
+    assert "; 1 8-bit MatMulNBits as specedge's MatMulQ80 (one weight read per call))" in describe("int4", info)
+    del info["specedge_q8_matmuls"]
+    assert "MatMulQ80" not in describe("int4", info)

@@ -159,7 +159,7 @@ def describe(precision: str, info: dict) -> str:
     a = info.get("specedge_attention", 0)
     kern += f"; {a} attention layers on specedge's batch-invariant GroupQueryAttention" if a else ""
     q8 = info.get("specedge_q8_matmuls", 0)
-    kern += f"; {q8} 8-bit on MatMulQ80" if q8 else ""
+    kern += f"; {q8} 8-bit MatMulNBits as specedge's MatMulQ80 (one weight read per call)" if q8 else ""
     return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail}{kern})"
 
 
