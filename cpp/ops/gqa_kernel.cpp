@@ -91,47 +91,18 @@ SPECEDGE_AVX512 inline __m512 ExpAvx512(__m512 x) {
   return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
 }
 
-// 16 keys' scores at once: their 16 lane vectors reduced together by shuffles, each in DotAvx512's
-// order (lanes i + (i + 8), then + 4, + 2, + 1), instead of one horizontal sum per key.
-SPECEDGE_AVX512 inline __m512 Dot16Avx512(const float* q, const float* k, int64_t d) {
-  __m512 acc[16];
-  for (int s = 0; s < 16; ++s) acc[s] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; c += kLanes) {
-    const __m512 qc = _mm512_loadu_ps(q + c);
-    for (int s = 0; s < 16; ++s) acc[s] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k + s * d + c), acc[s]);
-  }
-  __m512 c8[8], c4[4], c2[2];
-  for (int j = 0; j < 8; ++j)  // keys 2j | 2j + 1, 8 partials each
-    c8[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
-                          _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xEE));
-  for (int j = 0; j < 4; ++j)  // keys 4j .. 4j + 3, 4 partials each
-    c4[j] = _mm512_add_ps(_mm512_shuffle_f32x4(c8[2 * j], c8[2 * j + 1], 0x88),
-                          _mm512_shuffle_f32x4(c8[2 * j], c8[2 * j + 1], 0xDD));
-  for (int j = 0; j < 2; ++j)  // block b: keys 8j + b, 8j + 4 + b, 2 partials each
-    c2[j] = _mm512_add_ps(_mm512_shuffle_ps(c4[2 * j], c4[2 * j + 1], 0x44),
-                          _mm512_shuffle_ps(c4[2 * j], c4[2 * j + 1], 0xEE));
-  // lane 4b + c holds key b + 4c: a 4 x 4 transpose back to key order
-  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(c2[0], c2[1], 0x88), _mm512_shuffle_ps(c2[0], c2[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
-}
 SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vector<float>& e) {
   const int64_t n = r.hi - r.lo + 1;
   e.resize(n + kLanes);
-  int64_t s = 0;
-  for (; s + 16 <= n; s += 16) {
-    __m512 x = _mm512_mul_ps(Dot16Avx512(r.q, r.k + (r.lo + s) * d, d), _mm512_set1_ps(scale));
-    if (r.bias) x = _mm512_add_ps(x, _mm512_loadu_ps(r.bias + r.lo + s));
-    _mm512_storeu_ps(e.data() + s, x);
-  }
-  for (; s < n; ++s) {
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
     float x = DotAvx512(r.q, r.k + (r.lo + s) * d, d) * scale;
     if (r.bias) x = x + r.bias[r.lo + s];
     e[s] = x;
+    mx = std::max(mx, x);
   }
-  float mx = -INFINITY;
-  for (s = 0; s < n; ++s) mx = std::max(mx, e[s]);
   const __m512 vmx = _mm512_set1_ps(mx);
-  s = 0;
+  int64_t s = 0;
   for (; s + kLanes <= n; s += kLanes)
     _mm512_storeu_ps(e.data() + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e.data() + s), vmx)));
   for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
