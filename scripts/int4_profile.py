@@ -97,10 +97,17 @@ class Graph(ABC):
         return median_step_ms(self.step, reps, clock=time.process_time if SETTINGS["cpu_clock"] else time.perf_counter)
 
 
+def specedge_graph(manifest):
+    """The target graph this script times: the specedge graph (the one with custom ops) of an
+    --int4-kernel auto bundle, whose MatMulNBits twin is listed first, else the first CPU graph."""
+    cpu = [g for g in manifest.target.graphs if "ort-cpu" in g.backends]
+    return next((g for g in cpu if g.custom_ops), cpu[0])
+
+
 class Ours(Graph):
     def __init__(self, bundle: str, profile: str | None = None):
         m = load_manifest(bundle, verify="size")
-        g = next(g for g in m.target.graphs if "ort-cpu" in g.backends)
+        g = specedge_graph(m)
         L = m.target.num_layers
         past = [(f"past_{kv}.{i}", f"present_{kv}.{i}") for kv in ("key", "value") for i in range(L)]
         super().__init__(str(Path(bundle) / g.path), past, (1, m.target.num_kv_heads, m.max_seq, m.target.head_dim),

@@ -1,7 +1,7 @@
-"""specedge's CPU kernels on aarch64 (issue 37): the NEON dot-product path of MatMulQ41 and of the
-batch-invariant attention gives the x86-64 paths' bits. The kernels' standalone test
+"""specedge's CPU kernels on aarch64 (issue 37): the NEON dot-product path of MatMulQ41, MatMulQ80
+and the batch-invariant attention gives the x86-64 paths' bits. The kernels' standalone test
 (cpp/ops/tests/ops_kernels_test.cpp: every path this CPU has bit-equal to the portable one, and
-MatMulQ41 rows of T = 1..17 row calls equal to one-row calls) is built for this machine and
+MatMulQ41 and MatMulQ80 rows of T = 1..17 row calls equal to one-row calls) is built for this machine and
 cross-built for aarch64, the latter run under qemu-user twice: as a CPU with the dot-product
 extension (the NEON path) and as a Cortex-A72 without it (the portable path). All three must pass
 and print the same hashes of their outputs on the same inputs. libspecedge_ops.so itself
@@ -20,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "cpp" / "ops"
 ORT_INCLUDE = OPS / "third_party" / "onnxruntime" / "include"  # the pinned headers the kernels build against
-SOURCES = [OPS / "isa.cpp", OPS / "q41_kernel.cpp", OPS / "gqa_kernel.cpp", OPS / "tests" / "ops_kernels_test.cpp"]
+SOURCES = [OPS / "isa.cpp", OPS / "q41_kernel.cpp", OPS / "q80_kernel.cpp", OPS / "gqa_kernel.cpp",
+           OPS / "tests" / "ops_kernels_test.cpp"]
 # as CMake builds libspecedge_ops (Release: -O3), and no contraction of a*b+c into fma on any target
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 HOST_CXX = shutil.which("g++") or shutil.which("c++")
@@ -58,7 +59,7 @@ def test_aarch64_paths_give_the_x86_bits(host, tmp_path):
     neon = run([QEMU, "-cpu", "max", str(arm)])
     plain = run([QEMU, "-cpu", "cortex-a72", str(arm)])  # ARMv8.0: no dot product, so portable only
     assert neon["paths"] == "portable neondot" and plain["paths"] == "portable"
-    for out in ("q41", "attention"):
+    for out in ("q41", "q80", "attention"):
         assert neon[out] == plain[out] == host[out], (out, host["paths"])
 
 
@@ -68,7 +69,7 @@ def test_a_different_rounding_is_caught(host, tmp_path):
     one fma), the rotary step rounds once instead of twice and the hash is no longer x86's."""
     arm = build(CROSS_CXX, tmp_path / "arm", ["-static", "-ffp-contract=fast"])
     fused = run([QEMU, "-cpu", "max", str(arm)])
-    assert fused["q41"] == host["q41"]
+    assert fused["q41"] == host["q41"] and fused["q80"] == host["q80"]
     assert fused["attention"] != host["attention"]
 
 
@@ -79,7 +80,7 @@ def test_the_library_builds_for_aarch64(tmp_path):
     """libspecedge_ops.so itself (the ONNX Runtime ops around the kernels) cross-builds for
     aarch64 and exports what both runtimes look up; it links nothing, so no aarch64 ONNX Runtime
     is needed to build it."""
-    sources = [OPS / "specedge_ops.cpp", OPS / "gqa_attention.cpp", *SOURCES[:3]]
+    sources = [OPS / "specedge_ops.cpp", OPS / "gqa_attention.cpp", *SOURCES[:4]]
     lib = build(CROSS_CXX, tmp_path / "libspecedge_ops.so",
                 ["-fPIC", "-shared", "-fvisibility=hidden", "-isystem", str(ORT_INCLUDE)], sources)
     nm = subprocess.run(["aarch64-linux-gnu-nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,

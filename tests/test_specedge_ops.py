@@ -102,23 +102,28 @@ def test_matmulq41_matches_the_reference(rng, n, k, t):
     assert rel_err(got, a.astype(np.float64) @ w.T.astype(np.float64)) <= 2e-2
 
 
+def rows_of_one_row_calls(proto: onnx.ModelProto, a: np.ndarray) -> np.ndarray:
+    """The bits of each row of `a` [1, 17, K] computed alone, after asserting that row i of every
+    T-row call (T = 1..17), with one thread or two, has those bits."""
+    for threads in (1, 2):
+        s = session(proto, threads)
+        ones = [s.run(["y"], {"a": a[:, i:i + 1]})[0][0, 0].view(np.uint32) for i in range(a.shape[1])]
+        for t in range(1, a.shape[1] + 1):
+            full = s.run(["y"], {"a": a[:, :t]})[0]
+            for i in range(t):
+                assert np.array_equal(ones[i], full[0, i].view(np.uint32)), (threads, t, i)
+    return np.stack(ones)
+
+
 ROWS_SCRIPT = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
-from test_specedge_ops import q41_model, random_q41, session
+from test_specedge_ops import q41_model, random_q41, rows_of_one_row_calls
 from specedge import custom_ops
 from specedge.export import specedge_kernel as sk
 rng = np.random.default_rng(4321)
 codes, d, m = random_q41(rng, 576, 576)
-proto = q41_model(sk.pack_q41(codes, d, m), 576)
-a = rng.normal(size=(1, 17, 576)).astype(np.float32)
-for threads in (1, 2):
-    s = session(proto, threads)
-    ones = [s.run(["y"], {{"a": a[:, i:i + 1]}})[0][0, 0].view(np.uint32) for i in range(17)]
-    for t in range(1, 18):
-        full = s.run(["y"], {{"a": a[:, :t]}})[0]
-        for i in range(t):
-            assert np.array_equal(ones[i], full[0, i].view(np.uint32)), (threads, t, i)
+rows_of_one_row_calls(q41_model(sk.pack_q41(codes, d, m), 576), rng.normal(size=(1, 17, 576)).astype(np.float32))
 print(custom_ops.isa())
 """
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "row_chunks.h"
 #include "simd.h"
 
 namespace specedge_ops {
@@ -19,17 +20,6 @@ constexpr int64_t kBlock = kQ41Block;
 constexpr int64_t kGroupsPerTask = 2;
 using Activations = Q41Activations;
 using Job = Q41Job;
-
-// Rows are taken in chunks of at most `most` (a tile's registers), split evenly: 7 rows as 4 + 3.
-// Which chunk a row falls in never changes its arithmetic, only how often weights are unpacked.
-template <typename F>
-inline void ForRowChunks(int64_t rows, int64_t most, F tile) {
-  for (int64_t r = 0; r < rows;) {
-    const int64_t left = rows - r, chunks = (left + most - 1) / most, n = (left + chunks - 1) / chunks;
-    tile(r, n);
-    r += n;
-  }
-}
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -207,16 +197,7 @@ SPECEDGE_AVX512 inline void TileAvx512(const Job& j, int64_t g0, int64_t r0) {
 // unpacks each weight block once.
 template <int G>
 SPECEDGE_AVX512 void GroupsAvx512(const Job& j, int64_t g0) {
-  ForRowChunks(j.rows, 6, [&](int64_t r, int64_t n) {
-    switch (n) {
-      case 1: return TileAvx512<1, G>(j, g0, r);
-      case 2: return TileAvx512<2, G>(j, g0, r);
-      case 3: return TileAvx512<3, G>(j, g0, r);
-      case 4: return TileAvx512<4, G>(j, g0, r);
-      case 5: return TileAvx512<5, G>(j, g0, r);
-      default: return TileAvx512<6, G>(j, g0, r);
-    }
-  });
+  ForRowTiles<6>(j.rows, [&](auto rows, int64_t r) { TileAvx512<decltype(rows)::value, G>(j, g0, r); });
 }
 
 void TaskAvx512(void* data, size_t task) {
@@ -336,10 +317,7 @@ SPECEDGE_AVX2 inline void TileAvx2(const Job& j, int64_t g0, int64_t r0) {
 // 2 rows x 2 groups x 2 halves: the 16 accumulators fill AVX2's 16 registers already.
 template <int G>
 SPECEDGE_AVX2 void GroupsAvx2(const Job& j, int64_t g0) {
-  ForRowChunks(j.rows, 2, [&](int64_t r, int64_t n) {
-    if (n == 2) return TileAvx2<2, G>(j, g0, r);
-    TileAvx2<1, G>(j, g0, r);
-  });
+  ForRowTiles<2>(j.rows, [&](auto rows, int64_t r) { TileAvx2<decltype(rows)::value, G>(j, g0, r); });
 }
 
 void TaskAvx2(void* data, size_t task) {
@@ -355,14 +333,6 @@ void TaskAvx2(void* data, size_t task) {
 
 
 #ifdef SPECEDGE_OPS_NEON
-// NEON with the dot-product extension, compiled for it whatever the build's -march, and taken
-// only where the CPU reports it (isa.cpp).
-#if defined(__clang__)
-#define SPECEDGE_DOTPROD __attribute__((target("dotprod")))
-#else
-#define SPECEDGE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
-#endif
-
 // QuantizeAvx512's arithmetic on 4 lanes (the same bits): max |a|, the pairwise block sum,
 // codes rounded to nearest even.
 void QuantizeNeon(const float* a, int64_t rows, int64_t k, Activations& act) {
@@ -455,14 +425,7 @@ SPECEDGE_DOTPROD void TaskNeon(void* data, size_t task) {
   const int64_t g0 = static_cast<int64_t>(task) * kGroupsPerTask;
   const int64_t g1 = std::min(g0 + kGroupsPerTask, j.n / kRows);
   for (int64_t g = g0; g < g1; ++g)
-    ForRowChunks(j.rows, 4, [&](int64_t r, int64_t n) {
-      switch (n) {
-        case 1: return TileNeon<1>(j, g, r);
-        case 2: return TileNeon<2>(j, g, r);
-        case 3: return TileNeon<3>(j, g, r);
-        default: return TileNeon<4>(j, g, r);
-      }
-    });
+    ForRowTiles<4>(j.rows, [&](auto rows, int64_t r) { TileNeon<decltype(rows)::value>(j, g, r); });
 }
 #endif
 

@@ -8,4 +8,11 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #define SPECEDGE_OPS_NEON 1
+// NEON with the dot-product extension, compiled for it whatever the build's -march, and taken
+// only where the CPU reports it (isa.cpp)
+#if defined(__clang__)
+#define SPECEDGE_DOTPROD __attribute__((target("dotprod")))
+#else
+#define SPECEDGE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
 #endif

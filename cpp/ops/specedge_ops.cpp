@@ -29,6 +29,7 @@
 
 #include "ops_common.h"
 #include "q41_kernel.h"
+#include "q80_kernel.h"
 
 namespace {
 
@@ -54,6 +55,70 @@ void MatMulQ41(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& a, const
   Ort::KernelContext(ctx).ParallelFor(Q41Task, Q41Tasks(n), 4, &job);
 }
 
+// ai.specedge.MatMulQ80(A [..., K] float, B uint8 [N, K/32, 32], scales float [N * K/32]) -> Y [..., N]
+//
+// com.microsoft.MatMulNBits with bits 8, block 32 and no zero point (128), so w = (B − 128)·scale
+// (GGUF Q8_0: the int4 graphs' lm_head, the tied embedding), taking the same inputs, so that a
+// graph swaps the op and keeps its weights file. Its rows do not depend on how many rows a call
+// has, and a weight block is read once for all of them (MatMulNBits' rows are also independent
+// of T, but each costs almost a full read of the weights). B and scales must be initializers:
+// they are repacked once, when the session creates the kernel (q80_kernel.h), into lanes of
+// output rows as MatMulQ41's. A is quantized as for MatMulQ41 (int8 codes aq, scale sa per block
+// of 32, its code sum qs), and
+//   y[n] = fma chain over b of  (scale[n, b]·sa_b)·(Σ_j B[n, b, j]·aq_j − 128·qs_b).
+struct Q80Kernel {
+  std::vector<uint8_t> packed;
+  int64_t n = 0, nb = 0;
+
+  Q80Kernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    int b_const = 0, s_const = 0;
+    const Ort::ConstValue b = ki.GetTensorConstantInput(1, &b_const);
+    const Ort::ConstValue s = ki.GetTensorConstantInput(2, &s_const);
+    if (!b_const || !s_const)
+      ORT_CXX_API_THROW("MatMulQ80: B and scales must be initializers", ORT_INVALID_ARGUMENT);
+    const std::vector<int64_t> bs = b.GetTensorTypeAndShapeInfo().GetShape();
+    if (bs.size() != 3 || bs[2] != kQ80K || bs[0] % kQ80Rows != 0 ||
+        static_cast<int64_t>(s.GetTensorTypeAndShapeInfo().GetElementCount()) != bs[0] * bs[1])
+      ORT_CXX_API_THROW("MatMulQ80: B must be [N, K/32, 32] with N a multiple of 16, and scales [N * K/32]",
+                        ORT_INVALID_ARGUMENT);
+    n = bs[0];
+    nb = bs[1];
+    packed = Q80Pack(b.GetTensorData<uint8_t>(), s.GetTensorData<float>(), n, nb);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue a = ctx.GetInput(0);
+    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
+    if (shape.empty() || shape.back() != nb * kQ80K)
+      ORT_CXX_API_THROW("MatMulQ80: A must be [..., K] with K = 32 * B's second dimension", ORT_INVALID_ARGUMENT);
+    const int64_t k = shape.back();
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    shape.back() = n;
+    float* out = ctx.GetOutput(0, shape).GetTensorMutableData<float>();
+    if (rows == 0) return;
+    thread_local Q41Activations act;
+    const Isa isa = ActiveIsa();
+    Q41Quantize(isa, a.GetTensorData<float>(), rows, k, act);
+    Q80Job job{packed.data(), &act, out, rows, n, nb, isa};
+    ctx.ParallelFor(Q80Task, Q80Tasks(n), 4, &job);
+  }
+};
+
+struct Q80Op : Ort::CustomOpBase<Q80Op, Q80Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Q80Kernel(api, info); }
+  const char* GetName() const { return "MatMulQ80"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 }  // namespace
 
 extern "C" {
@@ -70,11 +135,13 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   Ort::InitApi(api);
   static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{
       Ort::Custom::CreateLiteCustomOp("MatMulQ41", "CPUExecutionProvider", MatMulQ41)};
+  static Q80Op q80;
   static Ort::CustomOpDomain domain{nullptr};
   try {
     if (!domain) {
       domain = Ort::CustomOpDomain{"ai.specedge"};
       domain.Add(op.get());
+      domain.Add(&q80);
       specedge_ops::AddGroupQueryAttention(domain);
     }
     Ort::UnownedSessionOptions(options).Add(domain);

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .gguf_exact import _blocksum_nodes, _ranks
-from .specedge_kernel import ATTENTION_OP, DOMAIN, OP, ROWS
+from .specedge_kernel import ATTENTION_OP, DOMAIN, OP, Q8_OP, ROWS
 
 # fp16 exponent e (0..31) -> the value of one mantissa unit: subnormal 2^-24, else 2^(e-25)
 _UNIT = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
@@ -109,7 +109,7 @@ def _nbits_inputs(b: _Builder, packed: str, g: int, nb: int) -> tuple[str, str, 
 def matmulnbits_twin(proto: onnx.ModelProto, accuracy_level: int = 4) -> onnx.ModelProto:
     """The graph of `proto` (a specedge int4 graph) with ONNX Runtime's kernels: each MatMulQ41
     becomes MatMulNBits + the block-min correction (as --int4-kernel matmulnbits writes it), each
-    ai.specedge attention com.microsoft's. Initializers keep their names, so both graphs can
+    ai.specedge attention com.microsoft's, each MatMulQ80 the MatMulNBits it was. Initializers keep their names, so both graphs can
     read one external-data file (save_pair)."""
     twin = onnx.ModelProto()
     twin.CopyFrom(proto)
@@ -123,6 +123,8 @@ def matmulnbits_twin(proto: onnx.ModelProto, accuracy_level: int = 4) -> onnx.Mo
     for node in g.node:
         if node.domain == DOMAIN and node.op_type == ATTENTION_OP:
             node.domain = "com.microsoft"
+        if node.domain == DOMAIN and node.op_type == Q8_OP:  # MatMulQ80 takes MatMulNBits' own inputs
+            node.domain, node.op_type = "com.microsoft", "MatMulNBits"
         if not (node.domain == DOMAIN and node.op_type == OP):
             out_nodes.append(node)
             continue

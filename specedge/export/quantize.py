@@ -50,14 +50,16 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
                                  accuracy_level=accuracy_level, nodes_to_exclude=sorted(keep))
         q.process()
         out = q.model.model
-    attention = 0
+    attention = q8 = 0
     if kernel == "specedge":
-        from .specedge_kernel import use_specedge_attention
+        from .specedge_kernel import use_specedge_attention, use_specedge_q8
 
         # the kernel's attention: same contract, rows independent of T (no padded steps needed)
         attention = use_specedge_attention(out)
+        # the 8-bit lm_head on specedge's MatMulQ80: one weight read for all rows of a call
+        q8 = use_specedge_q8(out)
     # MatMulQ41 (the specedge int4 kernel) replaces MatMulNBits for GGUF-exact Q4_1 weights.
-    total = sum(n.op_type in ("MatMulNBits", "MatMulQ41") for n in out.graph.node)
+    total = sum(n.op_type in ("MatMulNBits", "MatMulQ41", "MatMulQ80") for n in out.graph.node)
     if not total:
         raise RuntimeError("int quantization found no MatMul with constant weights to quantize")
     if info is not None:
@@ -75,6 +77,8 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
         info["accuracy_level"] = accuracy_level
         if attention:
             info["specedge_attention"] = attention
+        if q8:
+            info["specedge_q8_matmuls"] = q8
     return out
 
 
@@ -154,6 +158,8 @@ def describe(precision: str, info: dict) -> str:
     kern = f"; {k} run by the specedge int4 kernel MatMulQ41" if k else ""
     a = info.get("specedge_attention", 0)
     kern += f"; {a} attention layers on specedge's batch-invariant GroupQueryAttention" if a else ""
+    q8 = info.get("specedge_q8_matmuls", 0)
+    kern += f"; {q8} 8-bit MatMulNBits as specedge's MatMulQ80 (one weight read per call)" if q8 else ""
     return f"{head}; {n} of {n + m} weights GGUF-exact from {types}{tail}{kern})"
 
 

@@ -12,6 +12,9 @@ import numpy as np
 from ..custom_ops import DOMAIN, LIBRARY
 
 OP = "MatMulQ41"
+# ai.specedge.MatMulQ80: MatMulNBits' own 8-bit inputs (the lm_head's GGUF Q8_0 embedding), rows
+# independent of T and one weight read for all rows of a verification call
+Q8_OP = "MatMulQ80"
 # Which kernel runs an int4 graph's 4-bit affine weights (export-models --int4-kernel):
 # ONNX Runtime's MatMulNBits + a block-min correction, or specedge's MatMulQ41.
 KERNELS = ("matmulnbits", "specedge")
@@ -124,6 +127,30 @@ def use_specedge_attention(proto) -> int:
                 ("rotary_interleaved" in attrs and attrs["rotary_interleaved"].i != 0):
             continue
         node.domain = DOMAIN
+        n += 1
+    if n and not any(o.domain == DOMAIN for o in proto.opset_import):
+        from onnx import helper
+
+        proto.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return n
+
+
+def use_specedge_q8(proto) -> int:
+    """Swap each com.microsoft MatMulNBits of 8 bits, block 32, no zero point, with B and scales
+    initializers and N a multiple of 16 for ai.specedge.MatMulQ80 (cpp/ops/specedge_ops.cpp), which
+    takes the same inputs (so the weights file is unchanged); in place. Returns how many."""
+    g = proto.graph
+    inits = {t.name: t for t in g.initializer}
+    n = 0
+    for node in g.node:
+        if (node.domain, node.op_type) != ("com.microsoft", "MatMulNBits") or len(node.input) != 3:
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        b = inits.get(node.input[1])
+        if attrs.get("bits") != 8 or attrs.get("block_size") != 32 or b is None or node.input[2] not in inits or \
+                len(b.dims) != 3 or b.dims[2] != 32 or b.dims[0] % ROWS:
+            continue
+        node.domain, node.op_type = DOMAIN, Q8_OP
         n += 1
     if n and not any(o.domain == DOMAIN for o in proto.opset_import):
         from onnx import helper

@@ -1,14 +1,14 @@
-// Standalone test of libspecedge_ops' kernel cores (q41_kernel, gqa_kernel), without ONNX Runtime,
-// so that it builds for x86-64 and aarch64 alike. On every path this CPU has it checks that
-//   - MatMulQ41 row i of a T-row call has the bits of row i computed alone, T = 1..17
-//     (batch invariance: exact speculation needs it), and
-//   - every path gives the portable path's bits (MatMulQ41 and attention),
+// Standalone test of libspecedge_ops' kernel cores (q41_kernel, q80_kernel, gqa_kernel), without
+// ONNX Runtime, so that it builds for x86-64 and aarch64 alike. On every path this CPU has it checks that
+//   - MatMulQ41 and MatMulQ80 row i of a T-row call has the bits of row i computed alone,
+//     T = 1..17 (batch invariance: exact speculation needs it), and
+//   - every path gives the portable path's bits (MatMulQ41, MatMulQ80 and attention),
 // then prints a hash of the outputs: the same inputs (made here from integers, so identical on
 // every machine) must give the same hash on every architecture (tests/test_ops_aarch64.py runs
 // the aarch64 build under qemu and compares). Exit 1 with one line per mismatch.
 //
 //   ops_kernels_test            the checks and the hashes
-//   ops_kernels_test --bench    also time MatMulQ41 at T = 1..5 and attention per path
+//   ops_kernels_test --bench    also time MatMulQ41 and MatMulQ80 at T = 1..5 and attention per path
 //                              (one thread, CPU time)
 #include <algorithm>
 #include <cinttypes>
@@ -22,6 +22,7 @@
 
 #include "../gqa_kernel.h"
 #include "../q41_kernel.h"
+#include "../q80_kernel.h"
 
 using namespace specedge_ops;
 
@@ -132,6 +133,57 @@ uint64_t CheckQ41(const std::vector<Isa>& paths) {
   return hash.h;
 }
 
+std::vector<float> MatMulQ80(Isa isa, const std::vector<uint8_t>& packed, const float* a, int64_t rows, int64_t n,
+                             int64_t k) {
+  Q41Activations act;
+  Q41Quantize(isa, a, rows, k, act);
+  std::vector<float> y(rows * n, std::nanf(""));
+  Q80Job job{packed.data(), &act, y.data(), rows, n, k / kQ80K, isa};
+  for (size_t t = Q80Tasks(n); t-- > 0;) Q80Task(&job, t);
+  return y;
+}
+
+// MatMulNBits' 8-bit weights (codes 0..255, 0 included: -128; scales of both signs), packed.
+std::vector<uint8_t> RandomQ80(Rng& rng, int64_t n, int64_t k) {
+  std::vector<uint8_t> w(n * k);
+  std::vector<float> ws(n * k / kQ80K);
+  for (uint8_t& x : w) x = static_cast<uint8_t>(rng.Next() >> 56);
+  for (float& x : ws) x = rng.Float() / 64.f;
+  return Q80Pack(w.data(), ws.data(), n, k / kQ80K);
+}
+
+uint64_t CheckQ80(const std::vector<Isa>& paths) {
+  Hash hash;
+  // N = 80: 5 groups, a task with one group too
+  for (int64_t k : {576, 96}) {
+    constexpr int64_t kN = 80, kMaxT = 17;
+    Rng rng{static_cast<uint64_t>(80 + k)};
+    const std::vector<uint8_t> w = RandomQ80(rng, kN, k);
+    const std::vector<float> a = RandomActivations(rng, kMaxT, k);
+    std::vector<std::vector<float>> portable_single(kMaxT);
+    for (Isa isa : paths) {
+      const std::string name = std::string("q80 ") + IsaName(isa) + " K=" + std::to_string(k);
+      std::vector<std::vector<float>> single(kMaxT);
+      for (int64_t i = 0; i < kMaxT; ++i) {
+        single[i] = MatMulQ80(isa, w, a.data() + i * k, 1, kN, k);
+        if (isa == Isa::kPortable) {
+          portable_single[i] = single[i];
+          hash.Add(single[i].data(), kN * sizeof(float));
+        } else if (!SameBits(single[i].data(), portable_single[i].data(), kN)) {
+          Fail(name + " row " + std::to_string(i) + " differs from portable");
+        }
+      }
+      for (int64_t t = 1; t <= kMaxT; ++t) {
+        const std::vector<float> y = MatMulQ80(isa, w, a.data(), t, kN, k);
+        for (int64_t i = 0; i < t; ++i)
+          if (!SameBits(y.data() + i * kN, single[i].data(), kN))
+            Fail(name + " T=" + std::to_string(t) + " row " + std::to_string(i) + " differs from T=1");
+      }
+    }
+  }
+  return hash.h;
+}
+
 uint64_t CheckAttention(const std::vector<Isa>& paths) {
   constexpr int64_t kD = 64, kS = 40;
   Rng rng{1337};
@@ -201,6 +253,27 @@ void Bench(const std::vector<Isa>& paths) {
     std::printf("bench %-10s T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0], ms[1], ms[2], ms[3], ms[4],
                 ms[4] / ms[0]);
   }
+  // the default model's lm_head (its tied Q8_0 embedding, 49152 x 576)
+  {
+    constexpr int64_t kN = 49152, kK = 576;
+    const std::vector<uint8_t> w = RandomQ80(rng, kN, kK);
+    const std::vector<float> a8 = RandomActivations(rng, 5, kK);
+    for (Isa isa : paths) {
+      if (isa == Isa::kPortable) continue;  // minutes, and says nothing about the vector paths
+      double ms[5];
+      for (int64_t t = 1; t <= 5; ++t) {
+        double best = 1e30;
+        for (int rep = 0; rep < 9; ++rep) {
+          const double t0 = CpuMs();
+          MatMulQ80(isa, w, a8.data(), t, kN, kK);
+          best = std::min(best, CpuMs() - t0);
+        }
+        ms[t - 1] = best;
+      }
+      std::printf("bench %-10s q80 lm_head T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0],
+                  ms[1], ms[2], ms[3], ms[4], ms[4] / ms[0]);
+    }
+  }
   // attention: the default model's 9 heads of 64 over 105 keys, 30 layers (one T = 1 step's rows)
   constexpr int64_t kD = 64, kKeys = 105;
   std::vector<float> kv(2 * kKeys * kD), q(kD), out(kD), e;
@@ -227,6 +300,7 @@ int main(int argc, char** argv) {
   for (Isa isa : paths) std::printf(" %s", IsaName(isa));
   std::printf("\n");
   std::printf("q41 %016" PRIx64 "\n", CheckQ41(paths));
+  std::printf("q80 %016" PRIx64 "\n", CheckQ80(paths));
   std::printf("attention %016" PRIx64 "\n", CheckAttention(paths));
   if (argc > 1 && std::string(argv[1]) == "--bench") Bench(paths);
   if (failures) std::printf("%d mismatches\n", failures);
