@@ -266,6 +266,23 @@ struct TrtBackend::Impl {
   std::vector<trt::Profile> profiles;
   std::string graph_note;
 
+  size_t argmax_elem = 8;  // bytes of one argmax entry (int64 or int32, as built)
+
+  // loading, in the order the constructor runs them
+  struct Device {
+    std::string gpu, cc, trt_version;
+  };
+  std::string rebuild() const;
+  Device open_device();
+  std::string read_plan(const Manifest& m, const Device& dev, const std::string& verify, trt::PlanInfo* info,
+                        std::string* plan_path);
+  void load_engine(std::string data, const std::string& plan_path);
+  std::vector<std::string> check_io(std::vector<std::string>* want_out);
+  void check_profiles(const trt::PlanInfo& info, const std::string& plan_path);
+  void allocate();
+  void make_contexts();
+  void allocate_extras(const std::vector<std::string>& outs, const std::vector<std::string>& want_out);
+
   ~Impl() {
     if (stream.s) cudaStreamSynchronize(stream.s);  // nothing may still use the buffers freed next
   }
@@ -360,6 +377,210 @@ struct TrtBackend::Impl {
   }
 };
 
+// ---- loading, step by step (the constructor below runs them in order)
+
+std::string TrtBackend::Impl::rebuild() const { return "rebuild with `specedge build-engines " + bundle + "`"; }
+
+// This TensorRT and this GPU: the names the plan's folder and plan.json are checked against.
+TrtBackend::Impl::Device TrtBackend::Impl::open_device() {
+  Device dev;
+  dev.trt_version = trt::trt_version_string(getInferLibVersion());
+  trt::check_kv_mode_supported(kv_mode, dev.trt_version);
+  int n_dev = 0;
+  cudaError_t e = cudaGetDeviceCount(&n_dev);
+  if (e != cudaSuccess || n_dev == 0) {
+    cudaGetLastError();
+    fail_backend("backend 'tensorrt' needs a CUDA GPU: " +
+                 (e != cudaSuccess ? cuda_error(e) : std::string("no CUDA device found")));
+  }
+  if (device < 0 || device >= n_dev)
+    fail_arg("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n_dev) + " found)");
+  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  dev.gpu.assign(prop.name, strnlen(prop.name, sizeof(prop.name)));
+  while (!dev.gpu.empty() && (dev.gpu.back() == ' ' || dev.gpu.back() == '\t')) dev.gpu.pop_back();
+  dev.cc = trt::cc_string(prop.major, prop.minor);
+  return dev;
+}
+
+// plan.json, then the plan's bytes: both checked before TensorRT parses a byte of it.
+std::string TrtBackend::Impl::read_plan(const Manifest& m, const Device& dev, const std::string& verify,
+                                        trt::PlanInfo* info, std::string* plan_path) {
+  const std::string folder = std::string(trt::kEnginesDir) + "/" + trt::device_tag(dev.gpu, dev.cc);
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(m.root) / folder / (role + ".plan.json"), ec))
+    fail_bundle(trt::no_engine_message(m.root, role, dev.gpu, dev.cc, dev.trt_version));
+  *info = trt::load_plan_info(resolve_inside(m.root, folder + "/" + role + ".plan.json"));
+  trt::check_compatible(*info, dev.gpu, dev.cc, dev.trt_version, bundle);
+  trt::check_against_manifest(*info, m, *spec, spec->graph_for("tensorrt").path, bundle);
+  const std::string path = resolve_inside(m.root, folder + "/" + info->plan_file);
+  *plan_path = path;
+  const std::string force = " — rebuild with `specedge build-engines " + bundle + " --force`";
+  auto size = fs::file_size(path, ec);
+  if (ec) fail_bundle("cannot read " + path + " (" + ec.message() + ") — " + rebuild());
+  if (int64_t(size) != info->plan_bytes)
+    fail_bundle(path + " has " + std::to_string(size) + " bytes, its plan.json says " +
+                std::to_string(info->plan_bytes) + force);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_bundle("cannot read " + path + " — " + rebuild());
+  std::string data(size_t(size), '\0');
+  if (!in.read(&data[0], std::streamsize(size))) fail_bundle("cannot read " + path + " — " + rebuild());
+  if (verify == "full" && sha256_hex(data) != info->plan_sha256)
+    fail_bundle(path + " does not match its plan.json checksum" + force);
+  return data;
+}
+
+void TrtBackend::Impl::load_engine(std::string data, const std::string& plan_path) {
+  runtime.reset(nvinfer1::createInferRuntime(logger));
+  if (!runtime) fail_trt("TensorRT could not create a runtime");
+  engine.reset(runtime->deserializeCudaEngine(data.data(), data.size()));
+  if (!engine) {
+    std::string te = logger.take_error();
+    fail_bundle("TensorRT could not load " + plan_path + (te.empty() ? "" : " (" + te + ")") +
+                " — rebuild with `specedge build-engines " + bundle + " --force`");
+  }
+}
+
+// The engine's I/O against the graph contract: names, then types and static dimensions of every contract
+// tensor (a dimension that changes with T must be dynamic, -1, or equal to it). Returns the engine's outputs.
+std::vector<std::string> TrtBackend::Impl::check_io(std::vector<std::string>* want_out) {
+  nvinfer1::ICudaEngine& eng = *engine;
+  std::vector<std::string> ins, outs, want_in;
+  for (int i = 0; i < eng.getNbIOTensors(); ++i) {
+    const char* name = eng.getIOTensorName(i);
+    if (!name) continue;
+    nvinfer1::TensorIOMode mode = eng.getTensorIOMode(name);
+    if (mode == nvinfer1::TensorIOMode::kINPUT) ins.emplace_back(name);
+    else if (mode == nvinfer1::TensorIOMode::kOUTPUT) outs.emplace_back(name);
+  }
+  trt::expected_names(*spec, kv_mode, &want_in, want_out, tree);
+  std::string problem = trt::check_graph_names(role, want_in, *want_out, ins, outs);
+  if (!problem.empty()) fail_bundle(problem);
+  has_argmax = std::find(outs.begin(), outs.end(), trt::kArgmaxOutput) != outs.end();
+  if (has_argmax) {
+    DataType t = eng.getTensorDataType(trt::kArgmaxOutput);
+    if (t != DataType::kINT64 && t != DataType::kINT32)
+      fail_bundle("the " + role + " engine's argmax output is " + dtype_name(t) + ", not an integer — " + rebuild());
+    argmax_elem = dtype_size(t);
+  }
+  auto p1 = trt::binding_plan(*spec, kv_mode, S, 1, B, false, tree);
+  auto p2 = trt::binding_plan(*spec, kv_mode, S, 2, B, false, tree);
+  for (size_t i = 0; i < p1.size(); ++i) {
+    const auto& b = p1[i];
+    DataType got = eng.getTensorDataType(b.name.c_str());
+    if (std::string(dtype_name(got)) != b.dtype)
+      fail_bundle("the " + role + " engine's '" + b.name + "' is " + dtype_name(got) + ", the bundle says " +
+                  b.dtype + " — " + rebuild());
+    nvinfer1::Dims d = eng.getTensorShape(b.name.c_str());
+    std::vector<int64_t> want = b.shape;
+    for (size_t k = 0; k < want.size(); ++k)
+      if (p2[i].shape[k] != want[k]) want[k] = -1;  // the T dimension
+    bool ok = d.nbDims == int(want.size());
+    for (int k = 0; ok && k < d.nbDims; ++k) ok = want[size_t(k)] < 0 ? (d.d[k] == -1 || d.d[k] >= 1) : d.d[k] == want[size_t(k)];
+    if (!ok)
+      fail_bundle("the " + role + " engine's '" + b.name + "' has shape " + dims_string(d) + ", the bundle says " +
+                  shape_string(want) + " — " + rebuild());
+  }
+  return outs;
+}
+
+// Optimization profiles: plan.json's, as built.
+void TrtBackend::Impl::check_profiles(const trt::PlanInfo& info, const std::string& plan_path) {
+  nvinfer1::ICudaEngine& eng = *engine;
+  profiles = info.profiles;
+  if (eng.getNbOptimizationProfiles() != int(profiles.size()))
+    fail_bundle(plan_path + " has " + std::to_string(eng.getNbOptimizationProfiles()) + " optimization profiles, its "
+                "plan.json " + std::to_string(profiles.size()) + " — " + rebuild());
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    const auto& p = profiles[i];
+    nvinfer1::Dims lo = eng.getProfileShape("input_ids", int32_t(i), nvinfer1::OptProfileSelector::kMIN);
+    nvinfer1::Dims hi = eng.getProfileShape("input_ids", int32_t(i), nvinfer1::OptProfileSelector::kMAX);
+    if (lo.nbDims != 2 || hi.nbDims != 2 || lo.d[1] != p.t_min || hi.d[1] != p.t_max)
+      fail_bundle("optimization profile " + std::to_string(i) + " of " + plan_path + " is " + dims_string(lo) + ".." +
+                  dims_string(hi) + ", its plan.json says T = " + std::to_string(p.t_min) + ".." +
+                  std::to_string(p.t_max) + " — " + rebuild());
+    t_max = std::max(t_max, p.t_max);
+  }
+}
+
+// Every buffer, allocated once, for the largest T of any profile.
+void TrtBackend::Impl::allocate() {
+  cache = trt::KVLayout::for_cache(*spec, S, B);
+  double kv_bytes = 2.0 * spec->num_layers * B * spec->num_kv_heads * double(S) * spec->head_dim *
+                    double(cache.itemsize);
+  if (kv_bytes > double(int64_t(1) << 40)) fail_bundle("the " + role + " KV cache would need more than 1 TiB");
+  cuda_check(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  kv.alloc(cache.total_bytes(), "the " + role + " KV cache");
+  // Zeroed: stale slots are masked, but 0 x NaN from uninitialised memory would still poison the attention sum.
+  cuda_check(cudaMemsetAsync(kv.p, 0, kv.bytes, stream.s), "cudaMemsetAsync");
+  const size_t BT = size_t(B) * size_t(t_max);
+  ids.alloc(8 * BT, "input_ids");
+  pos.alloc(8 * size_t(B), "position");
+  logits.alloc(4 * BT * size_t(V), "the " + role + " logits");
+  if (delta_mode) delta.alloc(trt::KVLayout::for_delta(*spec, t_max, B).total_bytes(), "the delta arena");
+  if (has_argmax) argmax.alloc(argmax_elem * BT, "argmax");
+  ids_host.alloc(8 * BT, "input_ids");
+  pos_host.alloc(8 * size_t(B), "position");
+  if (tree) {
+    mask.alloc(size_t(B) * size_t(t_max) * size_t(t_max), "tree_mask");
+    mask_host.alloc(size_t(B) * size_t(t_max) * size_t(t_max), "tree_mask");
+  }
+  logits_host.alloc(4 * size_t(t_max) * size_t(V), "logits");
+}
+
+// One context per profile, sharing one scratch allocation (they run one after another on one stream).
+void TrtBackend::Impl::make_contexts() {
+  nvinfer1::ICudaEngine& eng = *engine;
+#ifdef SPECEDGE_TRT_MEMORY_V2
+  int64_t size = eng.getDeviceMemorySizeV2();
+#else
+  int64_t size = int64_t(eng.getDeviceMemorySize());
+#endif
+  if (size < 0) fail_trt("TensorRT reported no device memory size for the " + role + " engine");
+  if (size > 0) scratch.alloc(size_t(size), "TensorRT's activation memory");
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    Ctx c;
+    c.ctx.reset(eng.createExecutionContext(nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED));
+    if (!c.ctx) fail_trt("TensorRT could not create an execution context for the " + role);
+#ifdef SPECEDGE_TRT_MEMORY_V2
+    c.ctx->setDeviceMemoryV2(scratch.p, size);
+#else
+    c.ctx->setDeviceMemory(scratch.p);
+#endif
+    if (!c.ctx->setOptimizationProfileAsync(int32_t(i), stream.s))
+      fail_trt("TensorRT refused optimization profile " + std::to_string(i) + " of the " + role);
+    contexts.push_back(std::move(c));
+  }
+  cuda_check(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
+}
+
+// Extra outputs other than argmax (hidden states for feature-level drafts, added by name) must be bound too:
+// sized for the largest T of every profile.
+void TrtBackend::Impl::allocate_extras(const std::vector<std::string>& outs, const std::vector<std::string>& want_out) {
+  for (const auto& name : outs) {
+    if (name == trt::kArgmaxOutput || std::find(want_out.begin(), want_out.end(), name) != want_out.end()) continue;
+    size_t need = 0;
+    for (size_t i = 0; i < profiles.size(); ++i) {
+      nvinfer1::Dims d{};
+      d.nbDims = 2;
+      d.d[0] = B;
+      d.d[1] = profiles[i].t_max;
+      if (!contexts[i].ctx->setInputShape("input_ids", d)) fail_trt("TensorRT refused an input_ids shape");
+      nvinfer1::Dims o = contexts[i].ctx->getTensorShape(name.c_str());
+      size_t n = dtype_size(engine->getTensorDataType(name.c_str()));
+      for (int k = 0; k < o.nbDims; ++k) {
+        if (o.d[k] < 0)
+          fail_bundle("the " + role + " engine's extra output '" + name + "' has a data-dependent shape " +
+                      dims_string(o) + ", which this runtime cannot bind");
+        n *= size_t(o.d[k]);
+      }
+      need = std::max(need, n);
+    }
+    extras[name].alloc(need, "the output '" + name + "'");
+  }
+}
+
 TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOptions& opts)
     : Backend(m, spec), impl_(new Impl) {
   if (!spec.is_model()) fail_bundle("the " + spec.role + " is an n-gram drafter: it has no graph to run on TensorRT");
@@ -375,195 +596,20 @@ TrtBackend::TrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   s.S = m.max_seq;
   s.V = int(spec.vocab_size);
   s.device = opts.device_id;
+  s.tree = spec.graph_for("tensorrt").tree;
   s.graphs_on = opts.cuda_graphs && !env_off("SPECEDGE_CUDA_GRAPHS");
   if (!s.graphs_on) s.graph_note = "CUDA graphs are off (SPECEDGE_CUDA_GRAPHS=0 or the option)";
-  const std::string rebuild = "rebuild with `specedge build-engines " + s.bundle + "`";
 
-  // ---- this TensorRT and this GPU
-  const std::string trt_version = trt::trt_version_string(getInferLibVersion());
-  trt::check_kv_mode_supported(m.kv_mode, trt_version);
-  int n_dev = 0;
-  cudaError_t e = cudaGetDeviceCount(&n_dev);
-  if (e != cudaSuccess || n_dev == 0) {
-    cudaGetLastError();
-    fail_backend("backend 'tensorrt' needs a CUDA GPU: " +
-                 (e != cudaSuccess ? cuda_error(e) : std::string("no CUDA device found")));
-  }
-  if (s.device < 0 || s.device >= n_dev)
-    fail_arg("CUDA device " + std::to_string(s.device) + " does not exist (" + std::to_string(n_dev) + " found)");
-  cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
-  cudaDeviceProp prop{};
-  cuda_check(cudaGetDeviceProperties(&prop, s.device), "cudaGetDeviceProperties");
-  std::string gpu(prop.name, strnlen(prop.name, sizeof(prop.name)));
-  while (!gpu.empty() && (gpu.back() == ' ' || gpu.back() == '\t')) gpu.pop_back();
-  const std::string cc = trt::cc_string(prop.major, prop.minor);
-
-  // ---- plan.json, then the plan (checked before TensorRT parses a byte of it)
-  const std::string folder = std::string(trt::kEnginesDir) + "/" + trt::device_tag(gpu, cc);
-  std::error_code ec;
-  if (!fs::is_regular_file(fs::path(m.root) / folder / (spec.role + ".plan.json"), ec))
-    fail_bundle(trt::no_engine_message(m.root, spec.role, gpu, cc, trt_version));
-  trt::PlanInfo info = trt::load_plan_info(resolve_inside(m.root, folder + "/" + spec.role + ".plan.json"));
-  trt::check_compatible(info, gpu, cc, trt_version, s.bundle);
-  trt::check_against_manifest(info, m, spec, spec.graph_for("tensorrt").path, s.bundle);
-  const std::string plan_path = resolve_inside(m.root, folder + "/" + info.plan_file);
-  std::string data;
-  {
-    auto size = fs::file_size(plan_path, ec);
-    if (ec) fail_bundle("cannot read " + plan_path + " (" + ec.message() + ") — " + rebuild);
-    if (int64_t(size) != info.plan_bytes)
-      fail_bundle(plan_path + " has " + std::to_string(size) + " bytes, its plan.json says " +
-                  std::to_string(info.plan_bytes) + " — rebuild with `specedge build-engines " + s.bundle + " --force`");
-    std::ifstream in(plan_path, std::ios::binary);
-    if (!in) fail_bundle("cannot read " + plan_path + " — " + rebuild);
-    data.resize(size_t(size));
-    if (!in.read(&data[0], std::streamsize(size))) fail_bundle("cannot read " + plan_path + " — " + rebuild);
-    if (opts.verify == "full" && sha256_hex(data) != info.plan_sha256)
-      fail_bundle(plan_path + " does not match its plan.json checksum — rebuild with `specedge build-engines " +
-                  s.bundle + " --force`");
-  }
-
-  // ---- the engine
-  s.runtime.reset(nvinfer1::createInferRuntime(s.logger));
-  if (!s.runtime) s.fail_trt("TensorRT could not create a runtime");
-  s.engine.reset(s.runtime->deserializeCudaEngine(data.data(), data.size()));
-  if (!s.engine) {
-    std::string te = s.logger.take_error();
-    fail_bundle("TensorRT could not load " + plan_path + (te.empty() ? "" : " (" + te + ")") +
-                " — rebuild with `specedge build-engines " + s.bundle + " --force`");
-  }
-  std::string().swap(data);  // the engine holds what it needs
-
-  // ---- its I/O against the graph contract
-  nvinfer1::ICudaEngine& eng = *s.engine;
-  std::vector<std::string> ins, outs, want_in, want_out;
-  for (int i = 0; i < eng.getNbIOTensors(); ++i) {
-    const char* name = eng.getIOTensorName(i);
-    if (!name) continue;
-    nvinfer1::TensorIOMode mode = eng.getTensorIOMode(name);
-    if (mode == nvinfer1::TensorIOMode::kINPUT) ins.emplace_back(name);
-    else if (mode == nvinfer1::TensorIOMode::kOUTPUT) outs.emplace_back(name);
-  }
-  s.tree = spec.graph_for("tensorrt").tree;
-  trt::expected_names(spec, m.kv_mode, &want_in, &want_out, s.tree);
-  std::string problem = trt::check_graph_names(spec.role, want_in, want_out, ins, outs);
-  if (!problem.empty()) fail_bundle(problem);
-  s.has_argmax = std::find(outs.begin(), outs.end(), trt::kArgmaxOutput) != outs.end();
-  size_t argmax_elem = 8;
-  if (s.has_argmax) {
-    DataType t = eng.getTensorDataType(trt::kArgmaxOutput);
-    if (t != DataType::kINT64 && t != DataType::kINT32)
-      fail_bundle("the " + spec.role + " engine's argmax output is " + dtype_name(t) + ", not an integer — " + rebuild);
-    argmax_elem = dtype_size(t);
-  }
-  // Types and static dimensions of every contract tensor; a dimension that changes with T must be dynamic (-1)
-  // or equal to it.
-  {
-    auto p1 = trt::binding_plan(spec, m.kv_mode, s.S, 1, s.B, false, s.tree);
-    auto p2 = trt::binding_plan(spec, m.kv_mode, s.S, 2, s.B, false, s.tree);
-    for (size_t i = 0; i < p1.size(); ++i) {
-      const auto& b = p1[i];
-      DataType got = eng.getTensorDataType(b.name.c_str());
-      if (std::string(dtype_name(got)) != b.dtype)
-        fail_bundle("the " + spec.role + " engine's '" + b.name + "' is " + dtype_name(got) + ", the bundle says " +
-                    b.dtype + " — " + rebuild);
-      nvinfer1::Dims d = eng.getTensorShape(b.name.c_str());
-      std::vector<int64_t> want = b.shape;
-      for (size_t k = 0; k < want.size(); ++k)
-        if (p2[i].shape[k] != want[k]) want[k] = -1;  // the T dimension
-      bool ok = d.nbDims == int(want.size());
-      for (int k = 0; ok && k < d.nbDims; ++k) ok = want[size_t(k)] < 0 ? (d.d[k] == -1 || d.d[k] >= 1) : d.d[k] == want[size_t(k)];
-      if (!ok)
-        fail_bundle("the " + spec.role + " engine's '" + b.name + "' has shape " + dims_string(d) + ", the bundle says " +
-                    shape_string(want) + " — " + rebuild);
-    }
-  }
-
-  // ---- optimization profiles: plan.json's, as built
-  s.profiles = info.profiles;
-  if (eng.getNbOptimizationProfiles() != int(s.profiles.size()))
-    fail_bundle(plan_path + " has " + std::to_string(eng.getNbOptimizationProfiles()) + " optimization profiles, its "
-                "plan.json " + std::to_string(s.profiles.size()) + " — " + rebuild);
-  for (size_t i = 0; i < s.profiles.size(); ++i) {
-    const auto& p = s.profiles[i];
-    nvinfer1::Dims lo = eng.getProfileShape("input_ids", int32_t(i), nvinfer1::OptProfileSelector::kMIN);
-    nvinfer1::Dims hi = eng.getProfileShape("input_ids", int32_t(i), nvinfer1::OptProfileSelector::kMAX);
-    if (lo.nbDims != 2 || hi.nbDims != 2 || lo.d[1] != p.t_min || hi.d[1] != p.t_max)
-      fail_bundle("optimization profile " + std::to_string(i) + " of " + plan_path + " is " + dims_string(lo) + ".." +
-                  dims_string(hi) + ", its plan.json says T = " + std::to_string(p.t_min) + ".." +
-                  std::to_string(p.t_max) + " — " + rebuild);
-    s.t_max = std::max(s.t_max, p.t_max);
-  }
-
-  // ---- buffers, allocated once
-  s.cache = trt::KVLayout::for_cache(spec, s.S, s.B);
-  double kv_bytes = 2.0 * spec.num_layers * s.B * spec.num_kv_heads * double(s.S) * spec.head_dim *
-                    double(s.cache.itemsize);
-  if (kv_bytes > double(int64_t(1) << 40)) fail_bundle("the " + spec.role + " KV cache would need more than 1 TiB");
-  cuda_check(cudaStreamCreateWithFlags(&s.stream.s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  s.kv.alloc(s.cache.total_bytes(), "the " + spec.role + " KV cache");
-  // Zeroed: stale slots are masked, but 0 x NaN from uninitialised memory would still poison the attention sum.
-  cuda_check(cudaMemsetAsync(s.kv.p, 0, s.kv.bytes, s.stream.s), "cudaMemsetAsync");
-  const size_t BT = size_t(s.B) * size_t(s.t_max);
-  s.ids.alloc(8 * BT, "input_ids");
-  s.pos.alloc(8 * size_t(s.B), "position");
-  s.logits.alloc(4 * BT * size_t(s.V), "the " + spec.role + " logits");
-  if (s.delta_mode) s.delta.alloc(trt::KVLayout::for_delta(spec, s.t_max, s.B).total_bytes(), "the delta arena");
-  if (s.has_argmax) s.argmax.alloc(argmax_elem * BT, "argmax");
-  s.ids_host.alloc(8 * BT, "input_ids");
-  s.pos_host.alloc(8 * size_t(s.B), "position");
-  if (s.tree) {
-    s.mask.alloc(size_t(s.B) * size_t(s.t_max) * size_t(s.t_max), "tree_mask");
-    s.mask_host.alloc(size_t(s.B) * size_t(s.t_max) * size_t(s.t_max), "tree_mask");
-  }
-  s.logits_host.alloc(4 * size_t(s.t_max) * size_t(s.V), "logits");
-
-  // ---- one context per profile, sharing one scratch allocation (they run one after another on one stream)
-#ifdef SPECEDGE_TRT_MEMORY_V2
-  int64_t scratch = eng.getDeviceMemorySizeV2();
-#else
-  int64_t scratch = int64_t(eng.getDeviceMemorySize());
-#endif
-  if (scratch < 0) s.fail_trt("TensorRT reported no device memory size for the " + spec.role + " engine");
-  if (scratch > 0) s.scratch.alloc(size_t(scratch), "TensorRT's activation memory");
-  for (size_t i = 0; i < s.profiles.size(); ++i) {
-    Impl::Ctx c;
-    c.ctx.reset(eng.createExecutionContext(nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED));
-    if (!c.ctx) s.fail_trt("TensorRT could not create an execution context for the " + spec.role);
-#ifdef SPECEDGE_TRT_MEMORY_V2
-    c.ctx->setDeviceMemoryV2(s.scratch.p, scratch);
-#else
-    c.ctx->setDeviceMemory(s.scratch.p);
-#endif
-    if (!c.ctx->setOptimizationProfileAsync(int32_t(i), s.stream.s))
-      s.fail_trt("TensorRT refused optimization profile " + std::to_string(i) + " of the " + spec.role);
-    s.contexts.push_back(std::move(c));
-  }
-  cuda_check(cudaStreamSynchronize(s.stream.s), "cudaStreamSynchronize");
-
-  // Extra outputs other than argmax (hidden states for feature-level drafts, added by name) must be bound too:
-  // sized for the largest T of every profile.
-  for (const auto& name : outs) {
-    if (name == trt::kArgmaxOutput || std::find(want_out.begin(), want_out.end(), name) != want_out.end()) continue;
-    size_t need = 0;
-    for (size_t i = 0; i < s.profiles.size(); ++i) {
-      nvinfer1::Dims d{};
-      d.nbDims = 2;
-      d.d[0] = s.B;
-      d.d[1] = s.profiles[i].t_max;
-      if (!s.contexts[i].ctx->setInputShape("input_ids", d)) s.fail_trt("TensorRT refused an input_ids shape");
-      nvinfer1::Dims o = s.contexts[i].ctx->getTensorShape(name.c_str());
-      size_t n = dtype_size(eng.getTensorDataType(name.c_str()));
-      for (int k = 0; k < o.nbDims; ++k) {
-        if (o.d[k] < 0)
-          fail_bundle("the " + spec.role + " engine's extra output '" + name + "' has a data-dependent shape " +
-                      dims_string(o) + ", which this runtime cannot bind");
-        n *= size_t(o.d[k]);
-      }
-      need = std::max(need, n);
-    }
-    s.extras[name].alloc(need, "the output '" + name + "'");
-  }
+  const Impl::Device dev = s.open_device();
+  trt::PlanInfo info;
+  std::string plan_path;
+  s.load_engine(s.read_plan(m, dev, opts.verify, &info, &plan_path), plan_path);
+  std::vector<std::string> want_out;
+  const std::vector<std::string> outs = s.check_io(&want_out);
+  s.check_profiles(info, plan_path);
+  s.allocate();
+  s.make_contexts();
+  s.allocate_extras(outs, want_out);
 }
 
 TrtBackend::~TrtBackend() = default;
