@@ -145,3 +145,33 @@ def test_seeded_sampling_costs_are_named_once(tiny_bundle_factory):
         assert pipe.generator.static_costs.draft == 0.01
     finally:
         pipe.close()
+
+
+@pytest.mark.parametrize("flags, field, value", [
+    (["--max-new-tokens", "0"], "max_new_tokens", 0),
+    (["--temperature", "-1"], "temperature", -1.0),
+    (["--temperature", "inf"], "temperature", float("inf")),
+    (["--top-p", "0"], "top_p", 0.0),
+    (["--top-k", "-1"], "top_k", -1),
+    (["--seed", "-1"], "seed", -1),
+    (["--spec-tokens", "17"], "spec_tokens", 17),
+    (["--stop", ""], "stop", [""]),
+])
+def test_the_cli_checks_a_request_with_the_runtimes_one_check(flags, field, value):
+    """generate/chat refuse a request's settings with GenerationConfig.validate's sentence, the
+    flag in place of the field: one rule, three callers (CLI, Pipeline, server)."""
+    import argparse
+
+    from specedge.cli.generate import check_args, register
+    from specedge.errors import UserError
+    from specedge.runtime.requests import CLI_FLAGS, GenerationConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["generate", "BUNDLE", "hi", *flags])
+    with pytest.raises(UserError) as cli:
+        check_args(args)
+    with pytest.raises(ValueError) as api:
+        GenerationConfig(**{field: value}).validate()
+    shown = "spec_tokens (k)" if field == "spec_tokens" else field
+    assert str(cli.value) == str(api.value).replace(shown, CLI_FLAGS[field], 1)

@@ -114,7 +114,7 @@ def test_bundle_errors(bundle, tmp_path):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),
         (["--temperature", "-1"], "--temperature"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),

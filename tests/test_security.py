@@ -381,7 +381,7 @@ BAD_INPUTS = [
      "--system is not valid UTF-8"),
     ("threads-huge", ["generate", "{B}", "hi", "--threads", "100000"], b"", 2, "--threads must be <= 1024"),
     ("threads-zero", ["generate", "{B}", "hi", "--threads", "0"], b"", 2, "--threads must be >= 1"),
-    ("max-new-zero", ["generate", "{B}", "hi", "--max-new-tokens", "0"], b"", 2, "--max-new-tokens must be >= 1"),
+    ("max-new-zero", ["generate", "{B}", "hi", "--max-new-tokens", "0"], b"", 2, "--max-new-tokens must be an integer >= 1"),
     ("top-p-zero", ["generate", "{B}", "hi", "--top-p", "0"], b"", 2, "--top-p must be in (0, 1]"),
     ("temperature-negative", ["generate", "{B}", "hi", "--temperature", "-1"], b"", 2, "--temperature"),
     ("temperature-nan", ["generate", "{B}", "hi", "--temperature", "nan"], b"", 2, "--temperature"),

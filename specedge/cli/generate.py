@@ -50,23 +50,13 @@ def check_args(args) -> None:
     """Argument checks that need no bundle (fail fast, one sentence each)."""
     from ..errors import UserError
 
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     for opt, v in (("--max-new-tokens", args.max_new_tokens), ("--top-k", args.top_k)):
         if v > MAX_COUNT:
             raise UserError(f"{opt} must be <= {MAX_COUNT}, got {v}")
-    if not args.temperature >= 0 or args.temperature == float("inf"):
-        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if not (0 < args.top_p <= 1):
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.top_k < 0:
-        raise UserError(f"--top-k must be >= 0 (0 disables it), got {args.top_k}")
-    if args.spec_tokens is not None and not 1 <= args.spec_tokens <= MAX_K:
-        raise UserError(f"--spec-tokens must be between 1 and {MAX_K}, got {args.spec_tokens}")
-    from ..runtime.sampling import check_seed
+    from ..runtime.requests import CLI_FLAGS, GenerationConfig
 
-    try:
-        check_seed(args.seed, "--seed")
+    try:  # the request's settings: the runtime's one check, in the flags' names
+        GenerationConfig(**gen_kwargs(args)).validate(names=CLI_FLAGS)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.threads is not None and args.threads < 1:
@@ -75,8 +65,6 @@ def check_args(args) -> None:
 
     if args.threads is not None and args.threads > MAX_THREADS:
         raise UserError(f"--threads must be <= {MAX_THREADS}, got {args.threads}")
-    if args.stop is not None and any(not s for s in args.stop):
-        raise UserError("--stop strings must not be empty")
     for opt, text in [("--stop", s) for s in args.stop or ()] + [("--system", getattr(args, "system", None))]:
         if text is not None and not is_utf8(text):
             raise UserError(f"{opt} is not valid UTF-8 text")

@@ -6,7 +6,7 @@ error); the pipeline, the generator and the server call these.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +15,7 @@ from ..contract import MAX_SPEC_TOKENS
 from .int4_kernel import CHOICES as INT4_KERNELS
 from .sampling import SamplingParams
 
-__all__ = ["MAX_THREADS", "GenerationConfig", "check_load_options", "check_messages", "check_prompt", "check_text"]
+__all__ = ["CLI_FLAGS", "MAX_THREADS", "GenerationConfig", "check_load_options", "check_messages", "check_prompt", "check_text"]
 
 # ONNX Runtime intra-op threads per session: more than any CPU has cores; a larger number is a
 # typo that would spawn threads until memory runs out (the C API and both CLIs share the cap).
@@ -66,22 +66,32 @@ class GenerationConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
-    def validate(self) -> GenerationConfig:
-        """Raise ValueError (one sentence) on a bad setting."""
+    def validate(self, names: Mapping[str, str] | None = None) -> GenerationConfig:
+        """Raise ValueError (one sentence) on a bad setting; the one check of a request's settings
+        (Pipeline, the server and the CLIs call it). `names` shows a field under the caller's name
+        for it (CLI_FLAGS: `--max-new-tokens` for max_new_tokens)."""
+        n = (names or {}).get
         m = self.max_new_tokens
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
-        self.sampling.validate()
+            raise ValueError(f"{n('max_new_tokens', 'max_new_tokens')} must be an integer >= 1, got {m!r}")
+        self.sampling.validate(names)
         k = self.spec_tokens
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_TOKENS):
-            raise ValueError(f"spec_tokens (k) must be an integer in 1..{MAX_SPEC_TOKENS}, got {k!r}")
+            raise ValueError(f"{n('spec_tokens', 'spec_tokens (k)')} must be between 1 and {MAX_SPEC_TOKENS}, got {k!r}")
         if self.stop is not None:
             if isinstance(self.stop, str):
                 self.stop = [self.stop]
             for s in self.stop:
-                if not isinstance(s, str) or not s:
-                    raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+                if not isinstance(s, str):
+                    raise ValueError(f"{n('stop', 'stop')} strings must be strings, got {s!r}")
+                if not s:
+                    raise ValueError(f"{n('stop', 'stop')} strings must not be empty")
         return self
+
+
+# The generate and chat commands' flag for each field, for validate(names=CLI_FLAGS).
+CLI_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+             "top_p": "--top-p", "seed": "--seed", "spec_tokens": "--spec-tokens", "stop": "--stop"}
 
 
 def check_prompt(prompt: Sequence[int], max_seq: int) -> list[int]:

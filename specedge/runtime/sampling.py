@@ -15,6 +15,7 @@ drive the code with a scripted generator.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,25 +42,27 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def validate(self) -> SamplingParams:
-        """Raise ValueError (one sentence) on a bad setting; return self so calls can chain."""
+    def validate(self, names: Mapping[str, str] | None = None) -> SamplingParams:
+        """Raise ValueError (one sentence) on a bad setting; return self so calls can chain.
+        `names` shows a field under the caller's name for it (a CLI flag, a JSON field)."""
+        n = (names or {}).get
         for name in ("temperature", "top_k", "top_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+                raise ValueError(f"{n(name, name)} must be a number, got {value!r}")
             if math.isnan(value):
-                raise ValueError(f"{name} must not be NaN")
+                raise ValueError(f"{n(name, name)} must not be NaN")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ValueError(f"{n('temperature', 'temperature')} must be >= 0, got {self.temperature}")
         if math.isinf(self.temperature):
-            raise ValueError(f"temperature must be finite, got {self.temperature}")
+            raise ValueError(f"{n('temperature', 'temperature')} must be finite, got {self.temperature}")
         if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ValueError(f"{n('top_p', 'top_p')} must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ValueError(f"{n('top_k', 'top_k')} must be >= 0 (0 disables it), got {self.top_k}")
         if self.top_k != int(self.top_k):
-            raise ValueError(f"top_k must be an integer, got {self.top_k}")
-        check_seed(self.seed)
+            raise ValueError(f"{n('top_k', 'top_k')} must be an integer, got {self.top_k}")
+        check_seed(self.seed, n("seed", "seed"))
         return self
 
 
