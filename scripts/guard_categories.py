@@ -45,7 +45,7 @@ def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, thread
     configs = {"target-only": (pipes["ngram"], False)}
     configs.update({f"speculative ({d})": (p, True) for d, p in pipes.items()})
     names = list(configs)
-    for name, (pipe, spec) in configs.items():  # warm-up: every shape once
+    for pipe, spec in configs.values():  # warm-up: every shape once
         pipe.generate(token_ids=suite[0]["ids"], max_new_tokens=16, speculative=spec)
     recs: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(repeats):

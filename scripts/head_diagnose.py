@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     later = [[0, 0] for _ in range(k - 1)]
     tot = {"tokens": 0, "target_calls": 0, "drafted": 0, "accepted": 0}
     equal = 0
-    for cat, prompt, seq in seqs:
+    for _cat, prompt, seq in seqs:
         seen = []
 
         def spy(history, kk, params, rng=None):

@@ -1,3 +1,4 @@
+# ruff: noqa: E402, E741  (an experiment script: imports follow its sys.path set-up)
 """What limits a draft head's acceptance: data mix, optimizer steps, lm_head initialisation (issue 14).
 
     python scripts/head_experiment.py BUNDLE WORKDIR prep DOC_TOKENS

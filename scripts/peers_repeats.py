@@ -43,7 +43,7 @@ def main() -> None:
         cells = " | ".join("–" if x is None else f"{x:.1f}" for x in d["runs"])
         print(f"| {n} | {cells} | **{d['median']:.1f}** |")
     print()
-    for k, d in summary["figures"].items():
+    for d in summary["figures"].values():
         if d["median"] is None:
             continue
         cells = ", ".join("–" if x is None else f"{x:.2f}×" for x in d["runs"])

@@ -5,7 +5,9 @@
 #  2. scripts/cpp_setup.sh: as root, installs g++, cmake, nlohmann-json, Catch2 and libssl-dev with
 #     apt and unpacks ONNX Runtime's headers into third_party/ (docs/cpp.md);
 #  3. build the C++ runtime (release, and the unit tests with AddressSanitizer) and run ctest;
-#  4. pytest, slow real-model tests included. GPU tests skip with their reason without a GPU.
+#  4. pytest, slow real-model tests included, one worker per core (pytest-xdist; whole files per
+#     worker, so a module's fixtures are made once; the tiny bundles are shared across workers,
+#     tests/conftest.py). GPU tests skip with their reason without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -23,4 +25,4 @@ cmake -S cpp -B cpp/build-asan -DSPECEDGE_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev
 cmake --build cpp/build-asan -j2 --target specedge_tests >/dev/null
 ctest --test-dir cpp/build --output-on-failure
 echo "== pytest"
-python -m pytest -q -ra -m "slow or not slow" "$@"
+python -m pytest -q -ra -n auto --dist loadfile -m "slow or not slow" "$@"

@@ -95,7 +95,7 @@ def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_categ
     request = {"temperature": temperature, "seed": seed} if temperature > 0 else {}
     if not guard:
         request["guard"] = False
-    for name, (p, kw) in configs.items():  # warm-up: every shape once
+    for p, kw in configs.values():  # warm-up: every shape once
         p.generate(token_ids=suite[0]["ids"], max_new_tokens=16, **kw, **request)
     recs: dict[str, list[dict]] = {name: [] for name in names}
     outputs: dict[str, dict] = {name: {} for name in names}
@@ -140,7 +140,7 @@ def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_categ
             row["tokens_per_call_vs_chain"] = round(row["tokens_per_call"] / per_call(recs[chain]), 3)
         out["configurations"][name] = row
     seen = set()
-    for name, (p, _) in configs.items():
+    for p, _ in configs.values():
         if id(p) in seen:
             continue
         seen.add(id(p))

@@ -275,8 +275,7 @@ def _walk(graph, functions, types, seen_fn=()):
     for n in graph.node:
         fn = functions.get((n.domain, n.op_type))
         if fn is not None and (n.domain, n.op_type) not in seen_fn:
-            for m in fn.node:
-                yield m
+            yield from fn.node
             continue
         yield n
         for a in n.attribute:

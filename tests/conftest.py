@@ -9,7 +9,10 @@ before changing it.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,19 +38,41 @@ def pytest_collection_modifyitems(config, items):
 
 
 class _TinyCache:
-    """Checkpoints per (family, seed) and bundles per option set, created on first use."""
+    """Checkpoints per (family, seed) and bundles per option set, created on first use.
+
+    Under pytest-xdist every worker has its own session but all share one cache folder: a file
+    lock per entry makes one worker export it while the others wait, and a `.done` marker beside
+    the entry (not inside: a bundle holds only what specedge writes) says it is complete."""
 
     def __init__(self, root: Path):
         self.root = root
         self.checkpoints: dict[tuple, Path] = {}
         self.bundles: dict[tuple, Path] = {}
 
+    @contextmanager
+    def _once(self, path: Path):
+        """Yield True when `path` still has to be made (under its lock), False when it is done."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        done = path.with_name(path.name + ".done")
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield not done.exists()
+                done.touch()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def checkpoint(self, family: str = "llama", seed: int = 0) -> Path:
         key = (family, seed)
         if key not in self.checkpoints:
             from specedge.export.testing import tiny_checkpoint
 
-            self.checkpoints[key] = tiny_checkpoint(self.root / "ckpt" / f"{family}-s{seed}", family, seed)
+            folder = self.root / "ckpt" / f"{family}-s{seed}"
+            with self._once(folder) as todo:
+                if todo:
+                    shutil.rmtree(folder, ignore_errors=True)  # a worker killed half-way
+                    tiny_checkpoint(folder, family, seed)
+            self.checkpoints[key] = folder
         return self.checkpoints[key]
 
     def bundle(self, family="llama", kv_mode="scatter", draft="self", precision="fp32",
@@ -62,19 +87,26 @@ class _TinyCache:
             if draft == "model":  # a second tiny checkpoint of the family, same tokenizer
                 d = str(self.checkpoint(family, seed + 1))
             name = "-".join(str(k) for k in key)
-            opts = ExportOptions(
-                target=str(self.checkpoint(family, seed)), draft=d, out=str(self.root / "bundles" / name),
-                precision=precision, draft_precision=draft_precision, max_seq=max_seq,
-                spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk, force=True, **options,
-            )
-            path, _ = export_bundle(opts)
-            self.bundles[key] = path
+            out = self.root / "bundles" / name
+            target = str(self.checkpoint(family, seed))
+            with self._once(out) as todo:
+                if todo:
+                    opts = ExportOptions(
+                        target=target, draft=d, out=str(out), precision=precision, draft_precision=draft_precision,
+                        max_seq=max_seq, spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk,
+                        force=True, **options,
+                    )
+                    export_bundle(opts)
+            self.bundles[key] = out
         return self.bundles[key]
 
 
 @pytest.fixture(scope="session")
 def _tiny_cache(tmp_path_factory) -> _TinyCache:
-    return _TinyCache(tmp_path_factory.mktemp("tiny"))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # no xdist: this session's own folder
+        return _TinyCache(tmp_path_factory.mktemp("tiny"))
+    # xdist: the workers' base temp folders share a parent, created afresh for each run
+    return _TinyCache(tmp_path_factory.getbasetemp().parent / "tiny")
 
 
 @pytest.fixture(scope="session")

@@ -381,7 +381,7 @@ def check_graph_contract(m, spec, g) -> None:
 
 def test_every_graph_follows_the_contract(tiny_bundle_factory):
     seen = 0
-    for name, bundle in _contract_bundles(tiny_bundle_factory):
+    for _name, bundle in _contract_bundles(tiny_bundle_factory):
         m = load_manifest(bundle)
         for spec in (m.target, m.draft):
             if not spec.is_model:
@@ -564,7 +564,7 @@ def _failing_export_one(calls, exc):
     orig = pipeline._export_one
 
     def boom(tmp, role, *a, **kw):
-        r = orig(tmp, role, *a, **kw)
+        orig(tmp, role, *a, **kw)
         calls.append((role, (Path(tmp) / role / "model.onnx").is_file(), Path(tmp).name))
         raise exc
     return boom

@@ -45,7 +45,7 @@ def test_the_doc_has_a_recipe_per_line():
 
 
 def _params():
-    for name, trt, cmds in recipes():
+    for _name, trt, cmds in recipes():
         yield pytest.param(trt, cmds, id=trt, marks=() if trt == "10.3" else (pytest.mark.slow,))
 
 

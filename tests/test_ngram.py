@@ -55,7 +55,7 @@ def test_respects_k():
 def test_matches_naive_search_on_random_histories(sizes):
     rng = np.random.default_rng(sum(sizes) * 31 + len(sizes))
     drafter = NgramIndex(sizes, k=5)
-    for trial in range(60):
+    for _ in range(60):
         vocab = int(rng.integers(2, 12))  # small vocabularies give many matches of every size
         history = rng.integers(0, vocab, size=int(rng.integers(0, 300))).tolist()
         k = int(rng.integers(0, 8))

@@ -382,7 +382,7 @@ def test_trees_that_gain_no_more_than_the_chain_are_turned_off():
     stay whatever they gain."""
     costs = lambda: CostModel({1: 0.010, 5: 0.012, 9: 0.016}, 0.0001)  # noqa: E731
     dear, worth, unguarded = SpecController(4, costs()), SpecController(4, costs()), SpecController(4, costs(), guard=False)
-    for i in range(policy.MIN_ROUNDS):
+    for _ in range(policy.MIN_ROUNDS):
         assert dear.use_tree and worth.use_tree
         dear.record_round(4, 2, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=2)
         worth.record_round(4, 3, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=1)

@@ -26,7 +26,8 @@ VOCAB = 4
 class Toy:
     """Next-token probabilities as a fixed random function of the prefix."""
 
-    def __init__(self, seed, params=SamplingParams(temperature=1.0), mask_frac=0.0):
+    def __init__(self, seed, params=None, mask_frac=0.0):
+        params = SamplingParams(temperature=1.0) if params is None else params
         self.seed, self.params, self.mask_frac, self._cache = seed, params, mask_frac, {}
 
     def __call__(self, prefix):
