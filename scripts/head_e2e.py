@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more export-models options, after --
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []  # more export-models options, after --
     a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     a.export_args = extra
     ck = a.bundle.resolve().parent / f".{a.bundle.resolve().name}.train-draft"
@@ -47,14 +47,22 @@ def main(argv=None) -> int:
 
     m = load_manifest(a.bundle, verify="size")
     t = m.head.extra["training"]
-    res = {"kind": "head_e2e", "command": " ".join(["export-models", *cmd[1:]]),
-           "wall_seconds": round(wall, 1), "wall_minutes": round(wall / 60, 2),
-           "train_draft_seconds": t["seconds"], "data_seconds": t.get("data_seconds"),
-           "export_seconds": round(wall - t["seconds"], 1),
-           "target_precision": m.target.precision, "head_training": t,
-           "cpu": machine_info()["cpu"], "cpus": os.cpu_count(),
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    res = {
+        "kind": "head_e2e",
+        "command": " ".join(["export-models", *cmd[1:]]),
+        "wall_seconds": round(wall, 1),
+        "wall_minutes": round(wall / 60, 2),
+        "train_draft_seconds": t["seconds"],
+        "data_seconds": t.get("data_seconds"),
+        "export_seconds": round(wall - t["seconds"], 1),
+        "target_precision": m.target.precision,
+        "head_training": t,
+        "cpu": machine_info()["cpu"],
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: v for k, v in res.items() if k != "head_training"}))

@@ -29,8 +29,12 @@ def acceptance(pipe, prompts, chat: bool, new_tokens: int) -> dict:
         s = pipe.generate(token_ids=ids, max_new_tokens=new_tokens, spec_tokens=4, guard=False).stats
         drafted, accepted = drafted + s["drafted"], accepted + s["accepted"]
         calls, tokens = calls + s["target_calls"], tokens + s["tokens"]
-    return {"acceptance": round(accepted / max(drafted, 1), 4), "tokens_per_call": round(tokens / max(calls, 1), 3),
-            "drafted": drafted, "accepted": accepted}
+    return {
+        "acceptance": round(accepted / max(drafted, 1), 4),
+        "tokens_per_call": round(tokens / max(calls, 1), 3),
+        "drafted": drafted,
+        "accepted": accepted,
+    }
 
 
 def main(argv=None) -> int:
@@ -48,10 +52,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     pipe = load(a.bundle, draft="head", threads=a.threads)
     t0 = time.time()
-    out = {"training": pipe.manifest.head.extra.get("training"),
-           "train_prompts_chat": acceptance(pipe, training_prompts()[: a.prompts], True, a.new_tokens),
-           "new_prompts_chat": acceptance(pipe, HELD_OUT[: a.prompts], True, a.new_tokens),
-           "train_prompts_plain": acceptance(pipe, training_prompts()[: a.prompts], False, a.new_tokens)}
+    out = {
+        "training": pipe.manifest.head.extra.get("training"),
+        "train_prompts_chat": acceptance(pipe, training_prompts()[: a.prompts], True, a.new_tokens),
+        "new_prompts_chat": acceptance(pipe, HELD_OUT[: a.prompts], True, a.new_tokens),
+        "train_prompts_plain": acceptance(pipe, training_prompts()[: a.prompts], False, a.new_tokens),
+    }
     out["seconds"] = round(time.time() - t0, 1)
     text = json.dumps(out, indent=1)
     print(text)

@@ -37,8 +37,11 @@ def transplant(src: Path, dst: Path, checkpoint: Path | None = None) -> dict:
     ms, md = load_manifest(src, verify="size"), load_manifest(dst, verify="size")
     if ms.head is None:
         raise SystemExit(f"error: {src} has no draft head")
-    for what, a, b in (("target weights", _weights(ms), _weights(md)), ("features", ms.target.features,
-                       md.target.features), ("tokenizer", ms.files.get("tokenizer.json"), md.files.get("tokenizer.json"))):
+    for what, a, b in (
+        ("target weights", _weights(ms), _weights(md)),
+        ("features", ms.target.features, md.target.features),
+        ("tokenizer", ms.files.get("tokenizer.json"), md.files.get("tokenizer.json")),
+    ):
         if not a or a != b:
             raise SystemExit(f"error: the two bundles' {what} differ: the head would not fit {dst}")
     ck = Path(checkpoint) if checkpoint else default_checkpoint(src)

@@ -38,8 +38,12 @@ KERNELS = {"matmulnbits": {}, "specedge": {"kernel": "specedge"}}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle", nargs="?", default=str(REPO / "bundles" / "smollm2-135m-instruct"),
-                    help="a bundle with an fp32 target exported from a GGUF (default: the default bundle)")
+    ap.add_argument(
+        "bundle",
+        nargs="?",
+        default=str(REPO / "bundles" / "smollm2-135m-instruct"),
+        help="a bundle with an fp32 target exported from a GGUF (default: the default bundle)",
+    )
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args(argv)
     m = load_manifest(args.bundle, verify="none")
@@ -51,17 +55,24 @@ def main(argv=None) -> int:
         seqs = []
         for p in load_prompts():
             ids = list(pipe.tokenizer.encode_chat(p["messages"]))
-            seqs.append(ids + list(pipe.generate(token_ids=ids, max_new_tokens=args.new_tokens,
-                                                 speculative=False).token_ids))
+            seqs.append(
+                ids + list(pipe.generate(token_ids=ids, max_new_tokens=args.new_tokens, speculative=False).token_ids)
+            )
     target = str(m.path(m.target.graph_for("ort-cpu").path))
     ref = Stepper(target, m)
     top1 = [ref.run(s, 0).argmax(-1) for s in seqs]
     del ref
     base = onnx.load(target)
-    out = {"schema": "specedge.bench.int4_agreement/1", "command": "python scripts/int4_agreement.py "
-           + " ".join(argv if argv is not None else sys.argv[1:]), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "bundle": Path(args.bundle).name, "sequences": len(seqs), "new_tokens": args.new_tokens,
-           "load_avg_start": la0, "kernels": {}}
+    out = {
+        "schema": "specedge.bench.int4_agreement/1",
+        "command": "python scripts/int4_agreement.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bundle": Path(args.bundle).name,
+        "sequences": len(seqs),
+        "new_tokens": args.new_tokens,
+        "load_avg_start": la0,
+        "kernels": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in KERNELS.items():
             work = onnx.ModelProto()

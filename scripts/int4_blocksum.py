@@ -115,9 +115,14 @@ def fuse_skip_norms(proto: onnx.ModelProto) -> int:
         if add is None or add.op_type != "Add" or "_gguf_" in add.name:
             continue
         eps = next(helper.get_attribute_value(a) for a in n.attribute if a.name == "epsilon")
-        fused[id(n)] = helper.make_node("SkipSimplifiedLayerNormalization", [add.input[0], add.input[1], n.input[1]],
-                                        [n.output[0], "", "", add.output[0]], name=n.name + "_skip",
-                                        domain="com.microsoft", epsilon=eps)
+        fused[id(n)] = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [add.input[0], add.input[1], n.input[1]],
+            [n.output[0], "", "", add.output[0]],
+            name=n.name + "_skip",
+            domain="com.microsoft",
+            epsilon=eps,
+        )
         drop.add(id(add))
     nodes = [fused.get(id(n), n) for n in g.node if id(n) not in drop]
     del g.node[:]
@@ -147,15 +152,22 @@ def main() -> None:
     assert m.target.precision == "int4", m.target.precision
     path_a = str(m.path(m.target.graph_for("ort-cpu").path))
     ids = Tokenizer.from_file(str(m.path("tokenizer.json"))).encode(PROMPT).ids
-    out = {"bundle": Path(bundle).name, "load_avg_start": [round(x, 2) for x in os.getloadavg()],
-           "step_position": POS, "rounds": rounds, "reps_per_round": reps}
+    out = {
+        "bundle": Path(bundle).name,
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+        "step_position": POS,
+        "rounds": rounds,
+        "reps_per_round": reps,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         graphs = {"reduce (exported)": path_a}
         out["graphs"] = {"reduce (exported)": {"nodes": len(onnx.load(path_a, load_external_data=False).graph.node)}}
         # each variant: a rewrite of the exported graph, saved beside it, with what the rewrite changed
-        for name, rewrite, what in (("matmul indicator", to_matmul_blocksums, "blocksums_rewritten"),
-                                    (NO_CORR, drop_corrections, "corrections_removed"),
-                                    (SKIP, fuse_skip_norms, "fused")):
+        for name, rewrite, what in (
+            ("matmul indicator", to_matmul_blocksums, "blocksums_rewritten"),
+            (NO_CORR, drop_corrections, "corrections_removed"),
+            (SKIP, fuse_skip_norms, "fused"),
+        ):
             proto = onnx.load(path_a)
             changed = rewrite(proto)
             path = os.path.join(tmp, f"v{len(graphs)}.onnx")
@@ -169,9 +181,14 @@ def main() -> None:
         lg = {name: s.run(ids, 0) for name, s in st.items()}
         a = lg["reduce (exported)"]
         out["logits_vs_exported"] = {
-            name: {"positions": len(ids), "max_abs_diff": float(np.abs(a - b).max()),
-                   "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
-            for name, b in lg.items() if name != "reduce (exported)"}
+            name: {
+                "positions": len(ids),
+                "max_abs_diff": float(np.abs(a - b).max()),
+                "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
+            }
+            for name, b in lg.items()
+            if name != "reduce (exported)"
+        }
         times = {name: {t: [] for t in (1, 2, 5)} for name in graphs}
         for t in (1, 2, 5):
             for s in st.values():
@@ -189,11 +206,15 @@ def main() -> None:
                         s.step()
                         times[name][t].append(time.perf_counter() - t0)
         for name in graphs:
-            out["graphs"][name].update({f"t{t}_ms": round(1000 * float(np.median(v)), 3)
-                                        for t, v in times[name].items()})
+            out["graphs"][name].update(
+                {f"t{t}_ms": round(1000 * float(np.median(v)), 3) for t, v in times[name].items()}
+            )
         base = out["graphs"]["reduce (exported)"]
-        out["ratio_to_exported"] = {name: {f"t{t}": round(out["graphs"][name][f"t{t}_ms"] / base[f"t{t}_ms"], 4)
-                                           for t in (1, 2, 5)} for name in graphs if name != "reduce (exported)"}
+        out["ratio_to_exported"] = {
+            name: {f"t{t}": round(out["graphs"][name][f"t{t}_ms"] / base[f"t{t}_ms"], 4) for t in (1, 2, 5)}
+            for name in graphs
+            if name != "reduce (exported)"
+        }
     out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 

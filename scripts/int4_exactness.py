@@ -37,8 +37,15 @@ def decode(pipe, prompts, n, speculative):
     out = []
     for p in prompts:
         r = pipe.generate(token_ids=p["ids"], max_new_tokens=n, speculative=speculative)
-        out.append({"id": p["id"], "category": p["category"], "tokens": list(r.token_ids),
-                    "decode_s": r.stats["decode_s"], "fallbacks": r.stats.get("fallbacks", 0)})
+        out.append(
+            {
+                "id": p["id"],
+                "category": p["category"],
+                "tokens": list(r.token_ids),
+                "decode_s": r.stats["decode_s"],
+                "fallbacks": r.stats.get("fallbacks", 0),
+            }
+        )
     return out
 
 
@@ -56,20 +63,28 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default="plain,invariant", help="subset of plain,invariant,auto")
     args = ap.parse_args(argv)
-    out = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-           "load_avg_start": os.getloadavg()[0], "modes": {}}
+    out = {
+        "bundle": args.bundle,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "load_avg_start": os.getloadavg()[0],
+        "modes": {},
+    }
     suite = None
     for mode in args.modes.split(","):
         inv = {"plain": False, "invariant": True, "auto": None}[mode]
         drafters = ["ngram"]
-        probe = load(args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft="ngram",
-                     shared_pool=True)
+        probe = load(
+            args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft="ngram", shared_pool=True
+        )
         res_steps = "padded (T = 2)" if probe.describe()["target"].get("invariant_steps") else "plain (T = 1)"
         if probe.manifest.draft.is_model:
             drafters.append("model")
         if suite is None:
-            suite = [{"id": p["id"], "category": p["category"], "ids": probe.tokenizer.encode_chat(p["messages"])}
-                     for p in load_prompts()]
+            suite = [
+                {"id": p["id"], "category": p["category"], "ids": probe.tokenizer.encode_chat(p["messages"])}
+                for p in load_prompts()
+            ]
         ref = decode(probe, suite, args.max_new_tokens, False)
         res = {"single_token_steps": res_steps, "target-only": {"tokens_per_s": tps(ref), "per_category": {}}}
         cats = sorted({p["category"] for p in suite})
@@ -77,17 +92,26 @@ def main(argv=None):
             res["target-only"]["per_category"][c] = tps(ref, c)
         probe.close()
         for d in drafters:
-            pipe = load(args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft=d,
-                        shared_pool=True)
+            pipe = load(
+                args.bundle, threads=args.threads, verify="size", invariant_steps=inv, draft=d, shared_pool=True
+            )
             spec = decode(pipe, suite, args.max_new_tokens, True)
             pipe.close()
             diffs = {r["id"]: first_diff(r["tokens"], s["tokens"]) for r, s in zip(ref, spec)}
-            row = {"equal_prompts": sum(v is None for v in diffs.values()), "prompts": len(suite),
-                   "first_diff": {k: v for k, v in diffs.items() if v is not None},
-                   "tokens_per_s": tps(spec), "per_category": {}, "fallbacks": sum(s["fallbacks"] for s in spec)}
+            row = {
+                "equal_prompts": sum(v is None for v in diffs.values()),
+                "prompts": len(suite),
+                "first_diff": {k: v for k, v in diffs.items() if v is not None},
+                "tokens_per_s": tps(spec),
+                "per_category": {},
+                "fallbacks": sum(s["fallbacks"] for s in spec),
+            }
             for c in cats:
                 t, base = tps(spec, c), res["target-only"]["per_category"][c]
-                row["per_category"][c] = {"tokens_per_s": t, "vs_target_only": round(t / base, 3) if t and base else None}
+                row["per_category"][c] = {
+                    "tokens_per_s": t,
+                    "vs_target_only": round(t / base, 3) if t and base else None,
+                }
             res[f"speculative ({d})"] = row
             print(mode, d, {k: row[k] for k in ("equal_prompts", "tokens_per_s")}, file=sys.stderr, flush=True)
         out["modes"][mode] = res

@@ -40,7 +40,7 @@ def draft_step_ms(pipes: dict, steps: int) -> dict:
     times: dict[str, list[float]] = {k: [] for k in pipes}
     ids = np.array([42], dtype=np.int64)
     for i in range(steps + 10):
-        for k in (KERNELS if i % 2 == 0 else KERNELS[::-1]):
+        for k in KERNELS if i % 2 == 0 else KERNELS[::-1]:
             t0 = time.perf_counter()
             pipes[k].draft_backend.run(ids, 64 + i % 32)
             if i >= 10:  # warm-up steps not counted
@@ -59,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-category", type=int, default=2, help="prompts per category (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--steps", type=int, default=300, help="single-token draft steps timed per kernel, alternated "
-                   "(default 300; 0 = none)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="single-token draft steps timed per kernel, alternated (default 300; 0 = none)",
+    )
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
     args = p.parse_args(argv)
     if args.per_category < 1 or args.max_new_tokens < 2 or args.threads < 1 or args.steps < 0:
@@ -80,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         load_s[k] = time.perf_counter() - t0
     for k, pipe in pipes.items():
         if pipe.draft_backend is None or pipe.draft_backend.describe().get("int4_kernel", "").split()[0] != k:
-            print(f"error: the bundle's draft does not run on {k} here (export it with --int4-kernel auto)",
-                  file=sys.stderr)
+            print(
+                f"error: the bundle's draft does not run on {k} here (export it with --int4-kernel auto)",
+                file=sys.stderr,
+            )
             return 2
     step_ms = draft_step_ms(pipes, args.steps)
     rows, skipped = [], []
@@ -94,17 +100,25 @@ def main(argv: list[str] | None = None) -> int:
         row = {"id": pr["id"], "category": pr["category"]}
         for k in order:
             r = pipes[k].generate(token_ids=ids, max_new_tokens=args.max_new_tokens)
-            row[k] = {"tokens_per_s": r.stats["tokens_per_s"], "tokens": r.stats["tokens"],
-                      "acceptance_rate": r.stats["acceptance_rate"], "mean_accepted": r.stats["mean_accepted"],
-                      "time_draft_s": r.stats["time_draft_s"], "time_verify_s": r.stats["time_verify_s"],
-                      "token_ids": r.token_ids}
+            row[k] = {
+                "tokens_per_s": r.stats["tokens_per_s"],
+                "tokens": r.stats["tokens"],
+                "acceptance_rate": r.stats["acceptance_rate"],
+                "mean_accepted": r.stats["mean_accepted"],
+                "time_draft_s": r.stats["time_draft_s"],
+                "time_verify_s": r.stats["time_verify_s"],
+                "token_ids": r.token_ids,
+            }
         row["same_tokens"] = row["matmulnbits"]["token_ids"] == row["specedge"]["token_ids"]
         row["ratio"] = row["specedge"]["tokens_per_s"] / row["matmulnbits"]["tokens_per_s"]
         for k in KERNELS:
             del row[k]["token_ids"]
         rows.append(row)
-        print(f"{pr['id']}: matmulnbits {row['matmulnbits']['tokens_per_s']:.1f}  specedge "
-              f"{row['specedge']['tokens_per_s']:.1f} tok/s  x{row['ratio']:.2f}", file=sys.stderr)
+        print(
+            f"{pr['id']}: matmulnbits {row['matmulnbits']['tokens_per_s']:.1f}  specedge "
+            f"{row['specedge']['tokens_per_s']:.1f} tok/s  x{row['ratio']:.2f}",
+            file=sys.stderr,
+        )
     if not rows:
         print("error: no prompt fits the bundle's context", file=sys.stderr)
         return 2
@@ -119,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_kernels": {k: pipes[k].draft_backend.describe()["int4_kernel"] for k in KERNELS},
         "load_s": load_s,
         "draft_step_ms_median": step_ms,
-        "draft_step_ratio_specedge_over_matmulnbits":
-            step_ms["specedge"] / step_ms["matmulnbits"] if step_ms else None,
+        "draft_step_ratio_specedge_over_matmulnbits": step_ms["specedge"] / step_ms["matmulnbits"] if step_ms else None,
         "median_tokens_per_s": {k: statistics.median(r[k]["tokens_per_s"] for r in rows) for k in KERNELS},
         "median_ratio_specedge_over_matmulnbits": statistics.median(r["ratio"] for r in rows),
         "all_same_tokens": all(r["same_tokens"] for r in rows),
@@ -133,8 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
-    print(json.dumps({k: out[k] for k in ("median_tokens_per_s", "median_ratio_specedge_over_matmulnbits",
-                                          "all_same_tokens", "load_average_1min")}))
+    print(
+        json.dumps(
+            {
+                k: out[k]
+                for k in (
+                    "median_tokens_per_s",
+                    "median_ratio_specedge_over_matmulnbits",
+                    "all_same_tokens",
+                    "load_average_1min",
+                )
+            }
+        )
+    )
     return 0
 
 

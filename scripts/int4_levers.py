@@ -46,9 +46,11 @@ def session(path: str, opt: str = "all", spin: bool = True, profile: str | None 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.log_severity_level = 3
-    so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}[opt]
+    so.graph_optimization_level = {
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    }[opt]
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if profile:
         so.enable_profiling = True
@@ -107,7 +109,7 @@ def batch_invariance(path: str, m, ids: list[int]) -> dict:
     gaps, argmax_equal, bit_equal, n = [], 0, 0, 0
     for p in range(40, len(ids) - VERIFY_T, 15):
         st.run(ids[:p], 0)
-        big = st.run(ids[p:p + VERIFY_T], p)
+        big = st.run(ids[p : p + VERIFY_T], p)
         for j in range(VERIFY_T):
             one = st.run([ids[p + j]], p + j)[0]
             gaps.append(float(np.abs(one - big[j]).max()))
@@ -151,20 +153,31 @@ def main():
         "exact codes, float zero points, acc 4": dict(gguf=gguf, accuracy_level=4, min_form="float_zp"),
         "exact codes, float zero points, acc 1": dict(gguf=gguf, accuracy_level=1, min_form="float_zp"),
         "re-quantized symmetric int4, acc 4 (not exact: speed floor)": dict(accuracy_level=4),
-        "exact, specedge kernels (MatMulQ41 + batch-invariant attention), acc 4": dict(gguf=gguf, accuracy_level=4,
-                                                                                     kernel="specedge"),
+        "exact, specedge kernels (MatMulQ41 + batch-invariant attention), acc 4": dict(
+            gguf=gguf, accuracy_level=4, kernel="specedge"
+        ),
     }
     only = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--only"), None)
     if only:
         keys = [k.strip() for k in only.split(",")]
         variants = {n: kw for n, kw in variants.items() if any(k in n for k in keys)}
-    out = {"bundle": bundle, "load_avg_start": os.getloadavg()[0], "positions": len(ids), "step_position": POS,
-           "verify_tokens": VERIFY_T, "fp32": {"t1_ms": round(ref_st.time_ms(1), 2),
-                                               "t5_ms": round(ref_st.time_ms(VERIFY_T), 2),
-                                               "nodes": len(base.graph.node),
-                                               "weight_bytes_mb": round(weight_bytes(base) / 1e6, 1),
-                                               "batch_invariance": batch_invariance(target, m, ids)},
-           "variants": {}, "session_options": {}, "profiles": {}}
+    out = {
+        "bundle": bundle,
+        "load_avg_start": os.getloadavg()[0],
+        "positions": len(ids),
+        "step_position": POS,
+        "verify_tokens": VERIFY_T,
+        "fp32": {
+            "t1_ms": round(ref_st.time_ms(1), 2),
+            "t5_ms": round(ref_st.time_ms(VERIFY_T), 2),
+            "nodes": len(base.graph.node),
+            "weight_bytes_mb": round(weight_bytes(base) / 1e6, 1),
+            "batch_invariance": batch_invariance(target, m, ids),
+        },
+        "variants": {},
+        "session_options": {},
+        "profiles": {},
+    }
     del ref_st
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
@@ -186,9 +199,12 @@ def main():
             out["variants"][name] = {
                 "agreement_with_fp32": round(float((lg.argmax(-1) == ref.argmax(-1)).mean()), 4),
                 "max_logit_gap_to_fp32": round(float(np.abs(lg - ref).max()), 4),
-                "t1_ms": round(st.time_ms(1), 2), "t5_ms": round(st.time_ms(VERIFY_T), 2),
-                "nodes": len(proto.graph.node), "weight_bytes_mb": round(weight_bytes(proto) / 1e6, 1),
-                "batch_invariance": batch_invariance(p, m, ids)}
+                "t1_ms": round(st.time_ms(1), 2),
+                "t5_ms": round(st.time_ms(VERIFY_T), 2),
+                "nodes": len(proto.graph.node),
+                "weight_bytes_mb": round(weight_bytes(proto) / 1e6, 1),
+                "batch_invariance": batch_invariance(p, m, ids),
+            }
             del st
             print(name, out["variants"][name], file=sys.stderr, flush=True)
         if only:
@@ -202,8 +218,11 @@ def main():
                 key = f"optimization {opt}, spinning {'on' if spin else 'off'}"
                 out["session_options"][key] = {"t1_ms": round(Stepper(default, m, opt=opt, spin=spin).time_ms(1), 2)}
                 print(key, out["session_options"][key], file=sys.stderr, flush=True)
-        for name in ("exact, correction nodes, acc 4 (export default)", "exact codes, float zero points, acc 4",
-                     "re-quantized symmetric int4, acc 4 (not exact: speed floor)"):
+        for name in (
+            "exact, correction nodes, acc 4 (export default)",
+            "exact codes, float zero points, acc 4",
+            "re-quantized symmetric int4, acc 4 (not exact: speed floor)",
+        ):
             out["profiles"][name] = op_profile(paths[name], m, os.path.join(tmp, "prof"))
         for f in glob.glob(os.path.join(tmp, "prof*")):
             os.remove(f)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from abc import ABC, abstractmethod
 import os
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from pathlib import Path
 
@@ -72,8 +72,9 @@ def session(path: str, profile: str | None = None, libs: list[str] = ()) -> ort.
 class Graph(ABC):
     """One graph, its cache bound in place as both input and output."""
 
-    def __init__(self, path: str, past: list[tuple[str, str]], shape: tuple, profile: str | None = None,
-                 libs: list[str] = ()):
+    def __init__(
+        self, path: str, past: list[tuple[str, str]], shape: tuple, profile: str | None = None, libs: list[str] = ()
+    ):
         self.path = path
         self.s = session(path, profile, libs)
         self.io = self.s.io_binding()
@@ -110,8 +111,13 @@ class Ours(Graph):
         g = specedge_graph(m)
         L = m.target.num_layers
         past = [(f"past_{kv}.{i}", f"present_{kv}.{i}") for kv in ("key", "value") for i in range(L)]
-        super().__init__(str(Path(bundle) / g.path), past, (1, m.target.num_kv_heads, m.max_seq, m.target.head_dim),
-                         profile, g.custom_ops)
+        super().__init__(
+            str(Path(bundle) / g.path),
+            past,
+            (1, m.target.num_kv_heads, m.max_seq, m.target.head_dim),
+            profile,
+            g.custom_ops,
+        )
 
     def feed(self, t: int, pos: int) -> None:
         self.io.bind_cpu_input("input_ids", np.ones((1, t), np.int64))
@@ -164,26 +170,41 @@ def _ops_isa() -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", help="an int4 bundle (export-models --precision int4)")
-    ap.add_argument("ortgenai", nargs="?",
-                    help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx); omit: ours only")
+    ap.add_argument(
+        "ortgenai",
+        nargs="?",
+        help="onnxruntime-genai's int4 model folder (genai_config.json + model.onnx); omit: ours only",
+    )
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--cpu-clock", action="store_true",
-                    help="1 thread, no spinning, steps timed by CPU time (a busy machine); profiles as usual")
+    ap.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="1 thread, no spinning, steps timed by CPU time (a busy machine); profiles as usual",
+    )
     ap.add_argument("--max-seq", type=int, default=2048, help="onnxruntime-genai's cache slots (ours: the bundle's)")
     args = ap.parse_args()
     if args.cpu_clock:
         SETTINGS.update(threads=1, cpu_clock=True)
     isa = os.environ.get("SPECEDGE_OPS_ISA")
-    out = {"schema": SCHEMA, "command": " ".join(["python", *sys.argv]), "onnxruntime": ort.__version__,
-           # the path specedge's kernels took (SPECEDGE_OPS_ISA=avx2|portable forces a narrower one)
-           "specedge_ops_isa": _ops_isa(), **({"SPECEDGE_OPS_ISA": isa} if isa else {}),
-           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": SETTINGS["threads"],
-           "clock": "process CPU time" if args.cpu_clock else "wall", "position": POS,
-           "load_avg_start": list(os.getloadavg())}
+    out = {
+        "schema": SCHEMA,
+        "command": " ".join(["python", *sys.argv]),
+        "onnxruntime": ort.__version__,
+        # the path specedge's kernels took (SPECEDGE_OPS_ISA=avx2|portable forces a narrower one)
+        "specedge_ops_isa": _ops_isa(),
+        **({"SPECEDGE_OPS_ISA": isa} if isa else {}),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "threads": SETTINGS["threads"],
+        "clock": "process CPU time" if args.cpu_clock else "wall",
+        "position": POS,
+        "load_avg_start": list(os.getloadavg()),
+    }
     ours = Ours(args.bundle)
     genai = Genai(args.ortgenai, args.max_seq) if args.ortgenai else None
-    out["graphs"] = {"specedge": node_counts(ours.path),
-                     **({"onnxruntime-genai": node_counts(genai.path)} if genai else {})}
+    out["graphs"] = {
+        "specedge": node_counts(ours.path),
+        **({"onnxruntime-genai": node_counts(genai.path)} if genai else {}),
+    }
     out["steps"] = {}
     for t in SIZES:
         a, b = [], []
@@ -195,11 +216,18 @@ def main() -> None:
         row = {"specedge_ms": round(ma, 3), "rounds_specedge_ms": [round(x, 3) for x in a]}
         if genai:
             mb = float(np.median(b))
-            row.update({"ortgenai_ms": round(mb, 3), "specedge_over_ortgenai": round(ma / mb, 3),
-                        "rounds_ortgenai_ms": [round(x, 3) for x in b]})
+            row.update(
+                {
+                    "ortgenai_ms": round(mb, 3),
+                    "specedge_over_ortgenai": round(ma / mb, 3),
+                    "rounds_ortgenai_ms": [round(x, 3) for x in b],
+                }
+            )
         out["steps"][f"T{t}"] = row
-        print(f"T={t}: specedge {ma:.2f} ms" + (f", onnxruntime-genai {row['ortgenai_ms']:.2f} ms" if genai else ""),
-              file=sys.stderr)
+        print(
+            f"T={t}: specedge {ma:.2f} ms" + (f", onnxruntime-genai {row['ortgenai_ms']:.2f} ms" if genai else ""),
+            file=sys.stderr,
+        )
     out["T5_over_T1"] = round(out["steps"]["T5"]["specedge_ms"] / out["steps"]["T1"]["specedge_ms"], 3)
     del ours, genai
     out["profiles"] = {}

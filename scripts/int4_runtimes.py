@@ -81,15 +81,26 @@ def worker_py(spec: dict) -> None:
     from specedge.runtime.api import load
 
     opts = spec["options"]
-    pipe = load(spec["bundle"], threads=spec["threads"], draft=opts["draft"], verify="size", shared_pool=True,
-                invariant_steps=opts.get("invariant"))
+    pipe = load(
+        spec["bundle"],
+        threads=spec["threads"],
+        draft=opts["draft"],
+        verify="size",
+        shared_pool=True,
+        invariant_steps=opts.get("invariant"),
+    )
 
     def gen(ids, n):
         r = pipe.generate(token_ids=ids, max_new_tokens=n, speculative=opts["speculative"])
         st = r.stats
-        return {"tokens": [int(t) for t in r.token_ids], "ttft_s": st["ttft_s"], "decode_s": st["decode_s"],
-                "target_calls": st.get("target_calls"), "acceptance_rate": st.get("acceptance_rate"),
-                "fallbacks": st.get("fallbacks")}
+        return {
+            "tokens": [int(t) for t in r.token_ids],
+            "ttft_s": st["ttft_s"],
+            "decode_s": st["decode_s"],
+            "target_calls": st.get("target_calls"),
+            "acceptance_rate": st.get("acceptance_rate"),
+            "fallbacks": st.get("fallbacks"),
+        }
 
     gen(spec["warmup_ids"], 16)
     _serve(gen)
@@ -98,28 +109,60 @@ def worker_py(spec: dict) -> None:
 # The C structs grow at their ends (specedge.h); every mirror here keeps room after the fields it
 # names, so a library newer than this script never writes past a Python-owned struct.
 class _OpenOptions(ctypes.Structure):
-    _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("spec_tokens", ctypes.c_int),
-                ("draft", ctypes.c_char_p), ("verify", ctypes.c_char_p), ("allow_spinning", ctypes.c_int),
-                ("warmup", ctypes.c_int), ("_rest", ctypes.c_byte * 256)]
+    _fields_ = [
+        ("backend", ctypes.c_char_p),
+        ("threads", ctypes.c_int),
+        ("spec_tokens", ctypes.c_int),
+        ("draft", ctypes.c_char_p),
+        ("verify", ctypes.c_char_p),
+        ("allow_spinning", ctypes.c_int),
+        ("warmup", ctypes.c_int),
+        ("_rest", ctypes.c_byte * 256),
+    ]
 
 
 class _GenParams(ctypes.Structure):
-    _fields_ = [("max_new_tokens", ctypes.c_int), ("temperature", ctypes.c_double), ("top_k", ctypes.c_int),
-                ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("has_seed", ctypes.c_int),
-                ("stop", ctypes.c_void_p), ("n_stop", ctypes.c_size_t), ("spec_tokens", ctypes.c_int),
-                ("speculative", ctypes.c_int), ("guard", ctypes.c_int), ("adaptive_k", ctypes.c_int), ("tree", ctypes.c_int),
-                ("_rest", ctypes.c_byte * 256)]
+    _fields_ = [
+        ("max_new_tokens", ctypes.c_int),
+        ("temperature", ctypes.c_double),
+        ("top_k", ctypes.c_int),
+        ("top_p", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("has_seed", ctypes.c_int),
+        ("stop", ctypes.c_void_p),
+        ("n_stop", ctypes.c_size_t),
+        ("spec_tokens", ctypes.c_int),
+        ("speculative", ctypes.c_int),
+        ("guard", ctypes.c_int),
+        ("adaptive_k", ctypes.c_int),
+        ("tree", ctypes.c_int),
+        ("_rest", ctypes.c_byte * 256),
+    ]
 
 
 class _Stats(ctypes.Structure):  # the leading fields of specedge_stats, then room for the rest
-    _fields_ = [("tokens", ctypes.c_int64), ("prompt_tokens", ctypes.c_int64), ("tokens_per_s", ctypes.c_double),
-                ("e2e_tokens_per_s", ctypes.c_double), ("ttft_s", ctypes.c_double), ("decode_s", ctypes.c_double),
-                ("total_s", ctypes.c_double), ("time_draft_s", ctypes.c_double), ("time_verify_s", ctypes.c_double),
-                ("time_other_s", ctypes.c_double), ("speculative", ctypes.c_int),
-                ("acceptance_rate", ctypes.c_double), ("mean_accepted", ctypes.c_double),
-                ("target_calls", ctypes.c_int64), ("drafted", ctypes.c_int64), ("accepted", ctypes.c_int64),
-                ("k", ctypes.c_int), ("k_final", ctypes.c_int), ("fallbacks", ctypes.c_int),
-                ("_rest", ctypes.c_byte * 1024)]
+    _fields_ = [
+        ("tokens", ctypes.c_int64),
+        ("prompt_tokens", ctypes.c_int64),
+        ("tokens_per_s", ctypes.c_double),
+        ("e2e_tokens_per_s", ctypes.c_double),
+        ("ttft_s", ctypes.c_double),
+        ("decode_s", ctypes.c_double),
+        ("total_s", ctypes.c_double),
+        ("time_draft_s", ctypes.c_double),
+        ("time_verify_s", ctypes.c_double),
+        ("time_other_s", ctypes.c_double),
+        ("speculative", ctypes.c_int),
+        ("acceptance_rate", ctypes.c_double),
+        ("mean_accepted", ctypes.c_double),
+        ("target_calls", ctypes.c_int64),
+        ("drafted", ctypes.c_int64),
+        ("accepted", ctypes.c_int64),
+        ("k", ctypes.c_int),
+        ("k_final", ctypes.c_int),
+        ("fallbacks", ctypes.c_int),
+        ("_rest", ctypes.c_byte * 1024),
+    ]
 
 
 ABI_VERSION = 1  # the specedge.h layouts these mirrors follow (SPECEDGE_ABI_VERSION)
@@ -146,8 +189,10 @@ def worker_cpp(spec: dict) -> None:
     lib = ctypes.CDLL(spec["lib"])
     if not hasattr(lib, "specedge_abi_version") or lib.specedge_abi_version() != ABI_VERSION:
         got = lib.specedge_abi_version() if hasattr(lib, "specedge_abi_version") else "none (older than 1)"
-        raise SystemExit(f"{spec['lib']} has ABI version {got}; this script's struct mirrors are version "
-                         f"{ABI_VERSION}: update them from cpp/include/specedge.h")
+        raise SystemExit(
+            f"{spec['lib']} has ABI version {got}; this script's struct mirrors are version "
+            f"{ABI_VERSION}: update them from cpp/include/specedge.h"
+        )
     lib.specedge_last_error.restype = ctypes.c_char_p
     lib.specedge_result_tokens.restype = ctypes.POINTER(ctypes.c_int32)
     opts = spec["options"]
@@ -167,8 +212,12 @@ def worker_cpp(spec: dict) -> None:
         gp.speculative = int(opts["speculative"])
         arr = (ctypes.c_int32 * len(ids))(*ids)
         res = ctypes.c_void_p()
-        if lib.specedge_generate_tokens(model, arr, ctypes.c_size_t(len(ids)), ctypes.byref(gp), None, None,
-                                        ctypes.byref(res)) != 0:
+        if (
+            lib.specedge_generate_tokens(
+                model, arr, ctypes.c_size_t(len(ids)), ctypes.byref(gp), None, None, ctypes.byref(res)
+            )
+            != 0
+        ):
             raise RuntimeError(lib.specedge_last_error().decode())
         nt = ctypes.c_size_t()
         ptr = lib.specedge_result_tokens(res, ctypes.byref(nt))
@@ -176,8 +225,14 @@ def worker_cpp(spec: dict) -> None:
         st = _Stats()
         lib.specedge_result_stats(res, ctypes.byref(st))
         lib.specedge_result_free(res)
-        return {"tokens": toks, "ttft_s": st.ttft_s, "decode_s": st.decode_s, "target_calls": st.target_calls,
-                "acceptance_rate": st.acceptance_rate, "fallbacks": st.fallbacks}
+        return {
+            "tokens": toks,
+            "ttft_s": st.ttft_s,
+            "decode_s": st.decode_s,
+            "target_calls": st.target_calls,
+            "acceptance_rate": st.acceptance_rate,
+            "fallbacks": st.fallbacks,
+        }
 
     gen(spec["warmup_ids"], 16)
     _serve(gen)
@@ -191,8 +246,9 @@ def worker_ortgenai(spec: dict) -> None:
 
     opts = spec["options"]
     name = f"rt-int4-t{spec['threads']}"
-    cfg_dir = _ortgenai_config(Path(spec["model"]), Path(spec["cache"]) / name, spec["threads"], spec["eos"],
-                               None, spec["k"], True)
+    cfg_dir = _ortgenai_config(
+        Path(spec["model"]), Path(spec["cache"]) / name, spec["threads"], spec["eos"], None, spec["k"], True
+    )
     model = og.Model(str(cfg_dir))
     eos = set(spec["eos"])
     ngram = {"ngram_size": 3, "max_draft_tokens": spec["k"]} if opts.get("ngram") else None
@@ -214,8 +270,14 @@ WORKERS = {"py": worker_py, "cpp": worker_cpp, "ortgenai": worker_ortgenai}
 class Worker:
     def __init__(self, name: str, python: str, spec: dict, env: dict):
         self.name = name
-        self.p = subprocess.Popen([python, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        self.p = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         line = self.p.stdout.readline()
         if not line or not json.loads(line).get("ready"):
             raise SystemExit(f"worker {name} did not start (exit {self.p.poll()})")
@@ -243,18 +305,26 @@ def tps(rec: dict) -> float | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("bundle", nargs="?", help="an int4 bundle (export-models --precision int4 --draft ngram --out DIR)")
-    ap.add_argument("--configs", default="py,py+ngram,cpp,cpp+ngram,ortgenai,ortgenai+ngram",
-                    help=f"comma-separated subset of {','.join(CONFIGS)}")
+    ap.add_argument(
+        "--configs",
+        default="py,py+ngram,cpp,cpp+ngram,ortgenai,ortgenai+ngram",
+        help=f"comma-separated subset of {','.join(CONFIGS)}",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts-per-category", type=int, default=None, help="first N of each category (default all)")
     ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
     ap.add_argument("--lib", default=str(REPO / "cpp" / "build" / "libspecedge.so"), help="the C library")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter with onnxruntime-genai")
-    ap.add_argument("--ortgenai-int4", default=str(REPO / "specedge-bench" / "peers-cache" / "ortgenai-int4"),
-                    help="onnxruntime-genai's int4 build of the model (scripts/bench_peers.py --prepare-only)")
+    ap.add_argument(
+        "--ortgenai-int4",
+        default=str(REPO / "specedge-bench" / "peers-cache" / "ortgenai-int4"),
+        help="onnxruntime-genai's int4 build of the model (scripts/bench_peers.py --prepare-only)",
+    )
     ap.add_argument("--out", default=str(REPO / "bench_out" / "int4_runtimes.json"))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -290,23 +360,35 @@ def main(argv=None) -> int:
     workers = {}
     for c in names:
         kind, opts = CONFIGS[c]
-        spec = {"kind": kind, "options": opts, "bundle": str(Path(args.bundle).resolve()), "threads": args.threads,
-                "warmup_ids": prompts[0]["ids"], "lib": args.lib, "model": args.ortgenai_int4,
-                "cache": str(REPO / "specedge-bench" / "ortgenai-configs"), "eos": eos, "k": k}
+        spec = {
+            "kind": kind,
+            "options": opts,
+            "bundle": str(Path(args.bundle).resolve()),
+            "threads": args.threads,
+            "warmup_ids": prompts[0]["ids"],
+            "lib": args.lib,
+            "model": args.ortgenai_int4,
+            "cache": str(REPO / "specedge-bench" / "ortgenai-configs"),
+            "eos": eos,
+            "k": k,
+        }
         workers[c] = Worker(c, args.peer_python if kind == "ortgenai" else sys.executable, spec, env)
     la_loaded = load_average()
     recs = {c: [] for c in names}
     try:
         for i, p in enumerate(prompts):
-            order = names[i % len(names):] + names[:i % len(names)]
+            order = names[i % len(names) :] + names[: i % len(names)]
             for c in order:
                 r = workers[c].ask(p["ids"], args.max_new_tokens)
                 if "error" in r:
                     raise SystemExit(f"{c} on {p['id']}: {r['error']}")
                 r.update(prompt=p["id"], category=p["category"], tokens_per_s=tps(r))
                 recs[c].append(r)
-            print(f"{p['id']}: " + ", ".join(f"{c} {recs[c][-1]['tokens_per_s'] or 0:.1f}" for c in names),
-                  file=sys.stderr, flush=True)
+            print(
+                f"{p['id']}: " + ", ".join(f"{c} {recs[c][-1]['tokens_per_s'] or 0:.1f}" for c in names),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for w in workers.values():
             w.close()
@@ -328,16 +410,31 @@ def main(argv=None) -> int:
             "per_category_total": {cat: total([r for r in rs if r["category"] == cat]) for cat in cats},
             f"same_tokens_as_{names[0]}": sum(r["tokens"] == ref[r["prompt"]] for r in rs),
             "median_ratio_to": {
-                o: statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(rs, recs[o])
-                                     if a["tokens_per_s"] and b["tokens_per_s"])
-                for o in names if o != c},
+                o: statistics.median(
+                    a["tokens_per_s"] / b["tokens_per_s"]
+                    for a, b in zip(rs, recs[o])
+                    if a["tokens_per_s"] and b["tokens_per_s"]
+                )
+                for o in names
+                if o != c
+            },
         }
     add_bandwidth(summary, args.bundle)
-    result = {"schema": SCHEMA, "command": "python scripts/int4_runtimes.py " + " ".join(argv or sys.argv[1:]),
-              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": args.threads,
-              "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "greedy": True,
-              "load_avg_start": la0, "load_avg_after_loading": la_loaded, "load_avg_end": la1,
-              "bundle": Path(args.bundle).name, "summary": summary, "records": recs}
+    result = {
+        "schema": SCHEMA,
+        "command": "python scripts/int4_runtimes.py " + " ".join(argv or sys.argv[1:]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "prompts": len(prompts),
+        "greedy": True,
+        "load_avg_start": la0,
+        "load_avg_after_loading": la_loaded,
+        "load_avg_end": la1,
+        "bundle": Path(args.bundle).name,
+        "summary": summary,
+        "records": recs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"load": [la0, la1], "summary": summary}, indent=1))

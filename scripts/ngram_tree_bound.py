@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specedge.bench.runner import load_average, load_prompts  # noqa: E402
-from specedge.runtime.drafters.ngram import NgramIndex, NgramDrafter  # noqa: E402
+from specedge.runtime.drafters.ngram import NgramDrafter, NgramIndex  # noqa: E402
 from specedge.runtime.sampling import SamplingParams  # noqa: E402
 from specedge.runtime.tree import Tree  # noqa: E402
 
@@ -50,8 +50,8 @@ def followers(ctx: list[int]) -> Counter:
     for n in SIZES:
         if length <= n:
             continue
-        suffix = ctx[length - n:]
-        seen = Counter(ctx[s + n] for s in range(length - n) if ctx[s:s + n] == suffix)
+        suffix = ctx[length - n :]
+        seen = Counter(ctx[s + n] for s in range(length - n) if ctx[s : s + n] == suffix)
         if seen:
             return seen
     return Counter()
@@ -110,8 +110,10 @@ def replay(outputs: list[dict], rule) -> dict:
             c[0] += step
             c[1] += 1
     tokens, calls = sum(a for a, _ in per.values()), sum(b for _, b in per.values())
-    return {"tokens_per_call": round(tokens / calls, 3),
-            "per_category": {c: round(a / b, 3) for c, (a, b) in sorted(per.items())}}
+    return {
+        "tokens_per_call": round(tokens / calls, 3),
+        "per_category": {c: round(a / b, 3) for c, (a, b) in sorted(per.items())},
+    }
 
 
 def main() -> int:
@@ -130,8 +132,14 @@ def main() -> int:
         for p in load_prompts():
             ids = pipe.tokenizer.encode_chat(p["messages"])
             r = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, speculative=False)
-            outputs.append({"id": p["id"], "category": p["category"], "prompt": [int(t) for t in ids],
-                            "output": [int(t) for t in r.token_ids]})
+            outputs.append(
+                {
+                    "id": p["id"],
+                    "category": p["category"],
+                    "prompt": [int(t) for t in ids],
+                    "output": [int(t) for t in r.token_ids],
+                }
+            )
         vocab = pipe.vocab
     finally:
         pipe.close()
@@ -145,12 +153,14 @@ def main() -> int:
             while n < len(prop) and n < len(truth) and prop[n] == truth[n]:
                 n += 1
             return n
+
         return rule
 
     def product_tree(nodes):
         def rule(h, truth, state):
             prop = state.setdefault("p", NgramDrafter(vocab, SIZES))
             return accepted(prop.propose_tree(h, 4, nodes, SamplingParams(), depth=nodes - 1), truth)
+
         return rule
 
     rows = []
@@ -160,18 +170,32 @@ def main() -> int:
         if nodes != 5:
             rows.append({"drafter": f"chain k={nodes - 1}", "nodes": nodes, **replay(outputs, chain(nodes - 1))})
         rows.append({"drafter": "product tree", "nodes": nodes, **replay(outputs, product_tree(nodes))})
-        rows.append({"drafter": "best-first tree", "nodes": nodes,
-                     **replay(outputs, lambda h, t, s, n=nodes: accepted(best_first_tree(h, n), t))})
+        rows.append(
+            {
+                "drafter": "best-first tree",
+                "nodes": nodes,
+                **replay(outputs, lambda h, t, s, n=nodes: accepted(best_first_tree(h, n), t)),
+            }
+        )
         print(f"nodes {nodes} done", file=sys.stderr, flush=True)
-    rows.append({"drafter": "unbounded", "nodes": None,
-                 **replay(outputs, lambda h, t, s: unbounded(h, t))})
+    rows.append({"drafter": "unbounded", "nodes": None, **replay(outputs, lambda h, t, s: unbounded(h, t))})
     for r in rows:
         r["vs_chain_k4"] = round(r["tokens_per_call"] / chain4["tokens_per_call"], 3)
-    json.dump({"schema": "specedge.ngram_tree_bound/1", "created": started,
-               "command": "python scripts/ngram_tree_bound.py " + " ".join(sys.argv[1:]),
-               "bundle": str(args.bundle), "max_new_tokens": args.max_new_tokens,
-               "load_avg_start": load_start, "load_avg_end": load_average(),
-               "decoded_tokens": sum(len(o["output"]) for o in outputs), "rows": rows}, sys.stdout, indent=1)
+    json.dump(
+        {
+            "schema": "specedge.ngram_tree_bound/1",
+            "created": started,
+            "command": "python scripts/ngram_tree_bound.py " + " ".join(sys.argv[1:]),
+            "bundle": str(args.bundle),
+            "max_new_tokens": args.max_new_tokens,
+            "load_avg_start": load_start,
+            "load_avg_end": load_average(),
+            "decoded_tokens": sum(len(o["output"]) for o in outputs),
+            "rows": rows,
+        },
+        sys.stdout,
+        indent=1,
+    )
     print()
     return 0
 

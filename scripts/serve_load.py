@@ -50,8 +50,14 @@ def free_port() -> int:
 
 def stream_request(client, url: str, prompt: dict, max_tokens: int) -> dict:
     """One streamed chat request: text, completion tokens, TTFT and total time on the client."""
-    body = {"messages": prompt["messages"], "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "specedge": {"task": prompt["category"]}}
+    body = {
+        "messages": prompt["messages"],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "specedge": {"task": prompt["category"]},
+    }
     t0 = time.perf_counter()
     ttft, pieces, usage = None, [], None
     with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -76,8 +82,21 @@ def stream_request(client, url: str, prompt: dict, max_tokens: int) -> dict:
 
 
 def start_server(args, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "specedge", "serve", args.bundle, "--port", str(port), "--threads", str(args.threads),
-           "--queue", "64", "--verify", "size"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specedge",
+        "serve",
+        args.bundle,
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--queue",
+        "64",
+        "--verify",
+        "size",
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, stderr=open(args.server_log, "w"), env=env)
     import httpx
@@ -96,8 +115,9 @@ def start_server(args, port: int) -> subprocess.Popen:
     raise SystemExit("specedge serve did not start within 300 s")
 
 
-def concurrent_level(url: str, prompts: list[dict], clients: int, per_client: int, max_tokens: int,
-                     expected: dict) -> dict:
+def concurrent_level(
+    url: str, prompts: list[dict], clients: int, per_client: int, max_tokens: int, expected: dict
+) -> dict:
     import httpx
 
     results, failures = [], []
@@ -125,19 +145,30 @@ def concurrent_level(url: str, prompts: list[dict], clients: int, per_client: in
     ttft = [r["ttft_s"] for r in results]
     total = [r["total_s"] for r in results]
     return {
-        "clients": clients, "requests": clients * per_client, "completed": len(results), "failed": len(failures),
-        "wrong": sum(not r["correct"] for r in results), "failures": failures[:10],
-        "ttft_p50_s": percentile(ttft, 50) if ttft else None, "ttft_p99_s": percentile(ttft, 99) if ttft else None,
-        "total_p50_s": percentile(total, 50) if total else None, "total_p99_s": percentile(total, 99) if total else None,
-        "wall_s": wall, "aggregate_tokens_per_s": sum(r["tokens"] for r in results) / wall if wall > 0 else 0.0,
+        "clients": clients,
+        "requests": clients * per_client,
+        "completed": len(results),
+        "failed": len(failures),
+        "wrong": sum(not r["correct"] for r in results),
+        "failures": failures[:10],
+        "ttft_p50_s": percentile(ttft, 50) if ttft else None,
+        "ttft_p99_s": percentile(ttft, 99) if ttft else None,
+        "total_p50_s": percentile(total, 50) if total else None,
+        "total_p99_s": percentile(total, 99) if total else None,
+        "wall_s": wall,
+        "aggregate_tokens_per_s": sum(r["tokens"] for r in results) / wall if wall > 0 else 0.0,
     }
 
 
 def task_gauges(metrics_text: str, name: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {smp.labels["task"]: smp.value for fam in text_string_to_metric_families(metrics_text)
-            for smp in fam.samples if smp.name == name}
+    return {
+        smp.labels["task"]: smp.value
+        for fam in text_string_to_metric_families(metrics_text)
+        for smp in fam.samples
+        if smp.name == name
+    }
 
 
 def md_section(r: dict, json_path: str) -> str:
@@ -151,8 +182,12 @@ def md_section(r: dict, json_path: str) -> str:
         f"`{cmd}`: bundle `{r['bundle']}`, threads {r['threads']}, "
         f"{r['max_tokens']} new tokens per request (soak: {r['soak_max_tokens']}), greedy, one replica, "
         f"{r['cpu_count']} CPUs; 1-minute load average at start / end {la0:.2f} / {la1:.2f}"
-        + (" (**loaded machine**: other jobs ran; absolute tok/s are low, ratios come from the same run, "
-           "alternating per prompt)" if la0 > 1.5 else " (the load at the end is this run's own clients and server)")
+        + (
+            " (**loaded machine**: other jobs ran; absolute tok/s are low, ratios come from the same run, "
+            "alternating per prompt)"
+            if la0 > 1.5
+            else " (the load at the end is this run's own clients and server)"
+        )
         + f". JSON: `{json_path}`.",
         "",
         f"Single client, {sc['of']} prompts, end-to-end tokens/s (completion tokens / request time, prefill "
@@ -171,13 +206,19 @@ def md_section(r: dict, json_path: str) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for lv in r["levels"] + [dict(r["soak"], clients=f"{r['soak']['clients']} (soak)")]:
-        lines.append(f"| {lv['clients']} | {lv['requests']} | {lv['failed']} | {lv['wrong']} | {lv['ttft_p50_s']:.3f} s "
-                     f"| {lv['ttft_p99_s']:.3f} s | {lv['total_p50_s']:.3f} s | {lv['total_p99_s']:.3f} s "
-                     f"| {lv['aggregate_tokens_per_s']:.1f} |")
+        lines.append(
+            f"| {lv['clients']} | {lv['requests']} | {lv['failed']} | {lv['wrong']} | {lv['ttft_p50_s']:.3f} s "
+            f"| {lv['ttft_p99_s']:.3f} s | {lv['total_p50_s']:.3f} s | {lv['total_p99_s']:.3f} s "
+            f"| {lv['aggregate_tokens_per_s']:.1f} |"
+        )
     acc = task_gauges(r["server_metrics"], "specedge_acceptance_rate")
     mean = task_gauges(r["server_metrics"], "specedge_mean_accepted_tokens")
-    lines += ["", "Acceptance per task label on the server over the whole run (`/metrics`): "
-              + ", ".join(f"{t} {acc[t]:.2f} ({mean.get(t, 0):.2f} tokens/target call)" for t in sorted(acc)) + "."]
+    lines += [
+        "",
+        "Acceptance per task label on the server over the whole run (`/metrics`): "
+        + ", ".join(f"{t} {acc[t]:.2f} ({mean.get(t, 0):.2f} tokens/target call)" for t in sorted(acc))
+        + ".",
+    ]
     return "\n".join(lines)
 
 
@@ -193,8 +234,9 @@ def main(argv=None) -> int:
     ap.add_argument("--soak-max-tokens", type=int, default=32)
     ap.add_argument("--out", required=True)
     ap.add_argument("--server-log", default="/tmp/specedge-serve-load.log")
-    ap.add_argument("--benchmarks-md", default=None, metavar="PATH",
-                    help="also write the `serve` section of this BENCHMARKS.md")
+    ap.add_argument(
+        "--benchmarks-md", default=None, metavar="PATH", help="also write the `serve` section of this BENCHMARKS.md"
+    )
     ap.add_argument("--md-only", action="store_true", help="only write the section from an existing --out JSON")
     args = ap.parse_args(argv)
     if args.md_only:
@@ -211,11 +253,17 @@ def main(argv=None) -> int:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args, port)
     pipe = load(args.bundle, threads=args.threads, shared_pool=True)
-    out: dict = {"command": "python scripts/serve_load.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                 "bundle": Path(args.bundle).name, "threads": args.threads, "max_tokens": args.max_tokens,
-                 "soak_max_tokens": args.soak_max_tokens,
-                 "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                 "loadavg_before": load_before}
+    out: dict = {
+        "command": "python scripts/serve_load.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "bundle": Path(args.bundle).name,
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "soak_max_tokens": args.soak_max_tokens,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_before": load_before,
+    }
     try:
         # warm both sides on every prompt once (first calls of a shape, the server's code paths)
         with httpx.Client(timeout=600) as c:
@@ -231,37 +279,55 @@ def main(argv=None) -> int:
                 expected[p["id"]] = res.text
                 local_tps = len(res.token_ids) / wall
                 http_tps = h["tokens"] / h["total_s"]
-                single.append({"id": p["id"], "category": p["category"], "tokens": len(res.token_ids),
-                               "inprocess_tokens_per_s": local_tps, "http_tokens_per_s": http_tps,
-                               "ratio": http_tps / local_tps, "inprocess_ttft_s": res.stats["ttft_s"],
-                               "http_ttft_s": h["ttft_s"], "equal": h["text"] == res.text,
-                               "acceptance_rate": res.stats["acceptance_rate"]})
-                print(f"single {p['id']}: in-process {local_tps:.1f} tok/s, http {http_tps:.1f} tok/s "
-                      f"({http_tps / local_tps:.3f}x) equal={h['text'] == res.text}", file=sys.stderr)
+                single.append(
+                    {
+                        "id": p["id"],
+                        "category": p["category"],
+                        "tokens": len(res.token_ids),
+                        "inprocess_tokens_per_s": local_tps,
+                        "http_tokens_per_s": http_tps,
+                        "ratio": http_tps / local_tps,
+                        "inprocess_ttft_s": res.stats["ttft_s"],
+                        "http_ttft_s": h["ttft_s"],
+                        "equal": h["text"] == res.text,
+                        "acceptance_rate": res.stats["acceptance_rate"],
+                    }
+                )
+                print(
+                    f"single {p['id']}: in-process {local_tps:.1f} tok/s, http {http_tps:.1f} tok/s "
+                    f"({http_tps / local_tps:.3f}x) equal={h['text'] == res.text}",
+                    file=sys.stderr,
+                )
         out["single_client"] = {
             "prompts": single,
             "median_ratio": statistics.median(s["ratio"] for s in single),
             "median_inprocess_tokens_per_s": statistics.median(s["inprocess_tokens_per_s"] for s in single),
             "median_http_tokens_per_s": statistics.median(s["http_tokens_per_s"] for s in single),
-            "equal": sum(s["equal"] for s in single), "of": len(single),
+            "equal": sum(s["equal"] for s in single),
+            "of": len(single),
         }
         # the soak's shorter answers, in-process
-        soak_expected = {p["id"]: pipe.generate(messages=p["messages"], max_new_tokens=args.soak_max_tokens).text
-                         for p in prompts}
+        soak_expected = {
+            p["id"]: pipe.generate(messages=p["messages"], max_new_tokens=args.soak_max_tokens).text for p in prompts
+        }
         pipe.close()  # the rest measures the server alone
         pipe = None
         out["levels"] = []
         for n in (int(x) for x in args.levels.split(",")):
             lv = concurrent_level(url, prompts, n, args.per_client, args.max_tokens, expected)
             out["levels"].append(lv)
-            print(f"level {n}: ttft p50 {lv['ttft_p50_s']:.3f}s p99 {lv['ttft_p99_s']:.3f}s, total p50 "
-                  f"{lv['total_p50_s']:.3f}s p99 {lv['total_p99_s']:.3f}s, failed {lv['failed']}, wrong {lv['wrong']}",
-                  file=sys.stderr)
+            print(
+                f"level {n}: ttft p50 {lv['ttft_p50_s']:.3f}s p99 {lv['ttft_p99_s']:.3f}s, total p50 "
+                f"{lv['total_p50_s']:.3f}s p99 {lv['total_p99_s']:.3f}s, failed {lv['failed']}, wrong {lv['wrong']}",
+                file=sys.stderr,
+            )
         per = -(-args.soak // 4)
         soak = concurrent_level(url, prompts, 4, per, args.soak_max_tokens, soak_expected)
         out["soak"] = soak
-        print(f"soak: {soak['completed']}/{soak['requests']} completed, failed {soak['failed']}, wrong {soak['wrong']}",
-              file=sys.stderr)
+        print(
+            f"soak: {soak['completed']}/{soak['requests']} completed, failed {soak['failed']}, wrong {soak['wrong']}",
+            file=sys.stderr,
+        )
         out["server_metrics"] = httpx.get(url + "/metrics").text
     finally:
         if pipe is not None:
@@ -283,8 +349,12 @@ def write_md(args) -> None:
     r = json.loads(Path(args.out).read_text())
     rel = Path(args.out).resolve()
     rel = rel.relative_to(REPO).as_posix() if rel.is_relative_to(REPO) else args.out
-    replace_section(args.benchmarks_md or REPO / "BENCHMARKS.md", "serve", md_section(r, rel),
-                    heading="## Serving (`specedge serve`, issue 16)")
+    replace_section(
+        args.benchmarks_md or REPO / "BENCHMARKS.md",
+        "serve",
+        md_section(r, rel),
+        heading="## Serving (`specedge serve`, issue 16)",
+    )
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def per_verification(recs: list[dict]) -> float | None:
 
 def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
     """name -> (pipeline, generate kwargs)."""
+
     def pipe(bundle, draft):
         return load(bundle, threads=threads, verify="size", draft=draft, shared_pool=True)
 
@@ -82,14 +83,24 @@ def configurations(tree_bundle: str, plain: str | None, threads: int) -> dict:
     return configs
 
 
-def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_category: int | None,
-            temperature: float = 0.0, seed: int | None = None, categories: list[str] | None = None,
-            guard: bool = True) -> dict:
+def measure(
+    tree_bundle: str,
+    plain: str | None,
+    n: int,
+    threads: int,
+    per_category: int | None,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    categories: list[str] | None = None,
+    guard: bool = True,
+) -> dict:
     configs = configurations(tree_bundle, plain, threads)
     first = next(iter(configs.values()))[0]
     tok = first.tokenizer
-    suite = [{"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
-             for p in select_prompts(load_prompts(), per_category, categories)]
+    suite = [
+        {"id": p["id"], "category": p["category"], "ids": tok.encode_chat(p["messages"])}
+        for p in select_prompts(load_prompts(), per_category, categories)
+    ]
     names = list(configs)
     # generate() keywords every configuration shares
     request = {"temperature": temperature, "seed": seed} if temperature > 0 else {}
@@ -100,31 +111,55 @@ def measure(tree_bundle: str, plain: str | None, n: int, threads: int, per_categ
     recs: dict[str, list[dict]] = {name: [] for name in names}
     outputs: dict[str, dict] = {name: {} for name in names}
     for i, pr in enumerate(suite):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             p, kw = configs[name]
             if temperature > 0 and seed is not None:
                 request["seed"] = seed + i  # every configuration draws from the same seed on a prompt
             r = p.generate(token_ids=pr["ids"], max_new_tokens=n, **kw, **request)
             st = r.stats
             outputs[name][pr["id"]] = r.token_ids
-            recs[name].append({"id": pr["id"], "category": pr["category"], "tokens": len(r.token_ids),
-                               "decode_s": st["decode_s"], "target_calls": st.get("target_calls") or 0,
-                               "drafted": st.get("drafted", 0) or 0, "accepted": st.get("accepted", 0) or 0,
-                               "fallbacks": st.get("fallbacks", 0) or 0, "tree_rounds": st.get("tree_rounds", 0),
-                               "trees_off": bool(st.get("trees_off", False))})
+            recs[name].append(
+                {
+                    "id": pr["id"],
+                    "category": pr["category"],
+                    "tokens": len(r.token_ids),
+                    "decode_s": st["decode_s"],
+                    "target_calls": st.get("target_calls") or 0,
+                    "drafted": st.get("drafted", 0) or 0,
+                    "accepted": st.get("accepted", 0) or 0,
+                    "fallbacks": st.get("fallbacks", 0) or 0,
+                    "tree_rounds": st.get("tree_rounds", 0),
+                    "trees_off": bool(st.get("trees_off", False)),
+                }
+            )
     base = "target-only (tree graph)"
     cats = sorted({p["category"] for p in suite})
-    out = {"bundle": tree_bundle, "plain_bundle": plain, "prompts": len(suite), "temperature": temperature,
-           "seed": seed if temperature > 0 else None, "guard": guard, "configurations": {}, "step_costs_ms": {}}
+    out = {
+        "bundle": tree_bundle,
+        "plain_bundle": plain,
+        "prompts": len(suite),
+        "temperature": temperature,
+        "seed": seed if temperature > 0 else None,
+        "guard": guard,
+        "configurations": {},
+        "step_costs_ms": {},
+    }
     for name in names:
         chain = name.replace("tree (", "chain (") if name.startswith("tree (") else None
-        row = {"tokens_per_s": tps(recs[name]), "tokens_per_call": per_call(recs[name]),
-               "tokens_per_verification": per_verification(recs[name]),
-               "mismatches": None if temperature > 0 else sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
-               "drafted": sum(r["drafted"] for r in recs[name]), "accepted": sum(r["accepted"] for r in recs[name]),
-               "fallbacks": sum(r["fallbacks"] for r in recs[name]),
-               "tree_rounds": sum(r["tree_rounds"] for r in recs[name]),
-               "requests_with_trees_off": sum(r["trees_off"] for r in recs[name]), "per_category": {}}
+        row = {
+            "tokens_per_s": tps(recs[name]),
+            "tokens_per_call": per_call(recs[name]),
+            "tokens_per_verification": per_verification(recs[name]),
+            "mismatches": None
+            if temperature > 0
+            else sum(outputs[name][pid] != outputs[base][pid] for pid in outputs[base]),
+            "drafted": sum(r["drafted"] for r in recs[name]),
+            "accepted": sum(r["accepted"] for r in recs[name]),
+            "fallbacks": sum(r["fallbacks"] for r in recs[name]),
+            "tree_rounds": sum(r["tree_rounds"] for r in recs[name]),
+            "requests_with_trees_off": sum(r["trees_off"] for r in recs[name]),
+            "per_category": {},
+        }
         for c in cats:
             sel = [r for r in recs[name] if r["category"] == c]
             cell = {"tokens_per_s": tps(sel), "tokens_per_call": per_call(sel)}
@@ -158,12 +193,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-per-category", type=int, default=None)
     ap.add_argument("--categories", default=None, help="comma-separated prompt categories (default all)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    ap.add_argument("--seed", type=int, default=None,
-                    help="with --temperature: prompt i samples with seed + i (default: fresh entropy)")
-    ap.add_argument("--no-guard", action="store_true",
-                    help="every round speculates, trees included (the guard neither shrinks k, falls back nor "
-                         "turns trees off): the raw tree-vs-chain comparison, and a run whose tree rounds do "
-                         "not hang on the machine's timings")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="with --temperature: prompt i samples with seed + i (default: fresh entropy)",
+    )
+    ap.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="every round speculates, trees included (the guard neither shrinks k, falls back nor "
+        "turns trees off): the raw tree-vs-chain comparison, and a run whose tree rounds do "
+        "not hang on the machine's timings",
+    )
     args = ap.parse_args(argv)
     if not args.temperature >= 0 or args.temperature == float("inf"):
         print(f"error: --temperature must be a finite number >= 0, got {args.temperature}", file=sys.stderr)
@@ -173,11 +215,27 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = {"schema": "specedge.bench.tree/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python scripts/tree_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "threads": args.threads, "max_new_tokens": args.max_new_tokens, "load_avg_start": load_average()}
-    res.update(measure(args.bundle, args.plain, args.max_new_tokens, args.threads, args.prompts_per_category,
-                       args.temperature, args.seed, cats, guard=not args.no_guard))
+    res = {
+        "schema": "specedge.bench.tree/1",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "python scripts/tree_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": args.threads,
+        "max_new_tokens": args.max_new_tokens,
+        "load_avg_start": load_average(),
+    }
+    res.update(
+        measure(
+            args.bundle,
+            args.plain,
+            args.max_new_tokens,
+            args.threads,
+            args.prompts_per_category,
+            args.temperature,
+            args.seed,
+            cats,
+            guard=not args.no_guard,
+        )
+    )
     res["load_avg_end"] = load_average()
     print(json.dumps(res, indent=1))
     return 0

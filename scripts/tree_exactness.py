@@ -29,8 +29,9 @@ def main(argv=None) -> int:
     ap.add_argument("bundle")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--categories", default=None,
-                    help="comma-separated prompt categories, of the every-other prompts (default all)")
+    ap.add_argument(
+        "--categories", default=None, help="comma-separated prompt categories, of the every-other prompts (default all)"
+    )
     args = ap.parse_args(argv)
     try:
         cats = parse_categories(args.categories)
@@ -49,15 +50,32 @@ def main(argv=None) -> int:
         chain = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, guard=False).token_ids
         tree = pipe.generate(token_ids=ids, max_new_tokens=args.max_new_tokens, tree=True, guard=False)
         first = next((i for i, (a, b) in enumerate(zip(tree.token_ids, want)) if a != b), None)
-        rows.append({"id": pr["id"], "chain_equal": chain == want, "tree_equal": tree.token_ids == want,
-                     "tree_first_difference": first, "tree_rounds": tree.stats.get("tree_rounds", 0)})
-        print(f"{pr['id']}: chain {'=' if chain == want else '!='} target-only, tree "
-              f"{'=' if tree.token_ids == want else '!='} target-only", file=sys.stderr)
-    res = {"schema": "specedge.bench.tree_exactness/1", "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python scripts/tree_exactness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "bundle": args.bundle, "target": pipe.describe()["target"], "load_avg": load_average(),
-           "prompts": len(rows), "chain_mismatches": sum(not r["chain_equal"] for r in rows),
-           "tree_mismatches": sum(not r["tree_equal"] for r in rows), "rows": rows}
+        rows.append(
+            {
+                "id": pr["id"],
+                "chain_equal": chain == want,
+                "tree_equal": tree.token_ids == want,
+                "tree_first_difference": first,
+                "tree_rounds": tree.stats.get("tree_rounds", 0),
+            }
+        )
+        print(
+            f"{pr['id']}: chain {'=' if chain == want else '!='} target-only, tree "
+            f"{'=' if tree.token_ids == want else '!='} target-only",
+            file=sys.stderr,
+        )
+    res = {
+        "schema": "specedge.bench.tree_exactness/1",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "python scripts/tree_exactness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "bundle": args.bundle,
+        "target": pipe.describe()["target"],
+        "load_avg": load_average(),
+        "prompts": len(rows),
+        "chain_mismatches": sum(not r["chain_equal"] for r in rows),
+        "tree_mismatches": sum(not r["tree_equal"] for r in rows),
+        "rows": rows,
+    }
     print(json.dumps(res, indent=1))
     return 0
 

@@ -164,11 +164,19 @@ def check_model_graphs(manifest: Manifest, spec: ModelSpec) -> None:
         folder = posixpath.dirname(g.path)
         for loc in locations:
             # ONNX Runtime reads a C string: a NUL ends the path it opens, whatever follows
-            bad = (not loc or loc.startswith(("/", "\\")) or "\\" in loc or ":" in loc or "\x00" in loc
-                   or ".." in loc.split("/"))
+            bad = (
+                not loc
+                or loc.startswith(("/", "\\"))
+                or "\\" in loc
+                or ":" in loc
+                or "\x00" in loc
+                or ".." in loc.split("/")
+            )
             rel = posixpath.normpath(posixpath.join(folder, loc)) if not bad else loc
             if bad:
-                raise BundleError(f"the {spec.role} graph '{g.path}' reads weights from '{_shown(loc)}', outside the bundle")
+                raise BundleError(
+                    f"the {spec.role} graph '{g.path}' reads weights from '{_shown(loc)}', outside the bundle"
+                )
             resolve_inside(manifest.root, rel)  # a link that leaves the bundle
             if rel not in listed:
                 raise BundleError(

@@ -69,8 +69,9 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1,
-             tree: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def graph_io(
+    spec, kv_mode: str, max_seq: int, batch: int = 1, tree: bool = False
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The graph contract for one model (a manifest ModelSpec, or anything with its num_layers,
     num_kv_heads, head_dim, vocab_size and kv_dtype): input and output tensors, in order.
     tree: the graph takes tree calls (the `tree_mask` input after `position`)."""
@@ -103,14 +104,15 @@ def head_graph_io(spec, kv_mode: str, max_seq: int, batch: int = 1) -> tuple[lis
     the `hidden_out` output; logits cover the draft vocabulary (spec.vocab_size)."""
     inputs, outputs = graph_io(spec, kv_mode, max_seq, batch)
     fdim, hdim = int(spec.extra["feature_dim"]), int(spec.hidden_size)
-    inputs[2:2] = [TensorSpec("features", "float32", [batch, "T", fdim]),
-                   TensorSpec("hidden", "float32", [batch, "T", hdim])]
+    inputs[2:2] = [
+        TensorSpec("features", "float32", [batch, "T", fdim]),
+        TensorSpec("hidden", "float32", [batch, "T", hdim]),
+    ]
     outputs[1:1] = [TensorSpec("hidden_out", "float32", [batch, "T", hdim])]
     return inputs, outputs
 
 
-def expected_names(spec, kv_mode: str, max_seq: int, batch: int = 1,
-                   tree: bool = False) -> tuple[list[str], list[str]]:
+def expected_names(spec, kv_mode: str, max_seq: int, batch: int = 1, tree: bool = False) -> tuple[list[str], list[str]]:
     inputs, outputs = graph_io(spec, kv_mode, max_seq, batch, tree)
     return [t.name for t in inputs], [t.name for t in outputs]
 

@@ -57,15 +57,18 @@ def candidates() -> list[Path]:
 def library_path(name: str = LIBRARY) -> Path:
     """The file of custom-op library `name`, or CustomOpsError saying how to get it."""
     if name != LIBRARY:
-        raise CustomOpsError(f"the graph needs custom-op library '{name}', which this specedge does not know "
-                             f"(it knows '{LIBRARY}')")
+        raise CustomOpsError(
+            f"the graph needs custom-op library '{name}', which this specedge does not know (it knows '{LIBRARY}')"
+        )
     for p in candidates():
         if p.is_file():
             return p
     where = ", ".join(str(p) for p in candidates())
-    raise CustomOpsError(f"the graph uses specedge's CPU kernels, but {_FILE} was not found (looked in {where}): "
-                         f"reinstall specedge where a C++ compiler is present (pip builds them), or set {ENV} "
-                         f"to its path, or re-export the bundle without --int4-kernel specedge")
+    raise CustomOpsError(
+        f"the graph uses specedge's CPU kernels, but {_FILE} was not found (looked in {where}): "
+        f"reinstall specedge where a C++ compiler is present (pip builds them), or set {ENV} "
+        f"to its path, or re-export the bundle without --int4-kernel specedge"
+    )
 
 
 def isa(path: Path | None = None) -> str:
@@ -76,9 +79,11 @@ def isa(path: Path | None = None) -> str:
     return lib.specedge_ops_isa().decode()
 
 
-SLOW_PATH_WARNING = ("specedge's CPU kernels run their portable path on this CPU (it has no AVX2): a step takes "
-                     "about 10x as long as with AVX2 or AVX-512; re-export the bundle without --int4-kernel specedge "
-                     "for ONNX Runtime's kernels")
+SLOW_PATH_WARNING = (
+    "specedge's CPU kernels run their portable path on this CPU (it has no AVX2): a step takes "
+    "about 10x as long as with AVX2 or AVX-512; re-export the bundle without --int4-kernel specedge "
+    "for ONNX Runtime's kernels"
+)
 
 
 def register(session_options, names: list[str]) -> None:

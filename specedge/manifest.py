@@ -192,8 +192,11 @@ class Manifest:
                 "files": list(self.tokenizer_files),
                 "chat_template": self.chat_template,
             },
-            "models": {"target": self.target.to_json(), "draft": self.draft.to_json(),
-                       **({"head": self.head.to_json()} if self.head is not None else {})},
+            "models": {
+                "target": self.target.to_json(),
+                "draft": self.draft.to_json(),
+                **({"head": self.head.to_json()} if self.head is not None else {}),
+            },
             "files": {k: dict(v) for k, v in sorted(self.files.items())},
             "extra": dict(self.extra),
         }
@@ -231,8 +234,13 @@ def resolve_inside(root: Path, rel: str) -> Path:
     return full
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def check_regular(path: Path, rel: str) -> None:
@@ -316,8 +324,9 @@ def _features(d: dict, where: str, num_layers: int) -> dict:
     layers = _req(f, "layers", list, where + ".features")
     if not layers or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in layers):
         raise BundleError(f"the manifest's features.layers in {where} must list layers of the model")
-    dim = _bounded(_req(f, "dim", int, where + ".features"), 1, MAX_HEADS * MAX_HEAD_DIM * len(layers),
-                   f"{where} features.dim")
+    dim = _bounded(
+        _req(f, "dim", int, where + ".features"), 1, MAX_HEADS * MAX_HEAD_DIM * len(layers), f"{where} features.dim"
+    )
     return {"layers": [int(i) for i in layers], "dim": dim}
 
 
@@ -391,8 +400,10 @@ def _graph_custom_ops(g: dict, where: str) -> list[str]:
         raise BundleError(f"the manifest's 'custom_ops' in {where} must be a list of library names, got {ops!r}")
     unknown = [x for x in ops if x != LIBRARY]
     if unknown:
-        raise BundleError(f"the manifest's 'custom_ops' in {where} names '{unknown[0]}', which this specedge "
-                          f"does not provide (it has '{LIBRARY}'): the bundle needs a newer specedge")
+        raise BundleError(
+            f"the manifest's 'custom_ops' in {where} names '{unknown[0]}', which this specedge "
+            f"does not provide (it has '{LIBRARY}'): the bundle needs a newer specedge"
+        )
     return list(ops)
 
 
@@ -442,12 +453,16 @@ def parse_manifest(obj: Any) -> Manifest:
         raise BundleError("the manifest has a draft head but its target graph returns no features")
     files = _req(obj, "files", dict, "the manifest")
     for rel, info in files.items():
-        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("sha256"), str)
+            or not isinstance(info.get("bytes"), int)
+        ):
             raise BundleError(f"the manifest's checksum entry for '{rel}' is malformed")
     tvocab = _bounded(_req(tok, "vocab_size", int, "tokenizer"), 2, MAX_VOCAB, "tokenizer.vocab_size")
     trt = obj.get("tensorrt")
     if trt is not None and not (isinstance(trt, str) and re.fullmatch(r"\d+(\.\d+){1,2}", trt)):
-        raise BundleError("the manifest's tensorrt must be a TensorRT version such as \"10.3\"")
+        raise BundleError('the manifest\'s tensorrt must be a TensorRT version such as "10.3"')
     return Manifest(
         schema_version=version,
         created_by=str(obj.get("created_by", "")),
@@ -520,8 +535,10 @@ def load_manifest(bundle: str | os.PathLike, verify: str = "full") -> Manifest:
     # <image_soft_token>, id 262144 of the 1B text model's 262144 rows), which is no reason to refuse.
     usable = min(m.tokenizer_vocab_size, m.target.vocab_size)
     if m.draft.is_model and m.draft.vocab_size < usable:
-        raise BundleError(f"the draft's vocabulary ({m.draft.vocab_size} ids) does not cover the {usable} ids "
-                          "the target and the tokenizer share")
+        raise BundleError(
+            f"the draft's vocabulary ({m.draft.vocab_size} ids) does not cover the {usable} ids "
+            "the target and the tokenizer share"
+        )
     check_head_matches(m)
     return m
 
@@ -578,7 +595,6 @@ def check_fits_memory(m: Manifest, draft: bool = True) -> None:
         )
 
 
-
 # ----------------------------------------------------------------------------- draft heads
 
 
@@ -610,5 +626,7 @@ def check_head_matches(m: Manifest) -> None:
     want = target_fingerprint(m)
     got = m.head.extra.get("target_fingerprint")
     if got != want:
-        raise BundleError("the bundle's draft head was trained for another target (its target checksum "
-                          "differs): train it again with `specedge train-draft`")
+        raise BundleError(
+            "the bundle's draft head was trained for another target (its target checksum "
+            "differs): train it again with `specedge train-draft`"
+        )

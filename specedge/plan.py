@@ -100,27 +100,57 @@ DEVICES: dict[str, DeviceProfile] = {
     d.name: d
     for d in (
         DeviceProfile(
-            "orin-nano-8gb", "Jetson Orin Nano 8GB (unified LPDDR5)", _gib(7.4), _gib(0.9), _gib(0.9), True,
+            "orin-nano-8gb",
+            "Jetson Orin Nano 8GB (unified LPDDR5)",
+            _gib(7.4),
+            _gib(0.9),
+            _gib(0.9),
+            True,
             "7.4 GiB visible of 8 GiB; headless JetPack 6 ~0.9 GiB; CUDA+TensorRT context ~0.9 GiB",
         ),
         DeviceProfile(
-            "orin-nx-16gb", "Jetson Orin NX 16GB (unified LPDDR5)", _gib(15.3), _gib(1.0), _gib(0.9), True,
+            "orin-nx-16gb",
+            "Jetson Orin NX 16GB (unified LPDDR5)",
+            _gib(15.3),
+            _gib(1.0),
+            _gib(0.9),
+            True,
             "15.3 GiB visible of 16 GiB; headless JetPack 6 ~1.0 GiB; CUDA+TensorRT context ~0.9 GiB",
         ),
         DeviceProfile(
-            "agx-orin-64gb", "Jetson AGX Orin 64GB (unified LPDDR5)", _gib(61.3), _gib(1.4), _gib(1.0), True,
+            "agx-orin-64gb",
+            "Jetson AGX Orin 64GB (unified LPDDR5)",
+            _gib(61.3),
+            _gib(1.4),
+            _gib(1.0),
+            True,
             "61.3 GiB visible of 64 GiB; desktop JetPack 6 ~1.4 GiB; CUDA+TensorRT context ~1.0 GiB",
         ),
         DeviceProfile(
-            "thor", "Jetson AGX Thor 128GB (unified LPDDR5X)", _gib(122.9), _gib(1.5), _gib(1.0), True,
+            "thor",
+            "Jetson AGX Thor 128GB (unified LPDDR5X)",
+            _gib(122.9),
+            _gib(1.5),
+            _gib(1.0),
+            True,
             "~122.9 GiB visible of 128 GiB (carve-out assumed like AGX Orin); JetPack 7 ~1.5 GiB; context ~1.0 GiB",
         ),
         DeviceProfile(
-            "h100-80gb", "NVIDIA H100 80GB (HBM3)", 81559 * MiB, 0, _gib(0.5), False,
+            "h100-80gb",
+            "NVIDIA H100 80GB (HBM3)",
+            81559 * MiB,
+            0,
+            _gib(0.5),
+            False,
             "81559 MiB reported by nvidia-smi; CUDA context with cuBLAS ~0.5 GiB",
         ),
         DeviceProfile(
-            "h200-141gb", "NVIDIA H200 141GB (HBM3e)", 143771 * MiB, 0, _gib(0.5), False,
+            "h200-141gb",
+            "NVIDIA H200 141GB (HBM3e)",
+            143771 * MiB,
+            0,
+            _gib(0.5),
+            False,
             "143771 MiB reported by nvidia-smi; CUDA context with cuBLAS ~0.5 GiB",
         ),
     )
@@ -146,8 +176,10 @@ def check_reserve_gb(reserve_gb, memory_bytes: int) -> float:
     if reserve_gb < 0:
         raise ValueError(f"--reserve-gb must be >= 0, got {reserve_gb:g}")
     if _gib(reserve_gb) >= memory_bytes:
-        raise ValueError(f"--reserve-gb {reserve_gb:g} is not less than the device's memory "
-                         f"({memory_bytes / GiB:g} GiB): nothing would be left for the bundle")
+        raise ValueError(
+            f"--reserve-gb {reserve_gb:g} is not less than the device's memory "
+            f"({memory_bytes / GiB:g} GiB): nothing would be left for the bundle"
+        )
     return float(reserve_gb)
 
 
@@ -164,7 +196,12 @@ def custom_device(memory_gb: float, reserve_gb: float | None = None) -> DevicePr
     memory = _gib(memory_gb)
     ctx = _gib(0.5) if reserve_gb is None else _gib(check_reserve_gb(reserve_gb, memory))
     return DeviceProfile(
-        "custom", f"{memory_gb:g} GiB device", memory, 0, ctx, False,
+        "custom",
+        f"{memory_gb:g} GiB device",
+        memory,
+        0,
+        ctx,
+        False,
         "given with --memory-gb" + ("" if reserve_gb is None else "; reserve given with --reserve-gb"),
     )
 
@@ -173,7 +210,12 @@ def with_reserve(device: DeviceProfile, reserve_gb: float) -> DeviceProfile:
     """The device with its OS + CUDA context reserve replaced (`--reserve-gb`)."""
     reserve_gb = check_reserve_gb(reserve_gb, device.memory_bytes)
     return DeviceProfile(
-        device.name, device.description, device.memory_bytes, 0, _gib(reserve_gb), device.unified,
+        device.name,
+        device.description,
+        device.memory_bytes,
+        0,
+        _gib(reserve_gb),
+        device.unified,
         device.basis + "; reserve given with --reserve-gb",
     )
 
@@ -228,9 +270,7 @@ class ModelMemory:
         return d
 
 
-def model_memory(
-    spec: ModelSpec, *, max_seq: int, batch: int, k: int, prefill_chunk: int, kv_mode: str
-) -> ModelMemory:
+def model_memory(spec: ModelSpec, *, max_seq: int, batch: int, k: int, prefill_chunk: int, kv_mode: str) -> ModelMemory:
     """The bytes one model's backend holds on the device (see the module docstring)."""
     if not spec.is_model:  # n-gram drafter: a few host-side dicts, nothing on the device
         return ModelMemory(role=spec.role, kind=spec.kind)

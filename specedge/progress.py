@@ -59,8 +59,9 @@ class TickingBar:
         from tqdm import tqdm
 
         fmt = "{desc} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]" if self.total else "{desc} [{elapsed}]"
-        self.bar = tqdm(total=self.total, desc=self.name, file=sys.stderr, leave=self.leave, bar_format=fmt,
-                        **_size_overrides())
+        self.bar = tqdm(
+            total=self.total, desc=self.name, file=sys.stderr, leave=self.leave, bar_format=fmt, **_size_overrides()
+        )
         self._stack.enter_context(ticking(self.bar))
         return self
 

@@ -49,6 +49,8 @@ def parse_version(s: str) -> tuple[int, ...]:
     if not parts:
         raise ValueError(f"not a version string: {s!r}")
     return tuple(parts)
+
+
 MANIFEST_KEY = "tensorrt"
 ONNX_DOMAINS = ("", "ai.onnx")
 _VERSION_TEXT = re.compile(r"^\d+\.\d+(\.\d+){0,2}$")
@@ -74,8 +76,7 @@ def supported_text() -> str:
 def _line_for(v: tuple[int, ...], shown: str, flag: str | None) -> str:
     v2 = (v + (0,))[:2]
     if v2 < _key(TENSORRT_VERSIONS[0]):
-        use = (f"use {flag} with one of {supported_text()}" if flag else
-               f"install one of {supported_text()} (or newer)")
+        use = f"use {flag} with one of {supported_text()}" if flag else f"install one of {supported_text()} (or newer)"
         raise UserError(
             f"TensorRT {shown} is older than {TENSORRT_VERSIONS[0]}, the oldest TensorRT specedge supports: {use}"
         )
@@ -197,7 +198,11 @@ class Finding:
         since = f"{verb} from TensorRT {self.added_in}" if self.added_in else f"{verb} by no TensorRT in the table"
         if self.op == "opset":
             lo, hi = line_info(line)["opset"]
-            where = f"documented from TensorRT {self.added_in}" if self.added_in else "documented by no TensorRT in the table"
+            where = (
+                f"documented from TensorRT {self.added_in}"
+                if self.added_in
+                else "documented by no TensorRT in the table"
+            )
             return f"opset {self.opset} (TensorRT {line} documents {lo}..{hi}; {where})"
         if self.op == "ir_version":
             return f"IR version {self.opset} (TensorRT {line}'s ONNX reads up to {line_info(line)['ir_max']})"
@@ -212,7 +217,7 @@ def avoid_flag(op: str, line: str) -> str:
     return f"--tensorrt {line}"
 
 
-def _load(model) -> "object":
+def _load(model) -> object:
     import onnx
 
     if isinstance(model, (str, os.PathLike)):
@@ -234,8 +239,11 @@ def _elem_types(graph, types: dict[str, tuple[int, tuple | None]]) -> None:
     for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
         if vi.type.HasField("tensor_type") and vi.name not in types:
             tt = vi.type.tensor_type
-            shape = (tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
-                     if tt.HasField("shape") else None)
+            shape = (
+                tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+                if tt.HasField("shape")
+                else None
+            )
             types[vi.name] = (tt.elem_type, shape)
     for n in graph.node:
         if n.op_type == "Constant" and n.domain in ONNX_DOMAINS:
@@ -256,8 +264,9 @@ def _dq_findings(n, types, line: str) -> list[tuple[str, str | None]]:
     if dtype not in dq_types(line):
         return [(f"DequantizeLinear({dtype})", dq_type_added_in(dtype))]
     sshape = types.get(n.input[1], (0, None))[1] if len(n.input) > 1 else None
-    blocked = (xshape is not None and sshape is not None and len(sshape) == len(xshape) >= 2
-               and any(d != 1 for d in sshape))
+    blocked = (
+        xshape is not None and sshape is not None and len(sshape) == len(xshape) >= 2 and any(d != 1 for d in sshape)
+    )
     if not blocked:
         return []
     b = dq_builder(line)
@@ -279,7 +288,9 @@ def _walk(graph, functions, types, seen_fn=()):
             continue
         yield n
         for a in n.attribute:
-            subs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+            subs = (
+                [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+            )
             for g in subs:
                 yield from _walk(g, functions, types, seen_fn)
 
@@ -297,8 +308,11 @@ def graph_findings(model, version: str, graph_name: str = "") -> list[Finding]:
     if not lo <= opset <= hi:
         out.append(Finding(name, "", "opset", "ai.onnx", opset, opset_added_in(opset), f"--tensorrt {line}"))
     if proto.ir_version > info["ir_max"]:
-        out.append(Finding(name, "", "ir_version", "", int(proto.ir_version), ir_added_in(proto.ir_version),
-                           f"--tensorrt {line}"))
+        out.append(
+            Finding(
+                name, "", "ir_version", "", int(proto.ir_version), ir_added_in(proto.ir_version), f"--tensorrt {line}"
+            )
+        )
     ops = ops_for(line)
     functions = {(f.domain, f.name): f for f in proto.functions}
     types: dict[str, tuple] = {}
@@ -306,12 +320,24 @@ def graph_findings(model, version: str, graph_name: str = "") -> list[Finding]:
         if n.domain not in ONNX_DOMAINS:
             out.append(Finding(name, n.name, n.op_type, n.domain, opset, None, avoid_flag(n.op_type, line)))
         elif n.op_type not in ops:
-            out.append(Finding(name, n.name, n.op_type, n.domain or "ai.onnx", opset, op_added_in(n.op_type),
-                               avoid_flag(n.op_type, line)))
+            out.append(
+                Finding(
+                    name,
+                    n.name,
+                    n.op_type,
+                    n.domain or "ai.onnx",
+                    opset,
+                    op_added_in(n.op_type),
+                    avoid_flag(n.op_type, line),
+                )
+            )
         elif n.op_type == "DequantizeLinear":
             for what, since in _dq_findings(n, types, line):
-                out.append(Finding(name, n.name, what, n.domain or "ai.onnx", opset, since,
-                                   avoid_flag("DequantizeLinear", line)))
+                out.append(
+                    Finding(
+                        name, n.name, what, n.domain or "ai.onnx", opset, since, avoid_flag("DequantizeLinear", line)
+                    )
+                )
     return out
 
 
@@ -346,9 +372,15 @@ class BundleCheck:
             "ok": self.ok,
             "not_offered": list(self.not_offered),
             "graphs": [
-                {"role": g.role, "path": g.path, "parses": not g.findings,
-                 "findings": [{k: getattr(f, k) for k in ("node", "op", "domain", "opset", "added_in", "avoid_with")}
-                              for f in g.findings]}
+                {
+                    "role": g.role,
+                    "path": g.path,
+                    "parses": not g.findings,
+                    "findings": [
+                        {k: getattr(f, k) for k in ("node", "op", "domain", "opset", "added_in", "avoid_with")}
+                        for f in g.findings
+                    ],
+                }
                 for g in self.graphs
             ],
         }
@@ -404,11 +436,15 @@ def _fix(check: BundleCheck) -> str:
 def refusal(check: BundleCheck) -> str:
     """One sentence saying why TensorRT `check.line` cannot parse the bundle (check.ok is False)."""
     if not check.graphs:
-        return (f"this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
-                f"export it with `export-models --tensorrt {check.line}`")
+        return (
+            f"this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
+            f"export it with `export-models --tensorrt {check.line}`"
+        )
     if check.not_offered:
-        return (f"the {' and '.join(check.not_offered)} of this bundle has no graph for TensorRT: "
-                f"export it with `export-models --tensorrt {check.line}`")
+        return (
+            f"the {' and '.join(check.not_offered)} of this bundle has no graph for TensorRT: "
+            f"export it with `export-models --tensorrt {check.line}`"
+        )
     bad = [g for g in check.graphs if g.findings]
     what = "; ".join(f"{g.path} uses {_names(g.findings)}" for g in bad)
     return f"TensorRT {check.line}'s ONNX parser cannot import this bundle ({what}): {_fix(check)}"
@@ -416,17 +452,21 @@ def refusal(check: BundleCheck) -> str:
 
 def format_findings(check: BundleCheck) -> str:
     """Human lines: one per graph, then one per finding."""
-    lines = [f"TensorRT {check.line}"
-             + (f" (asked for {check.requested})" if check.requested != check.line else "")
-             + f": opsets {line_info(check.line)['opset'][0]}..{line_info(check.line)['opset'][1]}"
-             + (f"; bundle exported for TensorRT {check.exported_for}" if check.exported_for else "")]
+    lines = [
+        f"TensorRT {check.line}"
+        + (f" (asked for {check.requested})" if check.requested != check.line else "")
+        + f": opsets {line_info(check.line)['opset'][0]}..{line_info(check.line)['opset'][1]}"
+        + (f"; bundle exported for TensorRT {check.exported_for}" if check.exported_for else "")
+    ]
     for role in check.not_offered:
         lines.append(f"  {role}: no graph offered to TensorRT")
     for g in check.graphs:
         if not g.findings:
             lines.append(f"  {g.role} {g.path}: parses")
             continue
-        lines.append(f"  {g.role} {g.path}: {len(g.findings)} finding(s), TensorRT {check.line}'s parser would refuse it")
+        lines.append(
+            f"  {g.role} {g.path}: {len(g.findings)} finding(s), TensorRT {check.line}'s parser would refuse it"
+        )
         groups: dict[tuple, list[Finding]] = {}
         for f in g.findings:
             groups.setdefault((f.op, f.domain, f.avoid_with), []).append(f)
@@ -468,5 +508,7 @@ def parse_error_hint(onnx_path, installed: str) -> str:
     if not findings:
         return ""
     flags = {f.avoid_with for f in findings}
-    fix = "`export-models --kv-update delta`" if flags == {"--kv-update delta"} else f"`export-models --tensorrt {line}`"
+    fix = (
+        "`export-models --kv-update delta`" if flags == {"--kv-update delta"} else f"`export-models --tensorrt {line}`"
+    )
     return f" (TensorRT {line} does not import {_names(findings)}: export with {fix})"

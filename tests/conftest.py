@@ -75,11 +75,31 @@ class _TinyCache:
             self.checkpoints[key] = folder
         return self.checkpoints[key]
 
-    def bundle(self, family="llama", kv_mode="scatter", draft="self", precision="fp32",
-               draft_precision="int4", max_seq=128, spec_tokens=4, prefill_chunk=16, seed=0,
-               **options) -> Path:
-        key = (family, kv_mode, draft, precision, draft_precision, max_seq, spec_tokens, prefill_chunk, seed,
-               *(f"{k}={v}" for k, v in sorted(options.items())))
+    def bundle(
+        self,
+        family="llama",
+        kv_mode="scatter",
+        draft="self",
+        precision="fp32",
+        draft_precision="int4",
+        max_seq=128,
+        spec_tokens=4,
+        prefill_chunk=16,
+        seed=0,
+        **options,
+    ) -> Path:
+        key = (
+            family,
+            kv_mode,
+            draft,
+            precision,
+            draft_precision,
+            max_seq,
+            spec_tokens,
+            prefill_chunk,
+            seed,
+            *(f"{k}={v}" for k, v in sorted(options.items())),
+        )
         if key not in self.bundles:
             from specedge.export.pipeline import ExportOptions, export_bundle
 
@@ -92,9 +112,17 @@ class _TinyCache:
             with self._once(out) as todo:
                 if todo:
                     opts = ExportOptions(
-                        target=target, draft=d, out=str(out), precision=precision, draft_precision=draft_precision,
-                        max_seq=max_seq, spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk,
-                        force=True, **options,
+                        target=target,
+                        draft=d,
+                        out=str(out),
+                        precision=precision,
+                        draft_precision=draft_precision,
+                        max_seq=max_seq,
+                        spec_tokens=spec_tokens,
+                        kv_mode=kv_mode,
+                        prefill_chunk=prefill_chunk,
+                        force=True,
+                        **options,
                     )
                     export_bundle(opts)
             self.bundles[key] = out
@@ -132,8 +160,7 @@ def default_bundle() -> Path:
     env = os.environ.get("SPECEDGE_DEFAULT_BUNDLE")
     path = Path(env) if env else DEFAULT_BUNDLE
     if not (path / "manifest.json").is_file():
-        pytest.skip(f"default bundle not found at {path} (run `export-models` first, "
-                    "or set SPECEDGE_DEFAULT_BUNDLE)")
+        pytest.skip(f"default bundle not found at {path} (run `export-models` first, or set SPECEDGE_DEFAULT_BUNDLE)")
     return path
 
 
@@ -147,4 +174,5 @@ def load_script():
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
+
     return load

@@ -30,6 +30,7 @@ def _wrap(fn):
             while os.path.exists(HOLD) and time.monotonic() < end:
                 time.sleep(0.01)
         return fn(*a, **kw)
+
     return call
 
 

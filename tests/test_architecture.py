@@ -113,7 +113,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(edges.get(n, ())):
             if color.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in color:
                 c = visit(m)
                 if c:
@@ -171,9 +171,7 @@ def test_no_upward_import():
 
 # Imports that the layer order alone would allow but the design rules out (docs/design.md,
 # "The dependency rule"): the runtime runs without torch, transformers and the build-time code.
-FORBIDDEN = {
-    "specedge.runtime": ("specedge.export", "specedge.engines.builder"),
-}
+FORBIDDEN = {"specedge.runtime": ("specedge.export", "specedge.engines.builder")}
 TORCH_ONLY_IN_RUNTIME = {"specedge.runtime.backends.torch_backend"}
 
 
@@ -212,7 +210,11 @@ def test_the_bottom_layer_imports_nothing_of_specedge(unit):
 def test_the_runtime_api_is_its_top():
     """runtime/api.py is the public surface (Pipeline, load): the runtime's other modules never
     import it, so the assembly's parts (tokenizer, stream, requests, drafters, backends) stand alone."""
-    bad = [f"{name}:{line}" for name, imps in graph().items()
-           if name.startswith("specedge.runtime") and name != "specedge.runtime.api"
-           for target, line, _ in imps if target == "specedge.runtime.api"]
+    bad = [
+        f"{name}:{line}"
+        for name, imps in graph().items()
+        if name.startswith("specedge.runtime") and name != "specedge.runtime.api"
+        for target, line, _ in imps
+        if target == "specedge.runtime.api"
+    ]
     assert not bad, "\n".join(bad)

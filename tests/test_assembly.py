@@ -51,8 +51,14 @@ def test_a_backend_gets_only_the_session_options_it_declares():
     session = SessionOptions(threads=2, allow_spinning=False, alternating=True, shared_pool=True)
     b = _Fake.open(_Manifest(), _Spec(), session, {"cuda_graphs": False})
     assert b.kwargs == {} and b.cuda_graphs is False
-    assert set(OrtBackend.session_kwargs(session)) == {"threads", "providers", "allow_spinning", "alternating",
-                                                      "shared_pool", "int4_kernel"}
+    assert set(OrtBackend.session_kwargs(session)) == {
+        "threads",
+        "providers",
+        "allow_spinning",
+        "alternating",
+        "shared_pool",
+        "int4_kernel",
+    }
     # ort-trt takes what ort-cuda takes, none of the CPU session options (its **kwargs once made
     # load pass them all on, and OrtCudaBackend refuse them)
     assert OrtCudaBackend.session_kwargs(session) == {} and OrtTrtBackend.session_kwargs(session) == {}
@@ -147,16 +153,19 @@ def test_seeded_sampling_costs_are_named_once(tiny_bundle_factory):
         pipe.close()
 
 
-@pytest.mark.parametrize("flags, field, value", [
-    (["--max-new-tokens", "0"], "max_new_tokens", 0),
-    (["--temperature", "-1"], "temperature", -1.0),
-    (["--temperature", "inf"], "temperature", float("inf")),
-    (["--top-p", "0"], "top_p", 0.0),
-    (["--top-k", "-1"], "top_k", -1),
-    (["--seed", "-1"], "seed", -1),
-    (["--spec-tokens", "17"], "spec_tokens", 17),
-    (["--stop", ""], "stop", [""]),
-])
+@pytest.mark.parametrize(
+    "flags, field, value",
+    [
+        (["--max-new-tokens", "0"], "max_new_tokens", 0),
+        (["--temperature", "-1"], "temperature", -1.0),
+        (["--temperature", "inf"], "temperature", float("inf")),
+        (["--top-p", "0"], "top_p", 0.0),
+        (["--top-k", "-1"], "top_k", -1),
+        (["--seed", "-1"], "seed", -1),
+        (["--spec-tokens", "17"], "spec_tokens", 17),
+        (["--stop", ""], "stop", [""]),
+    ],
+)
 def test_the_cli_checks_a_request_with_the_runtimes_one_check(flags, field, value):
     """generate/chat refuse a request's settings with GenerationConfig.validate's sentence, the
     flag in place of the field: one rule, three callers (CLI, Pipeline, server)."""

@@ -122,8 +122,14 @@ def test_prompt_suite():
 
 def test_bad_prompt_suite_is_refused(tmp_path):
     bad = tmp_path / "p.json"
-    bad.write_text(json.dumps({"schema": "specedge.bench.prompts/1",
-                               "prompts": [{"id": "a", "category": "poetry", "messages": [{"role": "user", "content": "x"}]}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "schema": "specedge.bench.prompts/1",
+                "prompts": [{"id": "a", "category": "poetry", "messages": [{"role": "user", "content": "x"}]}],
+            }
+        )
+    )
     with pytest.raises(ValueError, match="category"):
         load_prompts(bad)
 
@@ -171,16 +177,36 @@ def _synthetic_runs() -> list[dict]:
                         hist[min(round(m) - 1, k)] = calls
                         secs = calls * (1 + 0.1 * k + 0.02 * k) / 20.0
                     secs *= 1 + 0.01 * rep
-                    runs.append({
-                        "mode": mode, "k": k, "repeat": rep, "prompt": p["id"], "category": p["category"],
-                        "seed": None if mode == "greedy" else 1000 * rep, "prompt_tokens": 100, "truncated": False,
-                        "tokens": n, "finish_reason": "length", "tokens_per_s": (n - 1) / secs, "ttft_s": 0.2,
-                        "decode_s": secs, "drafted": drafted, "accepted": accepted, "target_calls": calls,
-                        "histogram": hist, "time_draft_s": secs * 0.2 if k else 0.0,
-                        "time_verify_s": secs * 0.75, "time_other_s": secs * 0.05, "k_final": k,
-                        "fallbacks": 0, "peak_rss_mb": 900.0 + k, "matches_target_only": True if (k and mode == "greedy") else None,
-                        "first_diff": None, "output_sha1": "0",
-                    })
+                    runs.append(
+                        {
+                            "mode": mode,
+                            "k": k,
+                            "repeat": rep,
+                            "prompt": p["id"],
+                            "category": p["category"],
+                            "seed": None if mode == "greedy" else 1000 * rep,
+                            "prompt_tokens": 100,
+                            "truncated": False,
+                            "tokens": n,
+                            "finish_reason": "length",
+                            "tokens_per_s": (n - 1) / secs,
+                            "ttft_s": 0.2,
+                            "decode_s": secs,
+                            "drafted": drafted,
+                            "accepted": accepted,
+                            "target_calls": calls,
+                            "histogram": hist,
+                            "time_draft_s": secs * 0.2 if k else 0.0,
+                            "time_verify_s": secs * 0.75,
+                            "time_other_s": secs * 0.05,
+                            "k_final": k,
+                            "fallbacks": 0,
+                            "peak_rss_mb": 900.0 + k,
+                            "matches_target_only": True if (k and mode == "greedy") else None,
+                            "first_diff": None,
+                            "output_sha1": "0",
+                        }
+                    )
     return runs
 
 
@@ -188,13 +214,36 @@ def _synthetic_results() -> dict:
     runs = _synthetic_runs()
     summary = summarize_runs(runs, 1000.0, 250.0)
     return {
-        "schema": SCHEMA, "created": "2025-01-01T00:00:00+00:00", "command": ["specedge", "bench", "x"],
-        "machine": {"cpu": "test", "logical_cpus": 2, "load_avg_start": [0.1, 0.1, 0.1], "load_avg_end": [0.1, 0.1, 0.1]},
-        "bundle": {"path": "x", "target": {"precision": "fp32", "weight_bytes": 1000}, "draft": {"kind": "model", "precision": "int4", "weight_bytes": 250},
-                   "max_seq": 2048, "k_manifest": 4},
-        "config": {"ks": [0, 1, 2, 4, 8], "repeats": 3, "max_new_tokens": 65, "modes": ["greedy", "sampled"],
-                   "prompts": [p["id"] for p in load_prompts()], "categories": list(CATEGORIES), "draft": "model", "threads": 2},
-        "runs": runs, "summary": summary, "best": best_per_mode(summary), "tune": choose_k(summary),
+        "schema": SCHEMA,
+        "created": "2025-01-01T00:00:00+00:00",
+        "command": ["specedge", "bench", "x"],
+        "machine": {
+            "cpu": "test",
+            "logical_cpus": 2,
+            "load_avg_start": [0.1, 0.1, 0.1],
+            "load_avg_end": [0.1, 0.1, 0.1],
+        },
+        "bundle": {
+            "path": "x",
+            "target": {"precision": "fp32", "weight_bytes": 1000},
+            "draft": {"kind": "model", "precision": "int4", "weight_bytes": 250},
+            "max_seq": 2048,
+            "k_manifest": 4,
+        },
+        "config": {
+            "ks": [0, 1, 2, 4, 8],
+            "repeats": 3,
+            "max_new_tokens": 65,
+            "modes": ["greedy", "sampled"],
+            "prompts": [p["id"] for p in load_prompts()],
+            "categories": list(CATEGORIES),
+            "draft": "model",
+            "threads": 2,
+        },
+        "runs": runs,
+        "summary": summary,
+        "best": best_per_mode(summary),
+        "tune": choose_k(summary),
     }
 
 
@@ -210,18 +259,23 @@ def test_results_schema_from_synthetic_runs():
     assert base["tokens_per_s"]["median"] == pytest.approx(20.0 / 1.01)  # the middle repeat
     assert base["tokens_per_s"]["min"] == pytest.approx(20.0 / 1.02)
     g4 = find(s, "greedy", 4, "grounded")
-    m = (1 - 0.8 ** 5) / (1 - 0.8)
+    m = (1 - 0.8**5) / (1 - 0.8)
     assert g4["mean_accepted"] == pytest.approx(m, rel=0.05)
     assert g4["acceptance_rate"] == pytest.approx(g4["accepted"] / g4["drafted"])
     # exact bytes/token = (W_t * passes + W_d * drafted) / decode tokens
-    assert g4["bytes_per_token"] == pytest.approx((1000.0 * g4["target_forward_passes"] + 250.0 * g4["drafted"]) / g4["decode_tokens"])
+    assert g4["bytes_per_token"] == pytest.approx(
+        (1000.0 * g4["target_forward_passes"] + 250.0 * g4["drafted"]) / g4["decode_tokens"]
+    )
     assert g4["bandwidth_gb_s"] == pytest.approx(g4["bytes_per_token"] * g4["tokens_per_s"]["median"] / 1e9)
     assert g4["speedup"] > find(s, "greedy", 4, "chat")["speedup"] > 1.0
     assert g4["greedy_exact"]["identical"] == g4["greedy_exact"]["prompts"] == 5
     assert g4["peak_rss_mb"] == 904.0
     assert g4["time_split"]["verify"] == pytest.approx(0.75)
-    for bad in ({"schema": "nope"}, {**res, "runs": [{**res["runs"][0], "mode": "beam"}]},
-                {**res, "summary": [{**s[0], "acceptance_rate": 1.5}]}):
+    for bad in (
+        {"schema": "nope"},
+        {**res, "runs": [{**res["runs"][0], "mode": "beam"}]},
+        {**res, "summary": [{**s[0], "acceptance_rate": 1.5}]},
+    ):
         with pytest.raises(ValueError):
             validate_results(bad)
 
@@ -280,8 +334,17 @@ def tiny_bundle(request, tmp_path_factory):
     except pytest.FixtureLookupError:
         factory = None
     if factory is not None:
-        return Path(factory(family="llama", kv_mode="scatter", draft="self", precision="fp32",
-                            draft_precision="int4", max_seq=128, spec_tokens=4))
+        return Path(
+            factory(
+                family="llama",
+                kv_mode="scatter",
+                draft="self",
+                precision="fp32",
+                draft_precision="int4",
+                max_seq=128,
+                spec_tokens=4,
+            )
+        )
     from specedge.export.testing import tiny_bundle
 
     return Path(tiny_bundle(tmp_path_factory.mktemp("bench") / "tiny", family="llama", draft="self", max_seq=128))
@@ -294,10 +357,35 @@ def test_cli_bench_shared_pool_in_its_own_process(tiny_bundle, tmp_path):
     import sys
 
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "specedge", "bench", str(tiny_bundle), "--quick", "--k", "0,2",
-                        "--max-new-tokens", "8", "--prompts-per-category", "1", "--categories", "code",
-                        "--modes", "greedy", "--threads", "1", "--out", str(out), "--json", "--quiet"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "bench",
+            str(tiny_bundle),
+            "--quick",
+            "--k",
+            "0,2",
+            "--max-new-tokens",
+            "8",
+            "--prompts-per-category",
+            "1",
+            "--categories",
+            "code",
+            "--modes",
+            "greedy",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "bench.json").read_text())
     assert res["config"]["shared_pool"] is True
@@ -314,9 +402,27 @@ def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
     shutil.copytree(tiny_bundle, bundle)
     before = {p.name: p.read_bytes() for p in bundle.rglob("*") if p.is_file() and p.name != "manifest.json"}
     out = tmp_path / "out"
-    rc = main(["bench", str(bundle), "--quick", "--k", "0,1,3", "--max-new-tokens", "12",
-               "--prompts-per-category", "1", "--threads", "1", "--out", str(out), "--tune", "--json", "--quiet",
-               "--no-shared-pool"])  # in-process: a process pool would bind every later test's sessions
+    rc = main(
+        [
+            "bench",
+            str(bundle),
+            "--quick",
+            "--k",
+            "0,1,3",
+            "--max-new-tokens",
+            "12",
+            "--prompts-per-category",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--tune",
+            "--json",
+            "--quiet",
+            "--no-shared-pool",
+        ]
+    )  # in-process: a process pool would bind every later test's sessions
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     res = json.loads((out / "bench.json").read_text())
@@ -351,7 +457,9 @@ def test_cli_bench_quick_and_tune(tiny_bundle, tmp_path, capsys):
 
     # scripts/bench_md.py puts this run into BENCHMARKS.md's bench section, nothing else changes
     md = tmp_path / "BENCHMARKS.md"
-    md.write_text("# B\n\n<!-- peers:begin -->\nPEERS\n<!-- peers:end -->\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\ntail\n")
+    md.write_text(
+        "# B\n\n<!-- peers:begin -->\nPEERS\n<!-- peers:end -->\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\ntail\n"
+    )
     import runpy
 
     bench_md = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "bench_md.py"))
@@ -370,7 +478,10 @@ def test_replace_section_appends_a_missing_section_and_keeps_the_rest(tmp_path):
     replace_section(md, "b", "BODY", heading="## Section b")
     replace_section(md, "a", "A2")
     text = md.read_text()
-    assert text == "# B\n\n<!-- a:begin -->\nA2\n<!-- a:end -->\n\n## Section b\n\n<!-- b:begin -->\nBODY\n<!-- b:end -->\n"
+    assert (
+        text
+        == "# B\n\n<!-- a:begin -->\nA2\n<!-- a:end -->\n\n## Section b\n\n<!-- b:begin -->\nBODY\n<!-- b:end -->\n"
+    )
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -410,10 +521,34 @@ def test_cli_bench_default_output_is_outside_the_committed_results(tiny_bundle, 
 
     repo = Path(__file__).resolve().parents[1]
     committed = {f: f.stat().st_mtime_ns for f in (repo / "benchmarks" / "results").rglob("*") if f.is_file()}
-    p = subprocess.run([sys.executable, "-m", "specedge", "bench", str(tiny_bundle), "--quick", "--k", "0,2",
-                        "--max-new-tokens", "4", "--prompts-per-category", "1", "--categories", "code",
-                        "--modes", "greedy", "--threads", "1", "--json", "--quiet"],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "bench",
+            str(tiny_bundle),
+            "--quick",
+            "--k",
+            "0,2",
+            "--max-new-tokens",
+            "4",
+            "--prompts-per-category",
+            "1",
+            "--categories",
+            "code",
+            "--modes",
+            "greedy",
+            "--threads",
+            "1",
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = tmp_path / "specedge-bench" / f"{tiny_bundle.resolve().name}_model"
     assert json.loads(p.stdout)["files"]["json"] == str(Path("specedge-bench") / out.name / "bench.json")
@@ -435,9 +570,29 @@ def test_cli_bench_tree(tiny_bundle_factory, tiny_bundle, tmp_path, capsys):
 
     bundle = tiny_bundle_factory(draft="ngram", max_seq=128, tree=True)
     out = tmp_path / "out"
-    rc = main(["bench", str(bundle), "--tree", "--quick", "--k", "0,3", "--max-new-tokens", "16",
-               "--prompts-per-category", "1", "--modes", "greedy", "--threads", "1", "--out", str(out),
-               "--json", "--quiet", "--no-shared-pool"])
+    rc = main(
+        [
+            "bench",
+            str(bundle),
+            "--tree",
+            "--quick",
+            "--k",
+            "0,3",
+            "--max-new-tokens",
+            "16",
+            "--prompts-per-category",
+            "1",
+            "--modes",
+            "greedy",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+            "--quiet",
+            "--no-shared-pool",
+        ]
+    )
     assert rc == 0
     capsys.readouterr()
     res = json.loads((out / "bench.json").read_text())

@@ -8,8 +8,18 @@ def test_int4_bundle_must_be_an_int4_bundle(load_script, tiny_bundle_factory, tm
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     fp32 = tiny_bundle_factory()
-    args = ["--bundle", str(fp32), "--gguf", str(gguf), "--engines", "specedge", "--out", str(tmp_path / "o"),
-            "--cache", str(tmp_path / "c")]
+    args = [
+        "--bundle",
+        str(fp32),
+        "--gguf",
+        str(gguf),
+        "--engines",
+        "specedge",
+        "--out",
+        str(tmp_path / "o"),
+        "--cache",
+        str(tmp_path / "c"),
+    ]
     capsys.readouterr()  # the tiny export's progress
     assert bp.main(args + ["--int4-bundle", str(fp32)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -23,8 +33,18 @@ def test_peer_python_must_be_an_executable(load_script, tiny_bundle_factory, tmp
     bp = load_script("bench_peers")
     fp32 = tiny_bundle_factory()
     capsys.readouterr()
-    args = ["--bundle", str(fp32), "--engines", "ortgenai", "--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"),
-            "--peer-python", str(tmp_path / "no-python")]
+    args = [
+        "--bundle",
+        str(fp32),
+        "--engines",
+        "ortgenai",
+        "--out",
+        str(tmp_path / "o"),
+        "--cache",
+        str(tmp_path / "c"),
+        "--peer-python",
+        str(tmp_path / "no-python"),
+    ]
     assert bp.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: --peer-python {tmp_path / 'no-python'}: not an executable"]

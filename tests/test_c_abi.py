@@ -30,13 +30,19 @@ def test_a_struct_that_grows_under_the_same_version_is_a_break(abi):
 def test_a_changed_function_or_enum_is_a_break_and_a_new_function_is_not(abi):
     text = abi.HEADER.read_text()
     recorded = json.loads(abi.RECORD.read_text())
-    changed = text.replace("SPECEDGE_API int specedge_max_seq(const specedge_model* model);",
-                           "SPECEDGE_API long specedge_max_seq(const specedge_model* model);", 1)
+    changed = text.replace(
+        "SPECEDGE_API int specedge_max_seq(const specedge_model* model);",
+        "SPECEDGE_API long specedge_max_seq(const specedge_model* model);",
+        1,
+    )
     assert changed != text and abi.breaks(recorded, changed)[0].startswith("specedge_max_seq changed:")
     enum = text.replace("SPECEDGE_ERR_IO = 4", "SPECEDGE_ERR_IO = 7", 1)
     assert enum != text and abi.breaks(recorded, enum)[0].startswith("specedge_status changed:")
-    added = text.replace("SPECEDGE_API int specedge_abi_version(void);",
-                         "SPECEDGE_API int specedge_abi_version(void);\nSPECEDGE_API int specedge_new_thing(void);", 1)
+    added = text.replace(
+        "SPECEDGE_API int specedge_abi_version(void);",
+        "SPECEDGE_API int specedge_abi_version(void);\nSPECEDGE_API int specedge_new_thing(void);",
+        1,
+    )
     assert added != text and abi.breaks(recorded, added) == []
     removed = text.replace("SPECEDGE_API int specedge_vocab_size(const specedge_model* model);", "", 1)
     assert abi.breaks(recorded, removed) == ["specedge_vocab_size was removed"]

@@ -16,8 +16,14 @@ PROMPT = "def add(a, b):"
 
 def cli(*args, stdin=None, timeout=180):
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
-    return subprocess.run([sys.executable, "-m", "specedge", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specedge", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def assert_user_error(p, *fragments, code=2):
@@ -36,9 +42,11 @@ def bundle(tiny_bundle_factory):
 
 
 def test_import_isolation():
-    code = ("import specedge.runtime.api, specedge.cli.generate, specedge.cli.chat, sys; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
-            "or m.startswith('specedge.export')))")
+    code = (
+        "import specedge.runtime.api, specedge.cli.generate, specedge.cli.chat, sys; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
+        "or m.startswith('specedge.export')))"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
@@ -50,8 +58,19 @@ def test_generate_json_stream_stdin_and_no_spec(bundle):
     out = json.loads(p.stdout)
     assert set(out) >= {"text", "token_ids", "finish_reason", "stats"}
     assert out["finish_reason"] in ("length", "eos") and 1 <= len(out["token_ids"]) <= 12
-    for key in ("tokens", "tokens_per_s", "ttft_s", "acceptance_rate", "mean_accepted", "accepted_histogram",
-                "time_draft_s", "time_verify_s", "time_other_s", "k", "fallbacks"):
+    for key in (
+        "tokens",
+        "tokens_per_s",
+        "ttft_s",
+        "acceptance_rate",
+        "mean_accepted",
+        "accepted_histogram",
+        "time_draft_s",
+        "time_verify_s",
+        "time_other_s",
+        "k",
+        "fallbacks",
+    ):
         assert key in out["stats"], key
     plain = json.loads(cli("generate", bundle, PROMPT, "--max-new-tokens", 12, "--json", "--no-spec").stdout)
     assert plain["token_ids"] == out["token_ids"] and plain["stats"]["speculative"] is False
@@ -66,8 +85,22 @@ def test_generate_chat_and_sampling(bundle):
     p = cli("generate", bundle, "hello there", "--chat", "--max-new-tokens", 8, "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["finish_reason"] in ("length", "eos", "stop")
-    args = ("generate", bundle, PROMPT, "--max-new-tokens", 16, "--temperature", 0.9, "--top-p", 0.9, "--top-k", 30,
-            "--seed", 7, "--json")
+    args = (
+        "generate",
+        bundle,
+        PROMPT,
+        "--max-new-tokens",
+        16,
+        "--temperature",
+        0.9,
+        "--top-p",
+        0.9,
+        "--top-k",
+        30,
+        "--seed",
+        7,
+        "--json",
+    )
     a, b = cli(*args), cli(*args)
     assert a.returncode == 0 and json.loads(a.stdout)["token_ids"] == json.loads(b.stdout)["token_ids"]
 
@@ -139,7 +172,11 @@ def test_backend_and_provider_errors(bundle):
         pytest.skip("onnxruntime-gpu is installed here")
     line = assert_user_error(cli("generate", bundle, PROMPT, "--provider", "cuda"), "onnxruntime-gpu")
     assert "CUDAExecutionProvider" in line
-    assert_user_error(cli("generate", bundle, PROMPT, "--provider", "OpenVINOExecutionProvider"), "onnxruntime-openvino")
-    assert_user_error(cli("generate", bundle, PROMPT, "--provider", "FooExecutionProvider"), "unknown execution provider")
+    assert_user_error(
+        cli("generate", bundle, PROMPT, "--provider", "OpenVINOExecutionProvider"), "onnxruntime-openvino"
+    )
+    assert_user_error(
+        cli("generate", bundle, PROMPT, "--provider", "FooExecutionProvider"), "unknown execution provider"
+    )
     line = assert_user_error(cli("generate", bundle, PROMPT, "--backend", "ort-cuda"))
     assert "onnxruntime-gpu" in line or "not available in this build" in line

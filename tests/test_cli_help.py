@@ -27,9 +27,18 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def _help(command: str) -> str:
-    p = subprocess.run([sys.executable, *COMMANDS[command], "--help"], capture_output=True, text=True, timeout=120,
-                       cwd=REPO, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                      **{k: v for k, v in __import__("os").environ.items() if k == "PYTHONPATH"}})
+    p = subprocess.run(
+        [sys.executable, *COMMANDS[command], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={
+            "COLUMNS": "200",
+            "PATH": "/usr/bin:/bin",
+            **{k: v for k, v in __import__("os").environ.items() if k == "PYTHONPATH"},
+        },
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -52,7 +61,9 @@ def test_readme_synopsis_lists_the_options_of_help(command):
     in_help = _usage_options(_help(command))
     in_readme = set(OPTION.findall(_synopsis(command)))
     assert in_help, command
-    assert not in_help - in_readme, f"{command}: in --help, missing from the README synopsis: {sorted(in_help - in_readme)}"
+    assert not in_help - in_readme, (
+        f"{command}: in --help, missing from the README synopsis: {sorted(in_help - in_readme)}"
+    )
     assert not in_readme - in_help, f"{command}: in the README synopsis, not in --help: {sorted(in_readme - in_help)}"
 
 
@@ -71,8 +82,12 @@ def test_export_models_defaults_agree():
         long = [o for o in action.option_strings if o.startswith("--")]
         if not long or action.default in (None, False, argparse.SUPPRESS):
             continue
-        assert f"`{long[0]} {action.default}`" in readme, f"README does not state the default `{long[0]} {action.default}`"
+        assert f"`{long[0]} {action.default}`" in readme, (
+            f"README does not state the default `{long[0]} {action.default}`"
+        )
         if long[0] != "--draft":  # its help words it: "'self' (target at --draft-precision, default)"
-            assert f"(default {action.default})" in text.replace("(default)", ""), f"--help hides the default of {long[0]}"
+            assert f"(default {action.default})" in text.replace("(default)", ""), (
+                f"--help hides the default of {long[0]}"
+            )
         checked += 1
     assert checked >= 9

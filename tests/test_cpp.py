@@ -40,11 +40,7 @@ pytestmark = pytest.mark.skipif(
     "cmake --build cpp/build; see docs/cpp.md)",
 )
 
-PROMPTS = [
-    "def fibonacci(n):",
-    "The capital of France is",
-    "Write a haiku about the sea.",
-]
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -67,12 +63,12 @@ def cpp_json(bundle, prompt, *extra):
 CODE = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
     "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i];\n}\n",
-    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }",
+    '#include <stdio.h>\nint main(void) { printf("%d\\n", 42); return 0; }',
     "SELECT id, name FROM users WHERE age >= 18 ORDER BY name DESC;",
     "const x = arr.map((v) => v ** 2).filter(Boolean); // squares",
     "    return {'key': [1, 2, 3], \"other\": None}  # comment",
-    "<div class=\"row\"><span>&nbsp;Hello</span></div>",
-    "fn main() -> Result<(), Box<dyn Error>> { println!(\"{:?}\", v); Ok(()) }",
+    '<div class="row"><span>&nbsp;Hello</span></div>',
+    'fn main() -> Result<(), Box<dyn Error>> { println!("{:?}", v); Ok(()) }',
     "x=1;y=2\r\nz=x+y\r\n\r\n",
     "if __name__ == '__main__':\n\tmain()\n",
 ]
@@ -87,22 +83,76 @@ PROSE = [
     "\u0939\u093f\u0928\u094d\u0926\u0940 \u092e\u0947\u0902 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \ud55c\uad6d\uc5b4 \ubb38\uc7a5\uc785\ub2c8\ub2e4.",
     "SHOUTING IN CAPITALS AND 'QUOTES' WITH 'S 'LL 'VE 'RE 'D 'M 'T.",
 ]
-EMOJI = ["\U0001f642", "\U0001f44d\U0001f3fd", "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
-         "\U0001f1eb\U0001f1f7", "\u2764\ufe0f", "\U0001f680\u2728", "\U0001f600\U0001f603\U0001f604", "\U0001f916 robots"]
-CJK = ["\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059\u3002", "\u6211\u7231\u81ea\u7136\u8bed\u8a00\u5904\u7406",
-       "\u4e2d\u6587\uff0c\u6807\u70b9\u3002\uff01\uff1f", "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8",
-       "\uff26\uff35\uff2c\uff2c\uff37\uff29\uff24\uff34\uff28\u3000\uff54\uff45\uff58\uff54"]
-WS = [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2003", "    ", "\t\t", "\n\n\n\n", " \t\n"]
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<s>", "</s>"]
-WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by word but "
-         "not what all were we when your can said there use an each which she do how their if will up other about out many "
-         "then them these so some her would make like him into time has look two more write go see number no way could people").split()
-CHARS = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~`\n\t"
-         "\u00e9\u00e8\u00e0\u00fc\u00f6\u00df\u00e7\u00f1\u00f8\u00e5\u00e6\u0153\u20ac\u00a3\u00a5\u00a9\u00ae\u2122\u00b0\u00b1"
-         "\u00b5\u00a7\u00b6\u2022\u2026\u2014\u2013\u201c\u201d\u2018\u2019\u00ab\u00bb\u00bf\u00a1\u6771\u4eac\u4e2d\u6587"
-         "\u65e5\u672c\u8a9e\ud55c\uad6d\uc5b4\u041f\u0440\u0438\u0432\u0435\u0442\U0001f642\U0001f680")
-BLOCKS = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x6FF), (0x900, 0x97F),
-          (0x3040, 0x30FF), (0x4E00, 0x4FFF), (0xAC00, 0xAD00), (0x1F300, 0x1F64F), (0x2000, 0x206F), (0x300, 0x36F)]
+EMOJI = [
+    "\U0001f642",
+    "\U0001f44d\U0001f3fd",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+    "\U0001f1eb\U0001f1f7",
+    "\u2764\ufe0f",
+    "\U0001f680\u2728",
+    "\U0001f600\U0001f603\U0001f604",
+    "\U0001f916 robots",
+]
+CJK = [
+    "\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059\u3002",
+    "\u6211\u7231\u81ea\u7136\u8bed\u8a00\u5904\u7406",
+    "\u4e2d\u6587\uff0c\u6807\u70b9\u3002\uff01\uff1f",
+    "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8",
+    "\uff26\uff35\uff2c\uff2c\uff37\uff29\uff24\uff34\uff28\u3000\uff54\uff45\uff58\uff54",
+]
+WS = [
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    " \n ",
+    "\u00a0",
+    "\u3000",
+    "\u2003",
+    "    ",
+    "\t\t",
+    "\n\n\n\n",
+    " \t\n",
+]
+SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<bos>",
+    "<eos>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<s>",
+    "</s>",
+]
+WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by word but "
+    "not what all were we when your can said there use an each which she do how their if will up other about out many "
+    "then them these so some her would make like him into time has look two more write go see number no way could people"
+).split()
+CHARS = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~`\n\t"
+    "\u00e9\u00e8\u00e0\u00fc\u00f6\u00df\u00e7\u00f1\u00f8\u00e5\u00e6\u0153\u20ac\u00a3\u00a5\u00a9\u00ae\u2122\u00b0\u00b1"
+    "\u00b5\u00a7\u00b6\u2022\u2026\u2014\u2013\u201c\u201d\u2018\u2019\u00ab\u00bb\u00bf\u00a1\u6771\u4eac\u4e2d\u6587"
+    "\u65e5\u672c\u8a9e\ud55c\uad6d\uc5b4\u041f\u0440\u0438\u0432\u0435\u0442\U0001f642\U0001f680"
+)
+BLOCKS = [
+    (0x20, 0x7E),
+    (0xA0, 0x24F),
+    (0x370, 0x3FF),
+    (0x400, 0x4FF),
+    (0x590, 0x6FF),
+    (0x900, 0x97F),
+    (0x3040, 0x30FF),
+    (0x4E00, 0x4FFF),
+    (0xAC00, 0xAD00),
+    (0x1F300, 0x1F64F),
+    (0x2000, 0x206F),
+    (0x300, 0x36F),
+]
 
 
 def make_test_strings(n: int = 2100, seed: int = 1234) -> list[str]:
@@ -128,11 +178,17 @@ def make_test_strings(n: int = 2100, seed: int = 1234) -> list[str]:
             lines = rng.choice(CODE).split("\n")
             out.append("\n".join(" " * rng.randint(0, 12) + line.strip() for line in lines))
         elif kind == 4:
-            out.append(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 12))) for _ in range(rng.randint(1, 6)))
-                       + rng.choice(["", ".", "%", " km"]))
+            out.append(
+                " ".join(str(rng.randint(0, 10 ** rng.randint(1, 12))) for _ in range(rng.randint(1, 6)))
+                + rng.choice(["", ".", "%", " km"])
+            )
         elif kind == 5:
-            out.append(rng.choice(WS) * rng.randint(1, 6) + rng.choice(WORDS) + rng.choice(WS) * rng.randint(0, 6)
-                       + rng.choice(WORDS))
+            out.append(
+                rng.choice(WS) * rng.randint(1, 6)
+                + rng.choice(WORDS)
+                + rng.choice(WS) * rng.randint(0, 6)
+                + rng.choice(WORDS)
+            )
         elif kind == 6:
             s = []
             for _ in range(rng.randint(1, 25)):
@@ -140,7 +196,9 @@ def make_test_strings(n: int = 2100, seed: int = 1234) -> list[str]:
                 s.append(chr(rng.randint(lo, hi)))
             out.append("".join(s))
         else:
-            out.append(rng.choice(PROSE)[: rng.randint(0, 40)] + rng.choice(SPECIAL) + rng.choice(WS) + rng.choice(WORDS))
+            out.append(
+                rng.choice(PROSE)[: rng.randint(0, 40)] + rng.choice(SPECIAL) + rng.choice(WS) + rng.choice(WORDS)
+            )
     return out
 
 
@@ -151,7 +209,9 @@ def check_tokenizer_parity(tokenizer_json: Path, tmp_path: Path) -> None:
     assert len(strings) >= 2000
     src, dst = tmp_path / "in.json", tmp_path / "out.json"
     src.write_text(json.dumps(strings), encoding="utf-8")
-    p = subprocess.run([str(TOKENIZE), str(tokenizer_json), str(src), str(dst)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [str(TOKENIZE), str(tokenizer_json), str(src), str(dst)], capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stderr
     got = json.loads(dst.read_text(encoding="utf-8"))
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -176,8 +236,11 @@ def tiny_bundles(tiny_bundle_factory, head_bundles, tmp_path_factory) -> Path:
     and head_scatter/ (a bundle with a trained draft head), as the C++ unit tests expect in
     $SPECEDGE_TINY_BUNDLES."""
     root = tmp_path_factory.mktemp("cpp_tiny")
-    for name, kv, draft in (("scatter_self", "scatter", "self"), ("delta_self", "delta", "self"),
-                            ("delta_ngram", "delta", "ngram")):
+    for name, kv, draft in (
+        ("scatter_self", "scatter", "self"),
+        ("delta_self", "delta", "self"),
+        ("delta_ngram", "delta", "ngram"),
+    ):
         os.symlink(tiny_bundle_factory(kv_mode=kv, draft=draft), root / name)
     os.symlink(head_bundles["scatter"], root / "head_scatter")  # the head drafter's unit tests
     return root
@@ -193,12 +256,28 @@ def head_bundles(tiny_bundle_factory, tmp_path_factory) -> dict:
     out = {}
     # int8: the target's single-token steps run as two-token calls (invariant steps), whose padding
     # row's features the next call overwrites
-    for name, kv, precision, budget in (("scatter", "scatter", "fp32", "1k"), ("delta", "delta", "fp32", "500"),
-                                        ("int8", "scatter", "int8", "500")):
+    for name, kv, precision, budget in (
+        ("scatter", "scatter", "fp32", "1k"),
+        ("delta", "delta", "fp32", "500"),
+        ("int8", "scatter", "int8", "500"),
+    ):
         b = root / name
         shutil.copytree(tiny_bundle_factory(kv_mode=kv, precision=precision, features=True), b)
-        train_draft(b, TrainOptions(budget=budget, draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
-                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{name}")))
+        train_draft(
+            b,
+            TrainOptions(
+                budget=budget,
+                draft_vocab=48,
+                seq_len=32,
+                batch=2,
+                answer_tokens=16,
+                max_prompts=4,
+                doc_tokens=600,
+                threads=1,
+                checkpoint_every_s=0.0,
+                checkpoint=str(root / f"ck-{name}"),
+            ),
+        )
         out[name] = b
     return out
 
@@ -255,8 +334,12 @@ def test_cpp_unit_tests_asan(tiny_bundles):
     exe = BUILD.parent / (BUILD.name + "-asan") / "specedge_tests"
     if not exe.is_file():
         pytest.skip(f"{exe} not built (cmake -S cpp -B cpp/build-asan -DSPECEDGE_ASAN=ON)")
-    env = dict(os.environ, SPECEDGE_TINY_BUNDLES=str(tiny_bundles), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1")
+    env = dict(
+        os.environ,
+        SPECEDGE_TINY_BUNDLES=str(tiny_bundles),
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1",
+    )
     p = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=1800)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "runtime error" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr[-4000:]
@@ -324,7 +407,8 @@ def test_generate_matches_python_on_a_tree_bundle(tiny_bundle_factory, kv_mode, 
     p = run_cpp(bad, "hi", check=False)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: the manifest's 'tree' in models.target.graphs must be true or false, got 1"]
+        "error: the manifest's 'tree' in models.target.graphs must be true or false, got 1"
+    ]
 
 
 TREE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a", "The quick brown fox"]
@@ -360,10 +444,27 @@ def test_tree_generation_matches_python_and_target_only(tiny_bundle_factory, kv_
             # A greedy tree's size follows the measured costs, so a loaded machine may give every
             # tree only the chain's k + 1 nodes; a seeded run sizes its trees from the static costs
             # in both runtimes, and top-k 1 makes each sample the greedy pick.
-            py = pipe.generate(loop, max_new_tokens=32, tree=True, guard=False, spec_tokens=1, temperature=1.0,
-                               top_k=1, seed=0)
-            deep = cpp_json(bundle, loop, "--max-new-tokens", 32, "--threads", 1, "--tree", "--no-guard",
-                            "--spec-tokens", 1, "--temperature", 1, "--top-k", 1, "--seed", 0)
+            py = pipe.generate(
+                loop, max_new_tokens=32, tree=True, guard=False, spec_tokens=1, temperature=1.0, top_k=1, seed=0
+            )
+            deep = cpp_json(
+                bundle,
+                loop,
+                "--max-new-tokens",
+                32,
+                "--threads",
+                1,
+                "--tree",
+                "--no-guard",
+                "--spec-tokens",
+                1,
+                "--temperature",
+                1,
+                "--top-k",
+                1,
+                "--seed",
+                0,
+            )
             assert deep["token_ids"] == plain == py.token_ids
             assert deep["stats"]["accepted_histogram"] == py.stats["accepted_histogram"]
             assert sum(deep["stats"]["accepted_histogram"][2:]) > 0, deep["stats"]  # rounds kept > k = 1
@@ -398,15 +499,28 @@ def test_ngram_trees_match_python_on_random_histories(tmp_path, build):
             tokens, parents = d.propose_tree(history, k, nodes, depth, vocab)
             deep += bool(tokens) and max(_depths(parents)) > k
             branched += len(tokens) > max(_depths(parents), default=0) + 1
-            calls.append({"history": history, "k": k, "nodes": nodes, "depth": depth, "vocab": vocab,
-                          "tokens": tokens, "parents": parents})
+            calls.append(
+                {
+                    "history": history,
+                    "k": k,
+                    "nodes": nodes,
+                    "depth": depth,
+                    "vocab": vocab,
+                    "tokens": tokens,
+                    "parents": parents,
+                }
+            )
         streams.append({"sizes": sizes, "calls": calls})
     n = sum(len(s["calls"]) for s in streams)
     assert deep > 20 and branched > 100, (deep, branched)  # the cases reach past k and branch
     cases = tmp_path / "ngram_trees.json"
     cases.write_text(json.dumps({"streams": streams}))
-    env = dict(os.environ, SPECEDGE_NGRAM_TREE_CASES=str(cases), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1")
+    env = dict(
+        os.environ,
+        SPECEDGE_NGRAM_TREE_CASES=str(cases),
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1",
+    )
     p = subprocess.run([str(exe), "[ngram_tree_replay]"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert f"ngram tree replay: {n} trees checked" in p.stdout, p.stdout[-2000:]
@@ -427,7 +541,8 @@ def test_tree_on_a_bundle_without_tree_graphs_is_refused(tiny_bundles):
     p = run_cpp(bundle, "hi", "--tree", "--max-new-tokens", 2, check=False)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: tree verification needs a target graph that takes trees: export the bundle with --tree"]
+        "error: tree verification needs a target graph that takes trees: export the bundle with --tree"
+    ]
     assert run_cpp(bundle, "hi", "--tree", "--no-spec", "--max-new-tokens", 2).returncode == 0
 
 
@@ -468,8 +583,13 @@ def test_generate_json_and_streaming(tiny_bundles):
     assert {"tokens_per_s", "ttft_s", "acceptance_rate", "mean_accepted"} <= set(got["stats"])
     p = run_cpp(bundle, "The quick brown fox", "--max-new-tokens", 12, "--threads", 1)
     assert p.stdout == got["text"] + "\n"
-    p = subprocess.run([str(GENERATE), str(bundle), "-", "--json", "--max-new-tokens", "12", "--threads", "1"],
-                       input="The quick brown fox\n", capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [str(GENERATE), str(bundle), "-", "--json", "--max-new-tokens", "12", "--threads", "1"],
+        input="The quick brown fox\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert json.loads(p.stdout)["token_ids"] == got["token_ids"]
 
 
@@ -563,8 +683,13 @@ def test_bad_input(tiny_bundles, tmp_path):
 
 def test_python_cli_reference_agrees_on_bad_input(tiny_bundles):
     """The Python CLI answers the same bad input with exit code 2 too (the convention mirrored)."""
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(tiny_bundles / "scatter_self"), "hi",
-                        "--top-p", "0"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(tiny_bundles / "scatter_self"), "hi", "--top-p", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode == 2
 
 
@@ -572,10 +697,12 @@ def test_python_cli_reference_agrees_on_bad_input(tiny_bundles):
 
 CHAT = BUILD / "specedge_chat"
 # ChatML with a default system message, as SmolLM2's template has it (the C runtime renders ChatML).
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-          "{{ '<|im_start|>system\nYou are a small test model.<|im_end|>\n' }}{% endif %}"
-          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a small test model.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -615,8 +742,10 @@ def test_chat_example_behaves_like_specedge_chat(chatml_bundle):
     assert c.returncode == 0 and py.returncode == 0, (c.stderr, py.stderr)
     assert c.stdout == py.stdout
     assert c.stderr == py.stderr
-    assert c.stderr.splitlines() == ["unknown command /unknown; commands: /reset clears the history, /exit leaves "
-                                     "(so does end of input)", "(history cleared)"]
+    assert c.stderr.splitlines() == [
+        "unknown command /unknown; commands: /reset clears the history, /exit leaves (so does end of input)",
+        "(history cleared)",
+    ]
     # 11 answers, one line each at least; the whole conversation would not have fitted the context.
     assert c.stdout.count("\n") >= 11
     from specedge.runtime.api import load
@@ -637,9 +766,12 @@ def test_chat_example_stats_help_and_bad_input(chatml_bundle, tmp_path):
     h = _chat([CHAT, "--help"], "")
     assert h.returncode == 0 and h.stdout.startswith("usage: specedge_chat BUNDLE") and "/reset" in h.stdout
     assert h.stderr == ""
-    for args, fragment in (([], "the bundle folder is required"), ([chatml_bundle, "--threads", "x"], "--threads"),
-                           ([chatml_bundle, "--bogus"], "unrecognized argument --bogus"),
-                           ([tmp_path / "nope"], "does not exist")):
+    for args, fragment in (
+        ([], "the bundle folder is required"),
+        ([chatml_bundle, "--threads", "x"], "--threads"),
+        ([chatml_bundle, "--bogus"], "unrecognized argument --bogus"),
+        ([tmp_path / "nope"], "does not exist"),
+    ):
         assert_usage_error(_chat([CHAT, *args], ""), fragment)
     # A message too long for the context: one error line, and the chat goes on.
     p = _chat([CHAT, chatml_bundle, "--threads", 1, "--max-new-tokens", 8], "word " * 600 + "\nHello\n")
@@ -668,12 +800,14 @@ def test_documented_install_and_link_commands(tiny_bundles, tmp_path):
     (commands,) = [b for b in _doc_blocks("bash") if "pkg-config" in b]
     (tmp_path / "app.c").write_text(c_src)
     (tmp_path / "app.cpp").write_text(cpp_src)
-    script = commands.replace("cpp/build", str(BUILD)).replace("bundles/smollm2-135m-instruct",
-                                                               str(tiny_bundles / "scatter_self"))
+    script = commands.replace("cpp/build", str(BUILD)).replace(
+        "bundles/smollm2-135m-instruct", str(tiny_bundles / "scatter_self")
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PKG_CONFIG_PATH")}
     env["HOME"] = str(tmp_path)  # the commands install into $HOME/.local
-    p = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / ".local" / "lib" / "pkgconfig" / "specedge.pc").is_file()
     assert p.stdout.count("tok/s") == 2, p.stdout  # both programs generated and printed their stats
@@ -722,9 +856,17 @@ def python_head_runs(bundle: Path, runs):
                 r = pipe.generate(prompt, max_new_tokens=n, spec_tokens=k, guard=False)
             finally:
                 del pipe.drafter.propose
-            out.append({"prompt": prompt, "max_new_tokens": n, "spec_tokens": k, "proposals": seen,
-                        "token_ids": r.token_ids, "stats": r.stats,
-                        **{key: r.stats[key] for key in ("drafted", "accepted", "draft_calls", "prefix_reused_tokens")}})
+            out.append(
+                {
+                    "prompt": prompt,
+                    "max_new_tokens": n,
+                    "spec_tokens": k,
+                    "proposals": seen,
+                    "token_ids": r.token_ids,
+                    "stats": r.stats,
+                    **{key: r.stats[key] for key in ("drafted", "accepted", "draft_calls", "prefix_reused_tokens")},
+                }
+            )
     return out
 
 
@@ -741,8 +883,19 @@ def test_head_generate_matches_python(head_bundles, kv_mode):
     b = head_bundles[kv_mode]
     drafted = accepted = 0
     for run in python_head_runs(b, HEAD_RUNS):
-        got = cpp_json(b, run["prompt"], "--draft", "head", "--max-new-tokens", run["max_new_tokens"],
-                       "--spec-tokens", run["spec_tokens"], "--threads", 1, "--no-guard")
+        got = cpp_json(
+            b,
+            run["prompt"],
+            "--draft",
+            "head",
+            "--max-new-tokens",
+            run["max_new_tokens"],
+            "--spec-tokens",
+            run["spec_tokens"],
+            "--threads",
+            1,
+            "--no-guard",
+        )
         assert got["token_ids"] == run["token_ids"], run["prompt"]
         st, want = got["stats"], run["stats"]
         assert st["drafter"] == "head"
@@ -768,8 +921,12 @@ def test_head_replays_every_python_proposal(head_bundles, tiny_bundles, tmp_path
         del r["stats"]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"bundle": str(head_bundles["scatter"]), "runs": runs}))
-    env = dict(os.environ, SPECEDGE_HEAD_TRACE=str(trace), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1")
+    env = dict(
+        os.environ,
+        SPECEDGE_HEAD_TRACE=str(trace),
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1",
+    )
     p = subprocess.run([str(exe), "[head_replay]"], capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     n = sum(len(r["proposals"]) for r in runs)
@@ -796,16 +953,33 @@ def head_tree_bundles(tiny_bundle_factory, tmp_path_factory) -> dict:
     for kv, budget in (("scatter", "1k"), ("delta", "500")):
         b = root / kv
         shutil.copytree(tiny_bundle_factory(kv_mode=kv, features=True, tree=True), b)
-        train_draft(b, TrainOptions(budget=budget, draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
-                                    doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(root / f"ck-{kv}")))
+        train_draft(
+            b,
+            TrainOptions(
+                budget=budget,
+                draft_vocab=48,
+                seq_len=32,
+                batch=2,
+                answer_tokens=16,
+                max_prompts=4,
+                doc_tokens=600,
+                threads=1,
+                checkpoint_every_s=0.0,
+                checkpoint=str(root / f"ck-{kv}"),
+            ),
+        )
         out[kv] = b
     return out
 
 
 # (prompt, max_new_tokens, k); the long prompt runs its catch-up in several chunks, reaches the end
 # of the context (trees cut to the room left), and again reuses the target's cached prefix
-HEAD_TREE_RUNS = [*((p, 40, 4) for p in (*HEAD_PROMPTS, *TREE_PROMPTS)), (HEAD_PROMPTS[1], 40, 2), (HEAD_LONG, 120, 4),
-                  (HEAD_LONG, 30, 3)]
+HEAD_TREE_RUNS = [
+    *((p, 40, 4) for p in (*HEAD_PROMPTS, *TREE_PROMPTS)),
+    (HEAD_PROMPTS[1], 40, 2),
+    (HEAD_LONG, 120, 4),
+    (HEAD_LONG, 30, 3),
+]
 
 
 def python_head_tree_runs(bundle: Path, runs):
@@ -822,8 +996,14 @@ def python_head_tree_runs(bundle: Path, runs):
 
             def spy(history, kk, nodes, params, rng=None, depth=None):
                 tree = real(history, kk, nodes, params, rng, depth=depth)
-                seen.append([[int(t) for t in history], None if tree is None else [tree.tokens, tree.parents],
-                             int(kk), int(nodes)])
+                seen.append(
+                    [
+                        [int(t) for t in history],
+                        None if tree is None else [tree.tokens, tree.parents],
+                        int(kk),
+                        int(nodes),
+                    ]
+                )
                 return tree
 
             plain = pipe.generate(prompt, max_new_tokens=n, speculative=False).token_ids
@@ -832,9 +1012,18 @@ def python_head_tree_runs(bundle: Path, runs):
                 r = pipe.generate(prompt, max_new_tokens=n, spec_tokens=k, tree=True, guard=False)
             finally:
                 del pipe.drafter.propose_tree
-            out.append({"prompt": prompt, "max_new_tokens": n, "spec_tokens": k, "trees": seen, "plain": plain,
-                        "token_ids": r.token_ids, "stats": r.stats,
-                        **{key: r.stats.get(key, 0) for key in ("drafted", "accepted", "draft_calls", "tree_rounds")}})
+            out.append(
+                {
+                    "prompt": prompt,
+                    "max_new_tokens": n,
+                    "spec_tokens": k,
+                    "trees": seen,
+                    "plain": plain,
+                    "token_ids": r.token_ids,
+                    "stats": r.stats,
+                    **{key: r.stats.get(key, 0) for key in ("drafted", "accepted", "draft_calls", "tree_rounds")},
+                }
+            )
     return out
 
 
@@ -851,8 +1040,20 @@ def test_head_tree_generation_matches_python_and_target_only(head_tree_bundles, 
     tree_rounds = accepted = 0
     for run in python_head_tree_runs(b, HEAD_TREE_RUNS):
         assert run["token_ids"] == run["plain"], run["prompt"]
-        got = cpp_json(b, run["prompt"], "--draft", "head", "--tree", "--no-guard", "--max-new-tokens",
-                       run["max_new_tokens"], "--spec-tokens", run["spec_tokens"], "--threads", 1)
+        got = cpp_json(
+            b,
+            run["prompt"],
+            "--draft",
+            "head",
+            "--tree",
+            "--no-guard",
+            "--max-new-tokens",
+            run["max_new_tokens"],
+            "--spec-tokens",
+            run["spec_tokens"],
+            "--threads",
+            1,
+        )
         assert got["token_ids"] == run["token_ids"], run["prompt"]
         st, want = got["stats"], run["stats"]
         assert st["drafter"] == "head" and st["draft_calls"] > 0
@@ -893,8 +1094,12 @@ def test_head_tree_replays_every_python_tree(head_tree_bundles, tiny_bundles, tm
         del r["stats"], r["plain"]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"bundle": str(head_tree_bundles["scatter"]), "runs": runs}))
-    env = dict(os.environ, SPECEDGE_HEAD_TREE_TRACE=str(trace), ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1")
+    env = dict(
+        os.environ,
+        SPECEDGE_HEAD_TREE_TRACE=str(trace),
+        ASAN_OPTIONS="detect_leaks=1:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1",
+    )
     p = subprocess.run([str(exe), "[head_tree_replay]"], capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     n = sum(1 for r in runs for t in r["trees"] if t[1] is not None)
@@ -906,8 +1111,22 @@ def test_head_tree_seeded_sampling_repeats(head_tree_bundles):
     """Sampled head trees (the sampled chain with its q rows, point-mass siblings, recursive
     rejection over siblings) repeat run to run with a seed."""
     b = head_tree_bundles["scatter"]
-    args = (b, "hello", "--draft", "head", "--tree", "--no-guard", "--max-new-tokens", 24, "--temperature", 0.8,
-            "--seed", 5, "--threads", 1)
+    args = (
+        b,
+        "hello",
+        "--draft",
+        "head",
+        "--tree",
+        "--no-guard",
+        "--max-new-tokens",
+        24,
+        "--temperature",
+        0.8,
+        "--seed",
+        5,
+        "--threads",
+        1,
+    )
     a, again = cpp_json(*args), cpp_json(*args)
     assert a["token_ids"] == again["token_ids"]
     counts = ("drafted", "accepted", "target_calls", "draft_calls", "accepted_histogram")
@@ -919,8 +1138,13 @@ def test_head_tree_seeded_sampling_repeats(head_tree_bundles):
 
 
 def python_cli_error(*args) -> str:
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", *map(str, args)], capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode == 2, p.stderr
     (line,) = [x for x in p.stderr.splitlines() if x.strip()]
     return line
@@ -932,8 +1156,9 @@ def test_trees_on_a_padded_int4_target_are_python_s_sentence(tiny_bundle_factory
     from specedge.runtime.generator import inexact_tree_refusal
 
     want = inexact_tree_refusal("int4")  # the sentence itself: tests/test_tree_runtime.py
-    b = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True,
-                            int4_kernel="matmulnbits")
+    b = tiny_bundle_factory(
+        family="llama", precision="int4", draft="ngram", max_seq=128, tree=True, int4_kernel="matmulnbits"
+    )
     assert_usage_error(run_cpp(b, "hello", "--tree", "--max-new-tokens", 4, check=False), want)
     assert python_cli_error(b, "hello", "--tree", "--max-new-tokens", 4) == "error: " + want
     assert len(cpp_json(b, "hello", "--max-new-tokens", 4)["token_ids"]) == 4  # chains still run
@@ -944,8 +1169,10 @@ def test_a_prompt_token_the_model_lacks_is_python_s_sentence(tiny_bundle_factory
     is refused by both runtimes with the same sentence naming the token (Engine::generate checks
     every prompt, ids included, as Pipeline.encode does)."""
     b = tiny_bundle_factory(family="qwen2", draft="ngram")
-    want = ("token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), which the tokenizer has "
-            "but the model does not")
+    want = (
+        "token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), which the tokenizer has "
+        "but the model does not"
+    )
     assert_usage_error(run_cpp(b, "a <|endoftext|>", check=False), want)
     assert python_cli_error(b, "a <|endoftext|>") == "error: " + want
 
@@ -1013,11 +1240,30 @@ def test_int4_runtimes_script_drives_the_built_library(tiny_bundle_factory, tmp_
     against the library built here: it runs every prompt of a category without dying, and its
     greedy ids equal the Python runtime's (both target-only and with the n-gram drafter)."""
     out = tmp_path / "rt.json"
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "int4_runtimes.py"), str(tiny_bundle_factory(draft="ngram", max_seq=512)),
-                        "--configs", "py,cpp,cpp+ngram", "--prompts-per-category", "1", "--categories", "code,chat,grounded",
-                        "--max-new-tokens", "24",
-                        "--threads", "1", "--lib", str(BUILD / "libspecedge.so"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "int4_runtimes.py"),
+            str(tiny_bundle_factory(draft="ngram", max_seq=512)),
+            "--configs",
+            "py,cpp,cpp+ngram",
+            "--prompts-per-category",
+            "1",
+            "--categories",
+            "code,chat,grounded",
+            "--max-new-tokens",
+            "24",
+            "--threads",
+            "1",
+            "--lib",
+            str(BUILD / "libspecedge.so"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(out.read_text())["summary"]
     # the tiny tokenizer makes the summarization prompts longer than a tiny bundle's context

@@ -39,12 +39,23 @@ def generate() -> Path:
     """specedge_generate built against the fakes (configured and built once; make reuses it)."""
     missing = [t for t in ("g++", "cmake") if not shutil.which(t)]
     if missing or not (ORT_ROOT / "include").is_dir():
-        pytest.skip(f"needs g++, cmake and third_party/onnxruntime (bash scripts/cpp_setup.sh); missing: "
-                    f"{', '.join(missing) or 'third_party/onnxruntime'}")
-    cfg = ["cmake", "-S", str(REPO / "cpp"), "-B", str(BUILD), f"-DONNXRUNTIME_ROOT={ORT_ROOT}",
-           "-DSPECEDGE_FAKE_TENSORRT=ON", "-DSPECEDGE_BUILD_TESTS=OFF",
-           # unoptimized: the build is most of this test's time, and the tiny model runs as fast
-           "-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_CXX_FLAGS_DEBUG=-O0"]
+        pytest.skip(
+            f"needs g++, cmake and third_party/onnxruntime (bash scripts/cpp_setup.sh); missing: "
+            f"{', '.join(missing) or 'third_party/onnxruntime'}"
+        )
+    cfg = [
+        "cmake",
+        "-S",
+        str(REPO / "cpp"),
+        "-B",
+        str(BUILD),
+        f"-DONNXRUNTIME_ROOT={ORT_ROOT}",
+        "-DSPECEDGE_FAKE_TENSORRT=ON",
+        "-DSPECEDGE_BUILD_TESTS=OFF",
+        # unoptimized: the build is most of this test's time, and the tiny model runs as fast
+        "-DCMAKE_BUILD_TYPE=Debug",
+        "-DCMAKE_CXX_FLAGS_DEBUG=-O0",
+    ]
     build = ["cmake", "--build", str(BUILD), "--target", "specedge_generate", "specedge_fake_refusals", "-j2"]
     with open("/tmp/specedge-cpp.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -78,8 +89,13 @@ def bundle(request, tiny_bundle_factory, tmp_path_factory) -> Path:
 
 
 def run(exe: Path, bundle: Path, prompt: str, *args, env=None, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(exe), str(bundle), prompt, "--json", "--threads", "1", *map(str, args)],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    p = subprocess.run(
+        [str(exe), str(bundle), prompt, "--json", "--threads", "1", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     if check:
         assert p.returncode == 0, p.stderr
     return p
@@ -103,8 +119,17 @@ def test_tokens_equal_ort_cpu_and_python(generate, bundle):
                 if not extra:
                     assert ref["token_ids"] == pipe.generate(prompt, max_new_tokens=24).token_ids
                 for graphs in ("1", "0"):
-                    p = run(generate, bundle, prompt, "--max-new-tokens", 24, "--backend", "tensorrt", *extra,
-                            env={"SPECEDGE_CUDA_GRAPHS": graphs, "SPECEDGE_FAKE_GPU_STATS": "1"})
+                    p = run(
+                        generate,
+                        bundle,
+                        prompt,
+                        "--max-new-tokens",
+                        24,
+                        "--backend",
+                        "tensorrt",
+                        *extra,
+                        env={"SPECEDGE_CUDA_GRAPHS": graphs, "SPECEDGE_FAKE_GPU_STATS": "1"},
+                    )
                     got = json.loads(p.stdout)
                     assert got["token_ids"] == ref["token_ids"], (prompt, extra, graphs)
                     st = fake_stats(p.stderr)
@@ -142,36 +167,54 @@ def test_refusals(generate, bundle, tmp_path, tiny_bundle_factory):
     meta = folder / "target.plan.json"
     info = json.loads(meta.read_text())
     meta.write_text(json.dumps({**info, "gpu_name": "NVIDIA H200"}))
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "engine built for NVIDIA H200 sm_90 with TensorRT 10.3; this device is NVIDIA Fake GPU sm_90")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False),
+        "engine built for NVIDIA H200 sm_90 with TensorRT 10.3; this device is NVIDIA Fake GPU sm_90",
+    )
     meta.write_text(json.dumps({**info, "onnx_sha256": "0" * 64}))
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "the target engine was built from another target/model.onnx than the bundle's")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False),
+        "the target engine was built from another target/model.onnx than the bundle's",
+    )
     # a plan built for TensorRT 10.15 on this 10.3
     meta.write_text(json.dumps({**info, "tensorrt_version": "10.15.1.29"}))
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "with TensorRT 10.15", "this device is NVIDIA Fake GPU sm_90 with TensorRT 10.3")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False),
+        "with TensorRT 10.15",
+        "this device is NVIDIA Fake GPU sm_90 with TensorRT 10.3",
+    )
     meta.write_text(json.dumps(info))
     # another bundle's plan: the size and checksum of plan.json first, then TensorRT's own check
-    other = with_plans(tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", seed=1),
-                       tmp_path / "other")
+    other = with_plans(
+        tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", seed=1), tmp_path / "other"
+    )
     plan = folder / "target.plan"
     own = plan.read_bytes()
     plan.write_bytes((pj.engines_root(other) / pj.device_tag(GPU_NAME, GPU_CC) / "target.plan").read_bytes())
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "target.plan has", "bytes, its plan.json says", "--force")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False),
+        "target.plan has",
+        "bytes, its plan.json says",
+        "--force",
+    )
     plan.write_bytes(own.replace(b'"batch": 1', b'"batch": 2'))  # same size, another plan
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "does not match its plan.json checksum", "--force")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False), "does not match its plan.json checksum", "--force"
+    )
     data = b"NOT-A-PLAN" + plan.read_bytes()
     plan.write_bytes(data)
     meta.write_text(json.dumps({**info, "plan_bytes": len(data), "plan_sha256": pj.sha256_bytes(data)}))
-    assert_refused(run(generate, b, "hi", "--backend", "tensorrt", check=False),
-                   "TensorRT could not load", "Magic tag does not match", "--force")
+    assert_refused(
+        run(generate, b, "hi", "--backend", "tensorrt", check=False),
+        "TensorRT could not load",
+        "Magic tag does not match",
+        "--force",
+    )
     # no GPU at all
-    assert_refused(run(generate, bundle, "hi", "--backend", "tensorrt", env={"SPECEDGE_FAKE_GPU_COUNT": "0"},
-                       check=False),
-                   "backend 'tensorrt' needs a CUDA GPU: cudaErrorNoDevice")
+    assert_refused(
+        run(generate, bundle, "hi", "--backend", "tensorrt", env={"SPECEDGE_FAKE_GPU_COUNT": "0"}, check=False),
+        "backend 'tensorrt' needs a CUDA GPU: cudaErrorNoDevice",
+    )
 
 
 TREE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a", "the cat the cat the cat the cat"]
@@ -181,16 +224,26 @@ def test_tree_bundle_chains_and_tree_rounds(generate, tiny_bundle_factory, tmp_p
     """A `--tensorrt 10.3 --tree` bundle: its TensorRT graph takes `tree_mask`, bound for every
     call (lower-triangular for chains); `--tree` rounds verify trees in one call and commit the
     accepted path in the cache arena (keep_path); greedy ids equal ort-cpu's and target-only."""
-    b = with_plans(tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", tree=True),
-                   tmp_path / "tree")
+    b = with_plans(
+        tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", tree=True), tmp_path / "tree"
+    )
     for prompt in TREE_PROMPTS:
         plain = json.loads(run(generate, b, prompt, "--max-new-tokens", 32, "--no-spec").stdout)["token_ids"]
         for extra in ([], ["--tree", "--no-guard"]):
             ref = json.loads(run(generate, b, prompt, "--max-new-tokens", 32, *extra).stdout)
             assert ref["token_ids"] == plain
             for graphs in ("1", "0"):
-                p = run(generate, b, prompt, "--max-new-tokens", 32, "--backend", "tensorrt", *extra,
-                        env={"SPECEDGE_CUDA_GRAPHS": graphs, "SPECEDGE_FAKE_GPU_STATS": "1"})
+                p = run(
+                    generate,
+                    b,
+                    prompt,
+                    "--max-new-tokens",
+                    32,
+                    "--backend",
+                    "tensorrt",
+                    *extra,
+                    env={"SPECEDGE_CUDA_GRAPHS": graphs, "SPECEDGE_FAKE_GPU_STATS": "1"},
+                )
                 got = json.loads(p.stdout)
                 assert got["token_ids"] == plain, (prompt, extra, graphs)
                 fake_stats(p.stderr)
@@ -198,10 +251,22 @@ def test_tree_bundle_chains_and_tree_rounds(generate, tiny_bundle_factory, tmp_p
                     assert got["stats"]["tree_rounds"] > 0 and got["stats"]["trees_off"] is False
         # a GPU's call cost, flat in T: trees grow to the largest measured size + 2, which the engine's
         # largest profile (16) must bound (it refused "no optimization profile covers T = 17")
-        p = run(generate, b, prompt, "--max-new-tokens", 48, "--backend", "tensorrt", "--tree", "--no-guard",
-                env={"SPECEDGE_FAKE_TRT_STEP_US": "20000"})
-        assert json.loads(p.stdout)["token_ids"] == json.loads(
-            run(generate, b, prompt, "--max-new-tokens", 48, "--no-spec").stdout)["token_ids"]
+        p = run(
+            generate,
+            b,
+            prompt,
+            "--max-new-tokens",
+            48,
+            "--backend",
+            "tensorrt",
+            "--tree",
+            "--no-guard",
+            env={"SPECEDGE_FAKE_TRT_STEP_US": "20000"},
+        )
+        assert (
+            json.loads(p.stdout)["token_ids"]
+            == json.loads(run(generate, b, prompt, "--max-new-tokens", 48, "--no-spec").stdout)["token_ids"]
+        )
 
 
 def test_draft_head_reads_the_engines_features(generate, tiny_bundle_factory, tmp_path):
@@ -212,8 +277,21 @@ def test_draft_head_reads_the_engines_features(generate, tiny_bundle_factory, tm
 
     b = tmp_path / "head"
     shutil.copytree(tiny_bundle_factory("llama", kv_mode=None, tensorrt="10.3", draft="ngram", features=True), b)
-    train_draft(b, TrainOptions(budget="500", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
-                                doc_tokens=600, threads=1, checkpoint_every_s=0.0, checkpoint=str(tmp_path / "ck")))
+    train_draft(
+        b,
+        TrainOptions(
+            budget="500",
+            draft_vocab=48,
+            seq_len=32,
+            batch=2,
+            answer_tokens=16,
+            max_prompts=4,
+            doc_tokens=600,
+            threads=1,
+            checkpoint_every_s=0.0,
+            checkpoint=str(tmp_path / "ck"),
+        ),
+    )
     with_plans(b, tmp_path / "head-trt")
     b = tmp_path / "head-trt"
     for prompt in ("hello there", "def add(a, b): return a + b"):
@@ -233,8 +311,9 @@ def test_the_fakes_refuse_what_tensorrt_and_cuda_refuse(generate, bundle):
     an unset shape, a shape outside the profile, a capture without warm-up, a copy of the wrong
     direction or past an allocation), checked on the fakes themselves with a bundle's plan."""
     plan = pj.engines_root(bundle) / pj.device_tag(GPU_NAME, GPU_CC) / "target.plan"
-    p = subprocess.run([str(generate.with_name("specedge_fake_refusals")), str(plan)], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [str(generate.with_name("specedge_fake_refusals")), str(plan)], capture_output=True, text=True, timeout=120
+    )
     lines = p.stdout.strip().splitlines()
     assert p.returncode == 0 and len(lines) == 14 and all(x.startswith("ok: ") for x in lines), p.stdout + p.stderr
     assert "never freed" not in p.stderr, p.stderr

@@ -25,8 +25,15 @@ def _includes() -> list[tuple[str, str]]:
     return [tuple(p.split("=", 1)) for p in text.split(":") if "=" in p]
 
 
-@pytest.mark.parametrize("label,include", _includes() or [pytest.param("", "", marks=pytest.mark.skip(
-    reason="SPECEDGE_TRT_INCLUDES not set (TensorRT headers are not committed)"))])
+@pytest.mark.parametrize(
+    "label,include",
+    _includes()
+    or [
+        pytest.param(
+            "", "", marks=pytest.mark.skip(reason="SPECEDGE_TRT_INCLUDES not set (TensorRT headers are not committed)")
+        )
+    ],
+)
 @pytest.mark.parametrize("source", SOURCES)
 def test_trt_backend_compiles_against_tensorrt_headers(label, include, source):
     cxx = shutil.which("g++") or shutil.which("c++")
@@ -35,8 +42,28 @@ def test_trt_backend_compiles_against_tensorrt_headers(label, include, source):
     if not cxx or not (Path(cuda) / "cuda_runtime_api.h").is_file() or not ort.is_dir():
         pytest.skip("needs g++, CUDA runtime headers and third_party/onnxruntime (scripts/cpp_setup.sh)")
     assert (Path(include) / "NvInferRuntime.h").is_file(), f"{include} has no NvInferRuntime.h ({label})"
-    res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-DSPECEDGE_WITH_TENSORRT=1",
-                          "-I", str(REPO / "cpp" / "include"), "-I", str(REPO / "cpp" / "src"), "-isystem", str(ort),
-                          "-isystem", include, "-isystem", cuda, str(REPO / "cpp" / "src" / source)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-DSPECEDGE_WITH_TENSORRT=1",
+            "-I",
+            str(REPO / "cpp" / "include"),
+            "-I",
+            str(REPO / "cpp" / "src"),
+            "-isystem",
+            str(ort),
+            "-isystem",
+            include,
+            "-isystem",
+            cuda,
+            str(REPO / "cpp" / "src" / source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0 and "warning" not in res.stderr, f"TensorRT {label}:\n{res.stderr[-4000:]}"

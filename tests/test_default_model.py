@@ -30,8 +30,13 @@ PROMPT = (
 )
 SHORT_PROMPT = "The capital of France is Paris, and the capital of Italy is"
 # A real chat turn: the target answers greedily, the draft is teacher-forced on that answer.
-CHAT = [{"role": "user", "content": "Explain how speculative decoding makes a language model answer faster, "
-         "step by step, and then write a short Python function that checks whether a number is prime."}]
+CHAT = [
+    {
+        "role": "user",
+        "content": "Explain how speculative decoding makes a language model answer faster, "
+        "step by step, and then write a short Python function that checks whether a number is prime.",
+    }
+]
 GREEDY_TOKENS = 96
 MIN_GREEDY_POSITIONS = 64
 
@@ -96,13 +101,13 @@ class Runner:
         else:
             t = ids.shape[1]
             for c, new in zip(self.cache, out[1:]):
-                c[:, :, pos:pos + t] = new
+                c[:, :, pos : pos + t] = new
         return out[0][0]
 
     def prefill(self, ids, chunk: int) -> np.ndarray:
         rows = []
         for s in range(0, len(ids), chunk):
-            rows.append(self.step(ids[s:s + chunk], s))
+            rows.append(self.step(ids[s : s + chunk], s))
         return np.concatenate(rows, 0)
 
 
@@ -124,8 +129,7 @@ def test_target_matches_transformers(manifest, tokenizer, hf_model):
     assert ours.shape == ref.shape == (len(seq), manifest.target.vocab_size)
     d_prefill = float(np.abs(ours[:16] - ref[:16]).max())
     d_decode = float(np.abs(ours[16:] - ref[16:]).max())
-    print(f"\ndefault model fp32 target vs transformers: max |Δlogit| prefill {d_prefill:.2e}, "
-          f"decode {d_decode:.2e}")
+    print(f"\ndefault model fp32 target vs transformers: max |Δlogit| prefill {d_prefill:.2e}, decode {d_decode:.2e}")
     assert d_prefill <= PARITY_TOL and d_decode <= PARITY_TOL
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
@@ -155,8 +159,10 @@ def test_self_draft_agrees_with_target(draft_manifest):
     t = Runner(m, m.target).prefill(ids, chunk)
     d = Runner(m, m.draft).prefill(ids, chunk)
     agree = float((t.argmax(-1) == d.argmax(-1)).mean())
-    print(f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
-          f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(ids)} positions (teacher-forced prose)")
+    print(
+        f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
+        f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(ids)} positions (teacher-forced prose)"
+    )
     assert agree >= AGREEMENT_MIN
 
 
@@ -177,9 +183,11 @@ def test_self_draft_agrees_on_a_greedy_chat_answer(draft_manifest):
         logits = target.step(answer[-1:], len(ids) + i)[-1]
     assert len(answer) >= MIN_GREEDY_POSITIONS, f"the target stopped after {len(answer)} tokens"
     d = Runner(m, m.draft).prefill(ids + answer[:-1], m.prefill_chunk)
-    agree = float((d[len(ids) - 1:].argmax(-1) == np.array(answer)).mean())
-    print(f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
-          f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(answer)} positions of a greedy chat answer")
+    agree = float((d[len(ids) - 1 :].argmax(-1) == np.array(answer)).mean())
+    print(
+        f"\ndefault model {m.draft.precision} draft ({m.draft.quantization.get('method', 'requantized')}) vs "
+        f"fp32 target: greedy top-1 agreement {agree:.1%} on {len(answer)} positions of a greedy chat answer"
+    )
     assert agree >= AGREEMENT_MIN
 
 
@@ -190,8 +198,14 @@ def test_torch_backend_tree_generation_on_the_real_model(default_bundle):
     pytest.importorskip("torch")
     from specedge.runtime.api import load
 
-    pipe = load(default_bundle, backend="torch", draft="ngram", verify="size", warmup=False,
-                backend_options={"device": "cpu", "dtype": "float32"})
+    pipe = load(
+        default_bundle,
+        backend="torch",
+        draft="ngram",
+        verify="size",
+        warmup=False,
+        backend_options={"device": "cpu", "dtype": "float32"},
+    )
     ort_pipe = load(default_bundle, draft="ngram", verify="size", warmup=False, threads=2)
     branched = []  # tree calls whose mask is not a chain's
     run_tree = pipe.target.run_tree

@@ -7,7 +7,6 @@ import hashlib
 import json
 import sys
 import types
-
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 import specedge.engines
 from specedge.cli.main import main
+from specedge.contract import check_graph_names, graph_io, parse_kv_name
 from specedge.engines.builder import BuildOptions, build_engines, typing_mode
 from specedge.engines.plan_json import (
     EngineError,
@@ -32,7 +32,6 @@ from specedge.engines.plan_json import (
 )
 from specedge.engines.profiles import Profile, build_profiles, input_shapes, range_profile, select_profile
 from specedge.errors import UserError
-from specedge.contract import check_graph_names, graph_io, parse_kv_name
 from specedge.manifest import ModelSpec, load_manifest
 from specedge.runtime.backends.base import BackendError
 from specedge.runtime.backends.binding import (
@@ -49,8 +48,16 @@ L, KVH, HD, S, V = 3, 2, 4, 32, 17
 
 
 def spec(kv_dtype="float16"):
-    return ModelSpec(role="target", kind="model", precision="fp16", kv_dtype=kv_dtype, num_layers=L,
-                     num_kv_heads=KVH, head_dim=HD, vocab_size=V)
+    return ModelSpec(
+        role="target",
+        kind="model",
+        precision="fp16",
+        kv_dtype=kv_dtype,
+        num_layers=L,
+        num_kv_heads=KVH,
+        head_dim=HD,
+        vocab_size=V,
+    )
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -59,7 +66,10 @@ def spec(kv_dtype="float16"):
 def test_profiles_exact_for_decode_and_verify_range_for_prefill():
     ps = build_profiles(4, 64)
     assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in ps] == [
-        ("decode", 1, 1, 1), ("verify", 5, 5, 5), ("prefill", 1, 64, 64)]
+        ("decode", 1, 1, 1),
+        ("verify", 5, 5, 5),
+        ("prefill", 1, 64, 64),
+    ]
     assert [p.exact for p in ps] == [True, True, False]
     assert select_profile(ps, 1) == 0 and select_profile(ps, 5) == 1
     assert select_profile(ps, 3) == 2 and select_profile(ps, 64) == 2  # a short last chunk, a short draft
@@ -69,10 +79,15 @@ def test_profiles_exact_for_decode_and_verify_range_for_prefill():
 
 def test_profiles_when_sizes_coincide():
     assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in build_profiles(4, 5)] == [
-        ("decode", 1, 1, 1), ("verify+prefill", 1, 5, 5)]
+        ("decode", 1, 1, 1),
+        ("verify+prefill", 1, 5, 5),
+    ]
     assert [(p.name, p.t_min, p.t_max) for p in build_profiles(1, 1)] == [("decode+prefill", 1, 1), ("verify", 1, 2)]
     assert [(p.name, p.t_min, p.t_opt, p.t_max) for p in build_profiles(8, 4)] == [
-        ("decode", 1, 1, 1), ("prefill", 4, 4, 4), ("verify", 1, 9, 9)]
+        ("decode", 1, 1, 1),
+        ("prefill", 4, 4, 4),
+        ("verify", 1, 9, 9),
+    ]
     assert range_profile(4, 64) == Profile("all", 1, 5, 64)
     with pytest.raises(ValueError):
         Profile("bad", 2, 1, 3)
@@ -139,8 +154,16 @@ def test_binding_plan_of_a_tree_graph_binds_its_mask():
 
 
 def _spec(layers, kv_heads, head_dim, kv_dtype="float16"):
-    return ModelSpec(role="target", kind="model", precision="fp16", kv_dtype=kv_dtype, num_layers=layers,
-                     num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=V)
+    return ModelSpec(
+        role="target",
+        kind="model",
+        precision="fp16",
+        kv_dtype=kv_dtype,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=V,
+    )
 
 
 # (spec, max_seq): kv_heads 3 x head_dim 64 fp16 gives 384-byte delta tensors at T = 1 (misaligned
@@ -244,13 +267,18 @@ def test_delta_copies_write_the_same_cache_as_a_direct_numpy_write(sp, max_seq, 
         for j in range(layout.num_tensors):
             kind, layer = divmod(j, sp.num_layers)
             o = layout.offset(kind, layer)
-            np.testing.assert_array_equal(buf[o : o + layout.tensor_bytes].view(dt).reshape(layout.tensor_shape), tensors[j])
+            np.testing.assert_array_equal(
+                buf[o : o + layout.tensor_bytes].view(dt).reshape(layout.tensor_shape), tensors[j]
+            )
 
     copies = delta_copy(cache, t, pos)
     assert len(copies) == n_copies == (1 if cache.dense and delta.dense else 2 * sp.num_layers)
     rows = sum(c.height for c in copies)
     assert rows == 2 * sp.num_layers * batch * sp.num_kv_heads
-    assert all(c.width == t * sp.head_dim * cache.itemsize and c.dpitch == max_seq * sp.head_dim * cache.itemsize for c in copies)
+    assert all(
+        c.width == t * sp.head_dim * cache.itemsize and c.dpitch == max_seq * sp.head_dim * cache.itemsize
+        for c in copies
+    )
     _simulate(copies, dst, src)
     np.testing.assert_array_equal(cache.tensors(dst.view(dt)), want)
     _assert_padding_is(cache, dst, 0xAB)
@@ -299,7 +327,9 @@ def test_delta_copy_refuses_overflow_and_empty_calls():
 def test_check_graph_names():
     ins, outs = [t.name for t in graph_io(spec(), "scatter", S)[0]], [t.name for t in graph_io(spec(), "scatter", S)[1]]
     check_graph_names("target", ins, outs, ins, outs + ["argmax", "hidden_states"])
-    with pytest.raises(ValueError, match=r"target graph does not follow.*missing input\(s\) 'past_key.2'.*missing output"):
+    with pytest.raises(
+        ValueError, match=r"target graph does not follow.*missing input\(s\) 'past_key.2'.*missing output"
+    ):
         check_graph_names("target", ins, outs, [n for n in ins if n != "past_key.2"], outs[:-1])
     with pytest.raises(ValueError, match="unexpected input"):
         check_graph_names("draft", ins, outs, ins + ["attention_mask"], outs)
@@ -314,10 +344,22 @@ def test_graph_ids_per_size():
 
 def info(**kw) -> PlanInfo:
     base = dict(
-        role="target", plan_file="target.plan", plan_sha256=hashlib.sha256(b"PLAN").hexdigest(), plan_bytes=4,
-        tensorrt_version="10.15.1.29", gpu_name="NVIDIA H200", compute_capability="9.0", kv_mode="scatter",
-        max_seq=S, batch=1, precision="fp16", profiles=build_profiles(4, 64), onnx_path="target/model.onnx",
-        onnx_sha256="ab" * 32, build_options={"requested": {}}, extra_outputs=["argmax"],
+        role="target",
+        plan_file="target.plan",
+        plan_sha256=hashlib.sha256(b"PLAN").hexdigest(),
+        plan_bytes=4,
+        tensorrt_version="10.15.1.29",
+        gpu_name="NVIDIA H200",
+        compute_capability="9.0",
+        kv_mode="scatter",
+        max_seq=S,
+        batch=1,
+        precision="fp16",
+        profiles=build_profiles(4, 64),
+        onnx_path="target/model.onnx",
+        onnx_sha256="ab" * 32,
+        build_options={"requested": {}},
+        extra_outputs=["argmax"],
     )
     base.update(kw)
     return PlanInfo(**base)
@@ -384,7 +426,12 @@ def test_plan_bytes_and_manifest_checks(tmp_path):
     with pytest.raises(EngineError, match="built for kv mode scatter, max_seq 32.*delta"):
         check_against_manifest(i, types.SimpleNamespace(**{**vars(m), "kv_mode": "delta"}), sp, "target/model.onnx")
     with pytest.raises(EngineError, match="another target/model.onnx"):
-        check_against_manifest(i, types.SimpleNamespace(**{**vars(m), "files": {"target/model.onnx": {"sha256": "cd" * 32}}}), sp, "target/model.onnx")
+        check_against_manifest(
+            i,
+            types.SimpleNamespace(**{**vars(m), "files": {"target/model.onnx": {"sha256": "cd" * 32}}}),
+            sp,
+            "target/model.onnx",
+        )
     with pytest.raises(EngineError, match="describes the target model"):
         check_against_manifest(i, m, types.SimpleNamespace(role="draft"), "target/model.onnx")
     with pytest.raises(EngineError, match="missing"):
@@ -392,12 +439,15 @@ def test_plan_bytes_and_manifest_checks(tmp_path):
 
 
 def test_no_engine_message_points_at_what_exists(tmp_path):
-    assert "has no TensorRT engine for this device (Orin sm_87 with TensorRT 10.3)" in no_engine_message(tmp_path, "target", "Orin", "8.7", "10.3.0")
+    assert "has no TensorRT engine for this device (Orin sm_87 with TensorRT 10.3)" in no_engine_message(
+        tmp_path, "target", "Orin", "8.7", "10.3.0"
+    )
     d = tmp_path / "engines" / "nvidia-h200-sm90"
     d.mkdir(parents=True)
     (d / "target.plan.json").write_text(json.dumps(info().to_json()))
     assert no_engine_message(tmp_path, "target", "Orin", "8.7", "10.3.0").startswith(
-        "engine built for NVIDIA H200 sm_90 with TensorRT 10.15; this device is Orin sm_87")
+        "engine built for NVIDIA H200 sm_90 with TensorRT 10.15; this device is Orin sm_87"
+    )
 
 
 # ----------------------------------------------------------------------------- the TensorRT version gate
@@ -459,7 +509,15 @@ class FakeTRT(types.ModuleType):
         super().__init__("tensorrt")
         self.__version__ = version
         fake = self
-        self.calls = {"builds": 0, "parsed": [], "shapes": [], "flags": [], "net_flags": [], "workspace": [], "cache_in": []}
+        self.calls = {
+            "builds": 0,
+            "parsed": [],
+            "shapes": [],
+            "flags": [],
+            "net_flags": [],
+            "workspace": [],
+            "cache_in": [],
+        }
         self.Logger = type("Logger", (), {"WARNING": 2, "ERROR": 1, "__init__": lambda s, lvl: None})
         self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=5)
         self.BuilderFlag = types.SimpleNamespace(FP16="FP16", BF16="BF16")
@@ -518,9 +576,11 @@ class FakeTRT(types.ModuleType):
                 graph = onnx.load(path, load_external_data=False).graph
                 for i, n in enumerate(graph.node):
                     if n.domain not in ("", "ai.onnx") or n.op_type not in known_ops:
-                        self.errors.append(f"In node {i} with name: {n.name} and operator: {n.op_type} "
-                                           "(checkFallbackPluginImporter): INVALID_NODE: creator && \"Plugin not "
-                                           "found, are the plugin name, version, and namespace correct?\"")
+                        self.errors.append(
+                            f"In node {i} with name: {n.name} and operator: {n.op_type} "
+                            '(checkFallbackPluginImporter): INVALID_NODE: creator && "Plugin not '
+                            'found, are the plugin name, version, and namespace correct?"'
+                        )
                         return False
                 self.network.inputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in ins]
                 self.network.outputs = [_T(t.name, [-1 if d == "T" else d for d in t.shape]) for t in outs]
@@ -585,7 +645,6 @@ class FakeTRT(types.ModuleType):
 def _onnx_bytes(weights_at: str | None = None, opset: int = 24) -> bytes:
     """A graph file the bundle check can read (the fake parser ignores its content); with
     `weights_at`, one initializer whose external data lies there."""
-    import onnx
     from onnx import TensorProto, helper
 
     inits = []
@@ -601,23 +660,44 @@ def _onnx_bytes(weights_at: str | None = None, opset: int = 24) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10).SerializeToString()
 
 
-def _bundle(tmp_path, kv_mode="scatter", precision="fp16", weights_at=None, opset=24, flavour="portable",
-            backends=("tensorrt",), exported_for=None):
+def _bundle(
+    tmp_path,
+    kv_mode="scatter",
+    precision="fp16",
+    weights_at=None,
+    opset=24,
+    flavour="portable",
+    backends=("tensorrt",),
+    exported_for=None,
+):
     d = tmp_path / "bundle"
     (d / "target").mkdir(parents=True)
     data = _onnx_bytes(weights_at, opset)
     (d / "target" / "model.onnx").write_bytes(data)
     ins, outs = graph_io(spec(), kv_mode, S)
     m = {
-        "schema_version": 1, "created_by": "test", "max_seq": S, "batch": 1, "kv_mode": kv_mode,
+        "schema_version": 1,
+        "created_by": "test",
+        "max_seq": S,
+        "batch": 1,
+        "kv_mode": kv_mode,
         "spec": {"k": 4, "prefill_chunk": 16},
         "tokenizer": {"vocab_size": V, "eos_token_ids": [0], "bos_token_id": None, "add_bos": False, "files": []},
         "models": {
             "target": {
-                "kind": "model", "family": "toy", "source": "", "precision": precision, "kv_dtype": "float16",
-                "num_layers": L, "num_kv_heads": KVH, "head_dim": HD, "hidden_size": 8, "vocab_size": V,
+                "kind": "model",
+                "family": "toy",
+                "source": "",
+                "precision": precision,
+                "kv_dtype": "float16",
+                "num_layers": L,
+                "num_kv_heads": KVH,
+                "head_dim": HD,
+                "hidden_size": 8,
+                "vocab_size": V,
                 "graphs": [{"flavour": flavour, "path": "target/model.onnx", "backends": list(backends)}],
-                "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
+                "inputs": [t.to_json() for t in ins],
+                "outputs": [t.to_json() for t in outs],
             },
             "draft": {"kind": "ngram"},
         },
@@ -654,13 +734,21 @@ def test_build_engines_writes_plan_and_plan_json_atomically(tmp_path, fake_trt):
     assert (out / "target.plan").read_bytes() == b"PLAN-1"
     i = load_plan_info(out / "target.plan.json")
     assert i.to_json() == infos[0].to_json()
-    assert (i.gpu_name, i.compute_capability, i.tensorrt_version, i.kv_mode) == ("NVIDIA H200", "9.0", "10.15.1.29", "scatter")
+    assert (i.gpu_name, i.compute_capability, i.tensorrt_version, i.kv_mode) == (
+        "NVIDIA H200",
+        "9.0",
+        "10.15.1.29",
+        "scatter",
+    )
     assert [p.to_json() for p in i.profiles] == [p.to_json() for p in build_profiles(4, 16)]
     assert i.extra_outputs == ["argmax"] and i.build_options["strongly_typed"] is True
     assert i.onnx_sha256 == json.loads((b / "manifest.json").read_text())["files"]["target/model.onnx"]["sha256"]
     verify_plan_bytes(i, b"PLAN-1", "target.plan")
-    assert fake.calls["shapes"] == [("input_ids", (1, 1), (1, 1), (1, 1)), ("input_ids", (1, 5), (1, 5), (1, 5)),
-                                    ("input_ids", (1, 1), (1, 16), (1, 16))]
+    assert fake.calls["shapes"] == [
+        ("input_ids", (1, 1), (1, 1), (1, 1)),
+        ("input_ids", (1, 5), (1, 5), (1, 5)),
+        ("input_ids", (1, 1), (1, 16), (1, 16)),
+    ]
     assert fake.calls["net_flags"] == [1 << 5] and fake.calls["flags"] == []
     assert fake.calls["workspace"] == [("WORKSPACE", int(1.5 * (1 << 30)))]
     assert (out / "timing.cache").read_bytes() == b"+"
@@ -691,7 +779,9 @@ def test_build_engines_refuses_matmulnbits_graphs(tmp_path, fake_trt, capsys, pr
     b = _bundle(tmp_path, precision=precision)
     assert main(["build-engines", str(b)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: the target is {precision} (ONNX Runtime's MatMulNBits)") and "--precision fp16" in err
+    assert (
+        err.startswith(f"error: the target is {precision} (ONNX Runtime's MatMulNBits)") and "--precision fp16" in err
+    )
     assert fake.calls["builds"] == 0 and not (b / "engines").exists()
 
 
@@ -758,8 +848,9 @@ def _stand_in_parse(fake, onnx_path):
     return parser.parse_from_file(str(onnx_path)), [parser.get_error(i) for i in range(parser.num_errors)]
 
 
-def test_fp32_scatter_bundle_fails_on_the_10_3_stand_in_and_builds_on_10_16(tiny_bundle_factory, tmp_path, fake_trt,
-                                                                              capsys):
+def test_fp32_scatter_bundle_fails_on_the_10_3_stand_in_and_builds_on_10_16(
+    tiny_bundle_factory, tmp_path, fake_trt, capsys
+):
     b = _tiny_copy(tiny_bundle_factory, tmp_path, "scatter")
     m = load_manifest(b)
     graph = m.path(m.target.graph_for("tensorrt").path)
@@ -795,7 +886,8 @@ def test_fp32_delta_bundle_is_refused_on_10_3_with_the_table_sentence(tiny_bundl
     err = capsys.readouterr().err
     assert err == (
         "error: TensorRT 10.3's ONNX parser cannot import this bundle (target/model.onnx uses opset 24 (from 10.15), "
-        "RMSNormalization (from 10.15)): export the bundle with `export-models --tensorrt 10.3`\n")
+        "RMSNormalization (from 10.15)): export the bundle with `export-models --tensorrt 10.3`\n"
+    )
     assert fake.calls["parsed"] == [graph] and not (b / "engines").exists()  # only the direct parse above
     # JetPack 7.0 / 7.1 (TensorRT 10.13 / 10.14) do not import RMSNormalization either.
     for version in ("10.13.3.9", "10.14.1.48"):
@@ -813,7 +905,8 @@ def test_build_engines_refuses_a_bundle_exported_for_a_newer_tensorrt(tmp_path, 
     assert main(["build-engines", str(b)]) == 2
     assert capsys.readouterr().err == (
         "error: this bundle was exported for TensorRT 10.16 and this machine has TensorRT 10.3: "
-        "export it again with `export-models --tensorrt 10.3`\n")
+        "export it again with `export-models --tensorrt 10.3`\n"
+    )
     assert fake.calls["parsed"] == [] and not (b / "engines").exists()
 
 
@@ -831,7 +924,8 @@ def test_build_engines_refuses_a_bundle_without_a_graph_for_tensorrt(tmp_path, f
     assert main(["build-engines", str(b)]) == 2
     assert capsys.readouterr().err == (
         "error: this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
-        "export it with `export-models --tensorrt 10.15`\n")
+        "export it with `export-models --tensorrt 10.15`\n"
+    )
     assert fake.calls["parsed"] == []
 
 
@@ -841,4 +935,5 @@ def test_build_engines_refuses_tensorrt_older_than_the_table(tmp_path, fake_trt,
     assert main(["build-engines", str(b)]) == 2
     assert capsys.readouterr().err == (
         "error: TensorRT 10.1.0.27 is older than 10.3, the oldest TensorRT specedge supports: "
-        "install one of 10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1 (or newer)\n")
+        "install one of 10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1 (or newer)\n"
+    )

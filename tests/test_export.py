@@ -20,10 +20,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from specedge.contract import graph_io
 from specedge.errors import UserError
 from specedge.export import pipeline
 from specedge.export.pipeline import ExportOptions, export_bundle
-from specedge.contract import graph_io
 from specedge.manifest import MANIFEST_NAME, BundleError, load_manifest, parse_manifest
 from specedge.models import FAMILIES, build_model, load_weights
 
@@ -84,7 +84,7 @@ def _session(path: Path, log_level: int = 3) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_model(ckpt: str):
     from transformers import AutoModelForCausalLM
 
@@ -148,7 +148,7 @@ class OrtDriver:
             self.cache = outs[1:]
         else:
             for c, new in zip(self.cache, outs[1:]):
-                c[:, :, pos:pos + t] = new
+                c[:, :, pos : pos + t] = new
         return outs[0], outs[1:]
 
 
@@ -166,7 +166,7 @@ class TorchDriver:
             self.cache = list(out[1:])
         else:
             for c, new in zip(self.cache, out[1:]):
-                c[:, :, pos:pos + t] = new
+                c[:, :, pos : pos + t] = new
         return out[0].numpy(), [o.numpy() for o in out[1:]]
 
 
@@ -268,7 +268,9 @@ def _quantized_check(bundle: Path, role: str, bits: int, kv_mode: str = "scatter
         scale = float(np.abs(le).max())
         MAX_DIFF[f"logits llama {kv_mode} {role} {g.flavour} int{bits} vs fake-quant"] = d_fq
         MAX_DIFF[f"logits llama {kv_mode} {role} {g.flavour} int{bits} vs fp32"] = d_exact
-        assert d_fq <= 0.1 * scale, f"int{bits} graph vs fake-quantized module: max |Δ| {d_fq:.3f} (logit scale {scale:.2f})"
+        assert d_fq <= 0.1 * scale, (
+            f"int{bits} graph vs fake-quantized module: max |Δ| {d_fq:.3f} (logit scale {scale:.2f})"
+        )
         agree = float((got.argmax(-1) == lq.argmax(-1)).mean())
         assert agree >= 0.8, f"int{bits} greedy top-1 agrees with the fake-quantized module on {agree:.0%} only"
 
@@ -293,8 +295,11 @@ def _all_nodes(graph):
 
 def _io(values) -> list[tuple]:
     return [
-        (v.name, ELEM.get(v.type.tensor_type.elem_type, f"?{v.type.tensor_type.elem_type}"),
-         [d.dim_param if d.HasField("dim_param") else d.dim_value for d in v.type.tensor_type.shape.dim])
+        (
+            v.name,
+            ELEM.get(v.type.tensor_type.elem_type, f"?{v.type.tensor_type.elem_type}"),
+            [d.dim_param if d.HasField("dim_param") else d.dim_value for d in v.type.tensor_type.shape.dim],
+        )
         for v in values
     ]
 
@@ -329,7 +334,8 @@ def check_graph_contract(m, spec, g) -> None:
             if d.HasField("dim_param"):
                 assert d.dim_param == "T", f"{where}: {v.name} has symbolic dim {d.dim_param!r}"
                 assert (v.name, axis) in {("input_ids", 1), ("logits", 1)} or (
-                    v.name.startswith("new_") and axis == 2), f"{where}: {v.name} axis {axis} is dynamic"
+                    v.name.startswith("new_") and axis == 2
+                ), f"{where}: {v.name} axis {axis} is dynamic"
             else:
                 assert d.dim_value > 0, f"{where}: {v.name} axis {axis} has no size"
     # Opset 24 (TensorScatter), the cache write in scatter mode only.
@@ -398,8 +404,11 @@ def test_portable_graphs_use_standard_onnx_ops(tiny_bundle_factory):
     graphs (MatMulNBits) must therefore not be offered to TensorRT at all."""
     bad = []
     offered = 0
-    for name, bundle in (("llama-scatter", tiny_bundle_factory()), ("llama-scatter-both", _both(tiny_bundle_factory)),
-                         ("llama-fp16", _fp16(tiny_bundle_factory))):
+    for name, bundle in (
+        ("llama-scatter", tiny_bundle_factory()),
+        ("llama-scatter-both", _both(tiny_bundle_factory)),
+        ("llama-fp16", _fp16(tiny_bundle_factory)),
+    ):
         m = load_manifest(bundle)
         for spec in (m.target, m.draft):
             for g in spec.graphs if spec.is_model else []:
@@ -456,8 +465,9 @@ def test_scatter_updates_the_bound_buffer_in_place(tiny_bundle_factory, capfd, r
     # Control: separate output buffers. ORT copies past into present (and TensorScatter says so).
     arrs = [a.copy() for a in base]
     ins = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in zip(_cache_names(n, "past"), arrs)}
-    outs = {name: ort.OrtValue.ortvalue_from_numpy(np.zeros_like(a))
-            for name, a in zip(_cache_names(n, "present"), arrs)}
+    outs = {
+        name: ort.OrtValue.ortvalue_from_numpy(np.zeros_like(a)) for name, a in zip(_cache_names(n, "present"), arrs)
+    }
     io = _bind_and_run(sess, spec, ins, outs, ids, pos)
     expect = [outs[name].numpy().copy() for name in _cache_names(n, "present")]
     ref_logits = io.copy_outputs_to_cpu()[-1]
@@ -483,19 +493,19 @@ def test_scatter_updates_the_bound_buffer_in_place(tiny_bundle_factory, capfd, r
     for a, b, e in zip(arrs, base, expect):
         # The numpy buffer itself now holds the new K/V at position..position+T-1; slots before
         # are untouched. (Slots after may be left as they were or not: they are masked.)
-        np.testing.assert_allclose(a[:, :, pos:pos + 3], e[:, :, pos:pos + 3], rtol=0, atol=1e-6)
-        assert not np.array_equal(a[:, :, pos:pos + 3], b[:, :, pos:pos + 3])
+        np.testing.assert_allclose(a[:, :, pos : pos + 3], e[:, :, pos : pos + 3], rtol=0, atol=1e-6)
+        assert not np.array_equal(a[:, :, pos : pos + 3], b[:, :, pos : pos + 3])
         np.testing.assert_array_equal(a[:, :, :pos], b[:, :, :pos])
         if scatter:
             np.testing.assert_array_equal(a, e)
-            np.testing.assert_array_equal(a[:, :, pos + 3:], b[:, :, pos + 3:])
+            np.testing.assert_array_equal(a[:, :, pos + 3 :], b[:, :, pos + 3 :])
     # A second step keeps writing into the same memory.
     snapshot = [a.copy() for a in arrs]
     _bind_and_run(sess, spec, ins, outs, ids[:, :1], pos + 3)
     assert INPLACE_COPY_LOG not in capfd.readouterr().err
     for a, s in zip(arrs, snapshot):
         assert not np.array_equal(a[:, :, pos + 3], s[:, :, pos + 3])
-        np.testing.assert_array_equal(a[:, :, :pos + 3], s[:, :, :pos + 3])
+        np.testing.assert_array_equal(a[:, :, : pos + 3], s[:, :, : pos + 3])
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -567,6 +577,7 @@ def _failing_export_one(calls, exc):
         orig(tmp, role, *a, **kw)
         calls.append((role, (Path(tmp) / role / "model.onnx").is_file(), Path(tmp).name))
         raise exc
+
     return boom
 
 
@@ -584,15 +595,17 @@ def test_failed_export_leaves_nothing_behind(tiny_checkpoint_factory, tmp_path, 
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_failed_forced_reexport_keeps_the_old_bundle(tiny_bundle_factory, tiny_checkpoint_factory, tmp_path,
-                                                     monkeypatch):
+def test_failed_forced_reexport_keeps_the_old_bundle(
+    tiny_bundle_factory, tiny_checkpoint_factory, tmp_path, monkeypatch
+):
     out = tmp_path / "bundle"
     shutil.copytree(tiny_bundle_factory(), out)
     before = {p.relative_to(out).as_posix(): _sha(p) for p in out.rglob("*") if p.is_file()}
     calls: list = []
     monkeypatch.setattr(pipeline, "_export_one", _failing_export_one(calls, KeyboardInterrupt()))
-    opts = ExportOptions(target=str(tiny_checkpoint_factory("llama")), draft="ngram", out=str(out), max_seq=32,
-                         force=True)
+    opts = ExportOptions(
+        target=str(tiny_checkpoint_factory("llama")), draft="ngram", out=str(out), max_seq=32, force=True
+    )
     with pytest.raises(KeyboardInterrupt):
         export_bundle(opts)
     assert calls and calls[0][:2] == ("target", True)
@@ -673,8 +686,9 @@ def test_draft_with_padded_embedding_rows_is_accepted(tiny_checkpoint_factory, t
     monkeypatch.setattr(pipeline, "_export_one", reached)
     out = tmp_path / "out" / "bundle"
     with pytest.raises(_Reached):
-        export_bundle(ExportOptions(target=str(target), draft=str(draft), out=str(out), max_seq=32,
-                                    draft_precision="fp32"))
+        export_bundle(
+            ExportOptions(target=str(target), draft=str(draft), out=str(out), max_seq=32, draft_precision="fp32")
+        )
     assert seen == [("target", 256)]
     assert not out.exists() and list(out.parent.iterdir()) == []
     # The rule itself: padding rows are fine, fewer rows than the tokenizer are not.

@@ -30,8 +30,13 @@ BIN = Path(sys.executable).parent
 
 def _env(tmp_path: Path) -> dict:
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"),
-               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf-home"),
+        PYTHONDONTWRITEBYTECODE="1",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -49,12 +54,20 @@ def _drop_dac_caps():
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
 
 
-def run(args: list[str], cwd: Path, *, module: str = "specedge.cli.export_models", obey_permissions: bool = False,
-        env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run(
+    args: list[str],
+    cwd: Path,
+    *,
+    module: str = "specedge.cli.export_models",
+    obey_permissions: bool = False,
+    env: dict | None = None,
+    timeout: int = 600,
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, *(["-m", module] if module else []), *args]
     pre = _drop_dac_caps if obey_permissions and os.geteuid() == 0 else None
-    return subprocess.run(cmd, cwd=str(cwd), env=env or _env(cwd), capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=pre)
+    return subprocess.run(
+        cmd, cwd=str(cwd), env=env or _env(cwd), capture_output=True, text=True, timeout=timeout, preexec_fn=pre
+    )
 
 
 def assert_bad_input(res: subprocess.CompletedProcess, *fragments: str, out: Path | None = None) -> str:
@@ -71,8 +84,11 @@ def assert_bad_input(res: subprocess.CompletedProcess, *fragments: str, out: Pat
     if out is not None:
         assert not out.exists(), f"{out} was left behind"
         if out.parent.is_dir():
-            left = [p.name for p in out.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name
-                    or p.name.startswith(".specedge-probe-")]
+            left = [
+                p.name
+                for p in out.parent.iterdir()
+                if ".partial-" in p.name or ".old-" in p.name or p.name.startswith(".specedge-probe-")
+            ]
             assert not left, f"partial folders left behind: {left}"
     return line
 
@@ -113,15 +129,18 @@ def out(tmp_path) -> Path:
 # ----------------------------------------------------------------------------- argument checks
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--spec-tokens", "0"], "--spec-tokens must be between 1 and 16, got 0"),
-    (["--spec-tokens", "17"], "--spec-tokens must be between 1 and 16, got 17"),
-    (["--max-seq", "8"], "--max-seq must be at least 16, got 8"),
-    (["--max-seq", "15"], "--max-seq must be at least 16, got 15"),
-    (["--max-seq", "2000000"], "--max-seq must be at most 1048576, got 2000000"),
-    (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
-    (["--block-size", "48"], "--block-size must be 16, 32, 64, 128 or 256, got 48"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--spec-tokens", "0"], "--spec-tokens must be between 1 and 16, got 0"),
+        (["--spec-tokens", "17"], "--spec-tokens must be between 1 and 16, got 17"),
+        (["--max-seq", "8"], "--max-seq must be at least 16, got 8"),
+        (["--max-seq", "15"], "--max-seq must be at least 16, got 15"),
+        (["--max-seq", "2000000"], "--max-seq must be at most 1048576, got 2000000"),
+        (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+        (["--block-size", "48"], "--block-size must be 16, 32, 64, 128 or 256, got 48"),
+    ],
+)
 def test_bad_numbers(ckpt, out, tmp_path, args, fragment):
     res = run(["--target", str(ckpt), "--out", str(out), *args], tmp_path)
     assert_bad_input(res, fragment, out=out)
@@ -230,8 +249,20 @@ def test_folder_without_config(out, tmp_path):
 
 def test_tokenizer_mismatch(tiny_checkpoint_factory, ckpt, out, tmp_path):
     _swap_two_tokens(ckpt)  # same size and file names; two ids exchanged
-    res = run(["--target", str(tiny_checkpoint_factory("llama")), "--draft", str(ckpt), "--out", str(out),
-               "--max-seq", "64", "--quiet"], tmp_path)
+    res = run(
+        [
+            "--target",
+            str(tiny_checkpoint_factory("llama")),
+            "--draft",
+            str(ckpt),
+            "--out",
+            str(out),
+            "--max-seq",
+            "64",
+            "--quiet",
+        ],
+        tmp_path,
+    )
     assert_bad_input(res, "tokenizer differs", "same vocabulary", out=out)
 
 
@@ -325,8 +356,14 @@ def test_console_script_exports_a_bundle(ckpt, out, tmp_path):
     exe = BIN / "export-models"
     if not exe.exists():
         pytest.skip(f"console script not installed next to {sys.executable}")
-    res = subprocess.run([str(exe), "--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32",
-                          "--json"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [str(exe), "--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32", "--json"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["bundle"] == str(out) and info["max_seq"] == 32 and info["draft"]["kind"] == "ngram"
@@ -342,19 +379,42 @@ def test_inspect_text(tiny_bundle_factory, tmp_path):
     bundle = tiny_bundle_factory()
     m = load_manifest(bundle)
     # Run in a child that must not import torch: inspect is a runtime-side command.
-    code = ("import sys; from specedge.cli.main import main; rc = main(['inspect', sys.argv[1]]); "
-            "assert 'torch' not in sys.modules, 'inspect imported torch'; sys.exit(rc)")
-    res = subprocess.run([sys.executable, "-c", code, str(bundle)], cwd=tmp_path, env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from specedge.cli.main import main; rc = main(['inspect', sys.argv[1]]); "
+        "assert 'torch' not in sys.modules, 'inspect imported torch'; sys.exit(rc)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(bundle)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     text = res.stdout
     n = m.target.num_layers
     kv = f"[1,{m.target.num_kv_heads},{m.max_seq},{m.target.head_dim}]"
-    for want in ("scatter", f"max_seq      {m.max_seq}", f"k            {m.spec_tokens}",
-                 f"prefill chunk {m.prefill_chunk}", "eos ids [" + ", ".join(map(str, m.eos_token_ids)) + "]",
-                 "target", "draft", "llama", "fp32", "int4", "MatMulNBits", "input_ids", "[1,T]",
-                 "logits", f"[1,T,{m.target.vocab_size}]", "total", "target/model.onnx.data",
-                 "tokenizer.json"):
+    for want in (
+        "scatter",
+        f"max_seq      {m.max_seq}",
+        f"k            {m.spec_tokens}",
+        f"prefill chunk {m.prefill_chunk}",
+        "eos ids [" + ", ".join(map(str, m.eos_token_ids)) + "]",
+        "target",
+        "draft",
+        "llama",
+        "fp32",
+        "int4",
+        "MatMulNBits",
+        "input_ids",
+        "[1,T]",
+        "logits",
+        f"[1,T,{m.target.vocab_size}]",
+        "total",
+        "target/model.onnx.data",
+        "tokenizer.json",
+    ):
         assert want in text, f"{want!r} missing from:\n{text}"
     # Per-layer KV tensors fold into one line each.
     for name in ("past_key", "past_value", "present_key", "present_value"):
@@ -397,8 +457,9 @@ def test_inspect_bad_bundles(tmp_path, tiny_bundle_factory):
 
 
 def _export(ckpt: Path, out: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run(["--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32", "--quiet", *extra],
-               tmp_path)
+    return run(
+        ["--target", str(ckpt), "--draft", "ngram", "--out", str(out), "--max-seq", "32", "--quiet", *extra], tmp_path
+    )
 
 
 @pytest.fixture
@@ -410,8 +471,11 @@ def exported(ckpt, out, tmp_path) -> Path:
 
 
 def _tree(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in folder.rglob("*") if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
 
 
 def test_same_export_again_reuses_the_bundle(ckpt, exported, tmp_path):
@@ -420,8 +484,9 @@ def test_same_export_again_reuses_the_bundle(ckpt, exported, tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
     lines = res.stdout.splitlines()
-    assert len(lines) == 1 and lines[0] == (f"bundle {exported} is current (same sources and options, "
-                                            "specedge 0.1.0 export-models): nothing to export"), res.stdout
+    assert len(lines) == 1 and lines[0] == (
+        f"bundle {exported} is current (same sources and options, specedge 0.1.0 export-models): nothing to export"
+    ), res.stdout
     assert _tree(exported) == before
     info = json.loads(_export(ckpt, exported, tmp_path, "--json").stdout)
     assert info["reused"] is True and info["bundle"] == str(exported) and info["max_seq"] == 32
@@ -437,15 +502,18 @@ def test_reuse_is_decided_before_any_model_is_loaded(ckpt, exported, tmp_path, m
 
     def no_loading(*a, **kw):
         raise AssertionError("a model was loaded")
+
     monkeypatch.setattr(sources, "load", no_loading)
     monkeypatch.chdir(tmp_path)
-    rc = export_models.main(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32",
-                             "--quiet"])
+    rc = export_models.main(
+        ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet"]
+    )
     assert rc == 0
     assert "is current" in capsys.readouterr().out
     # A stale bundle is refused just as early.
-    rc = export_models.main(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "64",
-                             "--quiet"])
+    rc = export_models.main(
+        ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "64", "--quiet"]
+    )
     assert rc == 2
     assert "not current" in capsys.readouterr().err
 
@@ -453,22 +521,29 @@ def test_reuse_is_decided_before_any_model_is_loaded(ckpt, exported, tmp_path, m
 def test_reuse_needs_neither_torch_nor_transformers(ckpt, exported, tmp_path):
     """Reusing a current bundle reads file sizes only: torch (seconds to import) is never imported."""
     args = ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet"]
-    code = ("import sys; from specedge.cli.export_models import main; rc = main(%r); "
-            "print(rc, sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules))" % args)
+    code = (
+        "import sys; from specedge.cli.export_models import main; rc = main(%r); "
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules))" % args
+    )
     res = run(["-c", code], tmp_path, module="")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1] == "0 []", res.stdout
 
 
-@pytest.mark.parametrize("change, fragment", [
-    (["--max-seq", "64"], "--max-seq 32 there, 64 now"),
-    (["--spec-tokens", "3"], "--spec-tokens 4 there, 3 now"),
-    (["--kv-update", "delta"], "--kv-update scatter there, delta now"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (["--max-seq", "64"], "--max-seq 32 there, 64 now"),
+        (["--spec-tokens", "3"], "--spec-tokens 4 there, 3 now"),
+        (["--kv-update", "delta"], "--kv-update scatter there, delta now"),
+    ],
+)
 def test_other_options_make_the_bundle_stale(ckpt, exported, tmp_path, change, fragment):
     before = _tree(exported)
-    res = run(["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet",
-               *change], tmp_path)
+    res = run(
+        ["--target", str(ckpt), "--draft", "ngram", "--out", str(exported), "--max-seq", "32", "--quiet", *change],
+        tmp_path,
+    )
     assert_bad_input(res, str(exported), "not current", fragment, "--force")
     assert _tree(exported) == before
 
@@ -481,15 +556,15 @@ def test_another_draft_makes_the_bundle_stale(ckpt, exported, tmp_path):
 def test_a_changed_checkpoint_makes_the_bundle_stale(ckpt, exported, tmp_path):
     st = ckpt / "model.safetensors"
     os.utime(st, ns=(st.stat().st_atime_ns, st.stat().st_mtime_ns + 10**9))
-    assert_bad_input(_export(ckpt, exported, tmp_path), "not current",
-                     f"the target checkpoint '{ckpt.resolve()}' changed since")
+    assert_bad_input(
+        _export(ckpt, exported, tmp_path), "not current", f"the target checkpoint '{ckpt.resolve()}' changed since"
+    )
 
 
 def test_a_damaged_current_bundle_is_not_reused(ckpt, exported, tmp_path):
     data = exported / "tokenizer.json"
     data.write_bytes(data.read_bytes()[:100])
-    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "it is damaged", "tokenizer.json",
-                     "--force")
+    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "it is damaged", "tokenizer.json", "--force")
 
 
 def test_a_bundle_of_an_older_export_is_stale(ckpt, exported, tmp_path):
@@ -497,8 +572,7 @@ def test_a_bundle_of_an_older_export_is_stale(ckpt, exported, tmp_path):
     m = json.loads(mpath.read_text())
     del m["extra"]["export"]
     mpath.write_text(json.dumps(m))
-    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "records no sources and options",
-                     "--force")
+    assert_bad_input(_export(ckpt, exported, tmp_path), "not current", "records no sources and options", "--force")
 
 
 def test_force_replaces_a_stale_specedge_bundle(ckpt, exported, tmp_path):
@@ -522,8 +596,9 @@ def test_force_never_replaces_what_is_not_a_specedge_bundle(ckpt, out, tmp_path,
         assert_bad_input(res, str(out), "is not a folder", "nothing replaced")
         assert out.read_text() == "mine"
     else:
-        assert_bad_input(res, str(out), "is not a specedge bundle", "nothing replaced",
-                         "--force replaces only a specedge bundle")
+        assert_bad_input(
+            res, str(out), "is not a specedge bundle", "nothing replaced", "--force replaces only a specedge bundle"
+        )
         assert (out / "keep.txt").read_text() == "mine"
 
 
@@ -560,16 +635,28 @@ def test_a_live_export_into_the_same_folder_is_refused(ckpt, out, tmp_path):
     assert live.is_dir() and not out.exists()
 
 
-@pytest.mark.parametrize("sig, code, message", [("SIGINT", 130, "error: interrupted"),
-                                                ("SIGTERM", 143, "error: terminated")])
+@pytest.mark.parametrize(
+    "sig, code, message", [("SIGINT", 130, "error: interrupted"), ("SIGTERM", 143, "error: terminated")]
+)
 def test_an_interrupted_export_leaves_nothing(ckpt, out, tmp_path, sig, code, message):
     import signal
     import time
 
-    cmd = [sys.executable, "-m", "specedge.cli.export_models", "--target", str(ckpt), "--out", str(out),
-           "--max-seq", "32", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "specedge.cli.export_models",
+        "--target",
+        str(ckpt),
+        "--out",
+        str(out),
+        "--max-seq",
+        "32",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=str(tmp_path), env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     # Wait until the bundle is being written (its temp folder holds a file), then interrupt.
     while time.time() < deadline and proc.poll() is None:
@@ -598,7 +685,8 @@ def without_export_extra(tmp_path) -> dict:
     (shim / "sitecustomize.py").write_text(
         "import sys\n"
         "for name in ('torch', 'transformers', 'onnx', 'onnxscript', 'onnx_ir', 'gguf', 'safetensors'):\n"
-        "    sys.modules[name] = None\n")
+        "    sys.modules[name] = None\n"
+    )
     env = _env(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -614,8 +702,13 @@ def test_missing_export_extra_names_the_extra(target, ckpt, tmp_path, without_ex
     elif target == "hf-folder":
         args = ["--target", str(ckpt)]
     res = run(args, tmp_path, env=without_export_extra)
-    assert_bad_input(res, "needs the 'export' extra", "missing: torch, transformers, onnx",
-                     "pip install 'specedge[export]'", "from a clone: pip install -e '.[export]'")
+    assert_bad_input(
+        res,
+        "needs the 'export' extra",
+        "missing: torch, transformers, onnx",
+        "pip install 'specedge[export]'",
+        "from a clone: pip install -e '.[export]'",
+    )
     assert not (tmp_path / "bundles").exists()
 
 
@@ -637,6 +730,7 @@ def test_max_seq_is_checked_against_the_header_before_loading(source, ckpt, out,
 
     def no_loading(*a, **kw):
         raise AssertionError("a model was loaded")
+
     monkeypatch.setattr(sources, "load", no_loading)
     target, limit = (str(ckpt), 512) if source == "hf-folder" else (str(_default_gguf()), 8192)
     rc = export_models.main(["--target", target, "--out", str(out), "--max-seq", str(2 * limit), "--quiet"])
@@ -666,7 +760,9 @@ def test_a_signal_during_the_export_imports_is_raised_once_they_are_in(monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.delitem(sys.modules, "specedge.export.quantize", raising=False)
-    monkeypatch.delattr(sys.modules["specedge.export"], "quantize", raising=False)  # or `from . import` skips the finder
+    monkeypatch.delattr(
+        sys.modules["specedge.export"], "quantize", raising=False
+    )  # or `from . import` skips the finder
     monkeypatch.setattr(sys, "meta_path", [SignalOnImport(), *sys.meta_path])
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -684,8 +780,9 @@ def test_force_refuses_a_bundle_whose_files_do_not_match(ckpt, exported, tmp_pat
     (exported / "tokenizer.json").write_text("not the listed file")
     before = _tree(exported)
     res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
-    assert_bad_input(res, str(exported), "is not verifiably a specedge bundle", "it is damaged", "tokenizer.json",
-                     "nothing replaced")
+    assert_bad_input(
+        res, str(exported), "is not verifiably a specedge bundle", "it is damaged", "tokenizer.json", "nothing replaced"
+    )
     assert _tree(exported) == before
 
 
@@ -693,8 +790,13 @@ def test_force_refuses_a_bundle_with_files_of_the_users(ckpt, exported, tmp_path
     (exported / "notes.txt").write_text("mine")
     (exported / "target" / "extra.bin").write_bytes(b"mine")
     res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
-    assert_bad_input(res, "is not verifiably a specedge bundle", "files its manifest does not list",
-                     "'notes.txt'", "'target/extra.bin'")
+    assert_bad_input(
+        res,
+        "is not verifiably a specedge bundle",
+        "files its manifest does not list",
+        "'notes.txt'",
+        "'target/extra.bin'",
+    )
     assert (exported / "notes.txt").read_text() == "mine"
 
 

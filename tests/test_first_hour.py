@@ -33,24 +33,42 @@ def _base_model_bundle(tiny_bundle_factory, tmp_path) -> Path:
 
 def test_chat_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
     b = _base_model_bundle(tiny_bundle_factory, tmp_path)
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello", "--chat"], capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(b), "Hello", "--chat"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [
-        "error: the bundle has no chat template (a base model?): drop --chat and give a plain prompt"]
+        "error: the bundle has no chat template (a base model?): drop --chat and give a plain prompt"
+    ]
     # Without --chat the damage is what is reported.
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "Hello"], capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(b), "Hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode == 2 and "model.onnx.data" in p.stderr
 
 
 def test_chat_command_on_a_bundle_without_template_is_refused_before_loading(tiny_bundle_factory, tmp_path):
     b = _base_model_bundle(tiny_bundle_factory, tmp_path)
-    p = subprocess.run([sys.executable, "-m", "specedge", "chat", str(b)], input="Hello\n", capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "chat", str(b)],
+        input="Hello\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [
-        "error: the bundle has no chat template (a base model?): use `specedge generate` for plain prompts"]
+        "error: the bundle has no chat template (a base model?): use `specedge generate` for plain prompts"
+    ]
     assert p.stdout == ""
 
 
@@ -89,13 +107,32 @@ def test_quiet_draws_nothing(monkeypatch):
 
 def test_export_progress_names_every_stage_in_full(tiny_checkpoint_factory, tmp_path):
     out = tmp_path / "bundle"
-    p = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target",
-                        str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32"],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge.cli.export_models",
+            "--target",
+            str(tiny_checkpoint_factory("llama")),
+            "--out",
+            str(out),
+            "--max-seq",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     final = [f.strip() for line in p.stderr.splitlines() for f in line.split("\r")[-1:] if f.strip()]
-    for stage in ("loading target", "tracing target (fp32, ort graph)", "writing target (ort graph)",
-                  "quantizing draft (int4, block 32)", "checksums"):
+    for stage in (
+        "loading target",
+        "tracing target (fp32, ort graph)",
+        "writing target (ort graph)",
+        "quantizing draft (int4, block 32)",
+        "checksums",
+    ):
         assert any(stage in f for f in final), (stage, final)
     assert all(f.endswith("]") for f in final), final  # each stage line ends with its elapsed time
 

@@ -13,15 +13,15 @@ import pytest
 
 from specedge.runtime.api import Pipeline, load
 from specedge.runtime.backends import Backend
-from specedge.runtime.cache import run_chunked
 from specedge.runtime.backends.ort import OrtBackend
+from specedge.runtime.cache import run_chunked
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.generator import GenerationConfig, Generator
 from specedge.runtime.policy import CostModel, SpecController, expected_tokens
 from specedge.runtime.rounds import speculative_round
-from specedge.runtime.text import IncrementalDecoder
 from specedge.runtime.sampling import SamplingParams, probs_from_logits
+from specedge.runtime.text import IncrementalDecoder
 
 REPO = Path(__file__).resolve().parents[1]
 NEAR_TIE = 1e-4
@@ -62,8 +62,9 @@ def self_draft_pipeline(bundle) -> Pipeline:
     base = load(bundle, threads=1, draft="ngram", warmup=False)
     m = base.manifest
     dbe = OrtBackend(m, m.target, threads=1, allow_spinning=False)
-    pipe = Pipeline(m, base.tokenizer, base.target, ModelDrafter(dbe, m.prefill_chunk, vocab=base.vocab),
-                    "ort-cpu", "ort-cpu", dbe)
+    pipe = Pipeline(
+        m, base.tokenizer, base.target, ModelDrafter(dbe, m.prefill_chunk, vocab=base.vocab), "ort-cpu", "ort-cpu", dbe
+    )
     pipe.calibrate()
     return pipe
 
@@ -88,10 +89,14 @@ def assert_same_tokens(pipe, prompt_ids, want: list, got: list, what: str) -> No
     top2 = np.sort(row)[-2:]
     gap = float(top2[1] - top2[0])
     if gap < NEAR_TIE:
-        pytest.xfail(f"{what}: outputs differ at token {i} ({want[i]} vs {got[i]}) on a near-tie: "
-                     f"top-2 logit gap {gap:.2e} < {NEAR_TIE:g}")
-    pytest.fail(f"{what}: outputs differ at token {i} ({want[i]} vs {got[i]}) and it is not a near-tie "
-                f"(top-2 logit gap {gap:.3g})")
+        pytest.xfail(
+            f"{what}: outputs differ at token {i} ({want[i]} vs {got[i]}) on a near-tie: "
+            f"top-2 logit gap {gap:.2e} < {NEAR_TIE:g}"
+        )
+    pytest.fail(
+        f"{what}: outputs differ at token {i} ({want[i]} vs {got[i]}) and it is not a near-tie "
+        f"(top-2 logit gap {gap:.3g})"
+    )
 
 
 PROMPTS = ["def add(a, b):", "The quick brown fox"]
@@ -110,13 +115,19 @@ class FakeLM(Backend):
         manifest = SimpleNamespace(max_seq=max_seq, kv_mode="scatter")
         spec = SimpleNamespace(vocab_size=vocab, precision="fp32")
         super().__init__(manifest, spec)
-        self.table = table if table is not None else np.random.default_rng(seed).normal(size=(97, vocab)).astype(np.float32)
+        self.table = (
+            table if table is not None else np.random.default_rng(seed).normal(size=(97, vocab)).astype(np.float32)
+        )
         self.slots = np.full(max_seq, -1, dtype=np.int64)
         self.calls = []
 
     def score(self, prefix) -> np.ndarray:
-        h = (int(prefix[-1]) * 31 + (int(prefix[-2]) if len(prefix) > 1 else 5) * 7
-             + (int(prefix[-3]) if len(prefix) > 2 else 3) * 3 + len(prefix))
+        h = (
+            int(prefix[-1]) * 31
+            + (int(prefix[-2]) if len(prefix) > 1 else 5) * 7
+            + (int(prefix[-3]) if len(prefix) > 2 else 3) * 3
+            + len(prefix)
+        )
         return self.table[h % len(self.table)]
 
     def run(self, input_ids, position):
@@ -137,9 +148,17 @@ def fake_generator(draft_table_noise=None, k=4, max_seq=64, vocab=32, eos=(), de
         rows = rng.random(len(table)) < draft_table_noise  # a fraction of contexts disagree
         table[rows] = rng.normal(size=(rows.sum(), vocab))
         drafter = ModelDrafter(FakeLM(vocab, max_seq, table=table), prefill_chunk=8)
-    gen = Generator(target, drafter, vocab=vocab, eos_ids=list(eos), prefill_chunk=8, max_seq=max_seq, spec_tokens=k,
-                    decode=decode or (lambda ids: "".join(chr(97 + (i % 26)) for i in ids)),
-                    costs=CostModel({1: 1.0, k + 1: 1.0}, 0.01))
+    gen = Generator(
+        target,
+        drafter,
+        vocab=vocab,
+        eos_ids=list(eos),
+        prefill_chunk=8,
+        max_seq=max_seq,
+        spec_tokens=k,
+        decode=decode or (lambda ids: "".join(chr(97 + (i % 26)) for i in ids)),
+        costs=CostModel({1: 1.0, k + 1: 1.0}, 0.01),
+    )
     return gen, target, drafter
 
 
@@ -200,8 +219,16 @@ def test_greedy_acceptance_is_verify_greedy():
             def propose(self, history, kk, params, rng_):
                 return list(draft), None
 
-        gen = Generator(FakeLM(16, 64, seed=trial), Stub(), vocab=16, eos_ids=[], prefill_chunk=8, max_seq=64,
-                        spec_tokens=k, decode=str)
+        gen = Generator(
+            FakeLM(16, 64, seed=trial),
+            Stub(),
+            vocab=16,
+            eos_ids=[],
+            prefill_chunk=8,
+            max_seq=64,
+            spec_tokens=k,
+            decode=str,
+        )
         gen.target.feed_chunked(prompt[:-1])
         r = speculative_round(gen.view, Stub(), prompt, k, SamplingParams(), None)
         new, n = r.tokens, r.drafted
@@ -471,8 +498,14 @@ def test_speculative_sampling_matches_the_target_distribution(int4_pipe):
     counts: dict[tuple, int] = {}
     accepted = drafted = 0
     for seed in range(N):
-        r = pipe.generate(token_ids=ids, max_new_tokens=n_tok, temperature=params.temperature, top_k=params.top_k,
-                          seed=seed, guard=False)
+        r = pipe.generate(
+            token_ids=ids,
+            max_new_tokens=n_tok,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            seed=seed,
+            guard=False,
+        )
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
         accepted += r.stats["accepted"]
         drafted += r.stats["drafted"]
@@ -594,8 +627,17 @@ def _scripted_stream(tok):
 
     target = Scripted(vocab, 128)
     for drafter in (None, NgramDrafter(vocab), ModelDrafter(Scripted(vocab, 128), 8)):
-        gen = Generator(target, drafter, vocab=vocab, eos_ids=[0], prefill_chunk=8, max_seq=128, spec_tokens=3,
-                        decode=tok.decode, costs=CostModel({1: 1.0, 4: 1.0}, 0.01))
+        gen = Generator(
+            target,
+            drafter,
+            vocab=vocab,
+            eos_ids=[0],
+            prefill_chunk=8,
+            max_seq=128,
+            spec_tokens=3,
+            decode=tok.decode,
+            costs=CostModel({1: 1.0, 4: 1.0}, 0.01),
+        )
         r, pieces = run_gen(gen, script[:prompt_len], max_new_tokens=len(script) - prompt_len, guard=False)
         assert "".join(pieces) == r.text == text
         assert not any("\ufffd" in p for p in pieces)
@@ -648,7 +690,6 @@ def test_api_argument_errors(int4_pipe, tiny_bundle_factory):
     assert r.finish_reason in ("length", "eos") and len(r.token_ids) <= 5
 
 
-
 def test_text_naming_a_token_the_model_lacks_is_refused(tiny_bundle_factory):
     """A tokenizer may hold added tokens past the model's embedding rows (the tiny qwen2's
     <|endoftext|> is id 256 of a 256-row model): text, chat content or ids naming one are one
@@ -660,8 +701,10 @@ def test_text_naming_a_token_the_model_lacks_is_refused(tiny_bundle_factory):
     pipe = load(b, threads=1, warmup=False)
     try:
         assert pipe.tokenizer.vocab_size > pipe.vocab == 256
-        msg = (r"token ids must be in \[0, 256\): the prompt holds token 256 \('<\|endoftext\|>'\), "
-               "which the tokenizer has but the model does not")
+        msg = (
+            r"token ids must be in \[0, 256\): the prompt holds token 256 \('<\|endoftext\|>'\), "
+            "which the tokenizer has but the model does not"
+        )
         with pytest.raises(ValueError, match=msg):
             pipe.generate("hello <|endoftext|> there", max_new_tokens=4)
         with pytest.raises(ValueError, match=msg):
@@ -673,11 +716,16 @@ def test_text_naming_a_token_the_model_lacks_is_refused(tiny_bundle_factory):
         assert pipe.generate("hello there", max_new_tokens=4).token_ids  # the pipeline still serves
     finally:
         pipe.close()
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "a <|endoftext|>"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(b), "a <|endoftext|>"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "error: token ids must be in [0, 256): the prompt holds token 256 ('<|endoftext|>'), "
-        "which the tokenizer has but the model does not"], p.stderr
+        "which the tokenizer has but the model does not"
+    ], p.stderr
 
 
 def test_a_tokenizer_longer_than_its_model_speculates_with_a_self_draft(tiny_bundle_factory):
@@ -699,6 +747,7 @@ def test_a_tokenizer_longer_than_its_model_speculates_with_a_self_draft(tiny_bun
     finally:
         pipe.close()
 
+
 # ----------------------------------------------------------------------------- the real default model
 
 
@@ -709,11 +758,18 @@ def test_default_bundle_greedy_speculative_equals_target_only():
         pytest.skip("the default bundle is not at bundles/smollm2-135m-instruct (or SPECEDGE_DEFAULT_BUNDLE)")
     pipe = load(bundle, threads=2, verify="size")
     requests = [
-        dict(prompt="def quicksort(arr):\n    \"\"\"Sort a list of numbers.\"\"\"\n"),
+        dict(prompt='def quicksort(arr):\n    """Sort a list of numbers."""\n'),
         dict(messages=[{"role": "user", "content": "What are three good habits for staying healthy?"}]),
-        dict(messages=[{"role": "user", "content": "Rewrite this sentence so that it uses the past tense and keep "
-                        "everything else the same: 'The engineer writes the report, checks the numbers and sends "
-                        "it to the team before the meeting starts.'"}]),
+        dict(
+            messages=[
+                {
+                    "role": "user",
+                    "content": "Rewrite this sentence so that it uses the past tense and keep "
+                    "everything else the same: 'The engineer writes the report, checks the numbers and sends "
+                    "it to the team before the meeting starts.'",
+                }
+            ]
+        ),
     ]
     try:
         for req in requests:

@@ -29,7 +29,7 @@ def rand_raw(qtype: int, rows: int, k: int, rng) -> np.ndarray:
     vals = rng.uniform(0.002, 0.02, size=(raw.shape[0], nf16))
     if qtype == Q4_1:
         vals[:, 1] = -rng.uniform(0.0, 0.15, size=raw.shape[0])  # the block min
-    raw[:, :2 * nf16] = vals.astype(np.float16).view(np.uint8)
+    raw[:, : 2 * nf16] = vals.astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
 
 

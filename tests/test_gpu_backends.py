@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from specedge.contract import graph_io
-from specedge.manifest import load_manifest, ModelSpec
+from specedge.manifest import ModelSpec, load_manifest
 from specedge.runtime.backends.base import BackendError
 
 L, KVH, HD, S, V = 2, 2, 4, 16, 11
@@ -30,7 +30,9 @@ def _cuda_available() -> bool:
     # No NVIDIA driver on the machine: no CUDA GPU, and no need to import torch to find out.
     import os
 
-    if not any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvhost-ctrl-gpu", "/dev/dxg")):
+    if not any(
+        os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvhost-ctrl-gpu", "/dev/dxg")
+    ):
         return False
     try:
         import torch
@@ -81,13 +83,21 @@ def toy_onnx(kv_mode: str, seed: int = 0) -> tuple[bytes, np.ndarray, np.ndarray
     ]
     terms = []
     for i in range(L):
-        inits += [c(f"ck{i}", np.float32(i + 1)), c(f"cv{i}", np.float32(10 * (i + 1))),
-                  c(f"wk{i}", np.float32(0.01 * (i + 1))), c(f"wv{i}", np.float32(0.001 * (i + 1)))]
+        inits += [
+            c(f"ck{i}", np.float32(i + 1)),
+            c(f"cv{i}", np.float32(10 * (i + 1))),
+            c(f"wk{i}", np.float32(0.01 * (i + 1))),
+            c(f"wv{i}", np.float32(0.001 * (i + 1))),
+        ]
         for kind, src, const, w in (("key", "new", f"ck{i}", f"wk{i}"), ("value", "new2", f"cv{i}", f"wv{i}")):
             newname = f"new_{kind}.{i}" if kv_mode == "delta" else f"upd_{kind}.{i}"
             nodes.append(helper.make_node("Add", [src, const], [newname]))
             if kv_mode == "scatter":
-                nodes.append(helper.make_node("TensorScatter", [f"past_{kind}.{i}", newname, "position"], [f"present_{kind}.{i}"], axis=-2))
+                nodes.append(
+                    helper.make_node(
+                        "TensorScatter", [f"past_{kind}.{i}", newname, "position"], [f"present_{kind}.{i}"], axis=-2
+                    )
+                )
                 nodes.append(helper.make_node("ReduceSum", [f"present_{kind}.{i}"], [f"s_{kind}{i}"], keepdims=0))
             else:
                 nodes.append(helper.make_node("ReduceSum", [f"past_{kind}.{i}"], [f"p_{kind}{i}"], keepdims=0))
@@ -115,17 +125,36 @@ def write_toy_bundle(root, kv_mode: str = "scatter", k: int = 3, chunk: int = 8)
     spec = ModelSpec(role="target", kind="model", num_layers=L, num_kv_heads=KVH, head_dim=HD, vocab_size=V)
     ins, outs = graph_io(spec, kv_mode, S)
     manifest = {
-        "schema_version": 1, "created_by": "test", "max_seq": S, "batch": 1, "kv_mode": kv_mode,
+        "schema_version": 1,
+        "created_by": "test",
+        "max_seq": S,
+        "batch": 1,
+        "kv_mode": kv_mode,
         "spec": {"k": k, "prefill_chunk": chunk},
         "tokenizer": {"vocab_size": V, "eos_token_ids": [0], "bos_token_id": None, "add_bos": False, "files": []},
         "models": {
             "target": {
-                "kind": "model", "family": "toy", "source": "", "precision": "fp32", "kv_dtype": "float32",
-                "num_layers": L, "num_kv_heads": KVH, "head_dim": HD, "hidden_size": KVH * HD, "vocab_size": V,
-                "num_params": int(E.size + W.size), "weight_bytes": int(4 * (E.size + W.size)),
-                "graphs": [{"flavour": "portable", "path": "target/model.onnx",
-                            "backends": ["ort", "ort-cuda", "ort-trt", "tensorrt"]}],
-                "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
+                "kind": "model",
+                "family": "toy",
+                "source": "",
+                "precision": "fp32",
+                "kv_dtype": "float32",
+                "num_layers": L,
+                "num_kv_heads": KVH,
+                "head_dim": HD,
+                "hidden_size": KVH * HD,
+                "vocab_size": V,
+                "num_params": int(E.size + W.size),
+                "weight_bytes": int(4 * (E.size + W.size)),
+                "graphs": [
+                    {
+                        "flavour": "portable",
+                        "path": "target/model.onnx",
+                        "backends": ["ort", "ort-cuda", "ort-trt", "tensorrt"],
+                    }
+                ],
+                "inputs": [t.to_json() for t in ins],
+                "outputs": [t.to_json() for t in outs],
             },
             "draft": {"kind": "ngram"},
         },
@@ -302,10 +331,16 @@ def test_torch_backend_checkpoint_relative_to_the_bundle(tiny_checkpoint_factory
         load_checkpoint("empty", root=tmp_path)
 
 
-@pytest.mark.parametrize("source, message", [
-    ("/no/such/checkpoint", r"checkpoint '/no/such/checkpoint' does not exist; load the model yourself.*from_module"),
-    ("someorg/not-cached-anywhere", r"not available offline in the Hugging Face cache.*from_module"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (
+            "/no/such/checkpoint",
+            r"checkpoint '/no/such/checkpoint' does not exist; load the model yourself.*from_module",
+        ),
+        ("someorg/not-cached-anywhere", r"not available offline in the Hugging Face cache.*from_module"),
+    ],
+)
 def test_torch_backend_unresolvable_checkpoint_says_how(source, message):
     from specedge.runtime.backends.torch_backend import load_checkpoint
 
@@ -397,7 +432,10 @@ def test_ort_trt_options_use_bundle_cache_and_one_profile(toy_scatter):
     assert o["trt_fp16_enable"] == "True" and o["trt_cuda_graph_enable"] == "True"
     # k = 3, prefill chunk 8: T = 1..8, tuned for verification (k + 1 = 4)
     assert (o["trt_profile_min_shapes"], o["trt_profile_opt_shapes"], o["trt_profile_max_shapes"]) == (
-        "input_ids:1x1", "input_ids:1x4", "input_ids:1x8")
+        "input_ids:1x1",
+        "input_ids:1x4",
+        "input_ids:1x8",
+    )
     assert "trt_cuda_graph_enable" not in ort_trt_options(m, m.target, d, 0, fp16=False, graphs=False)
 
 
@@ -412,8 +450,13 @@ def tiny_llama():
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=64, max_position_embeddings=128,
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
     m = build_model(cfg, "delta")
     with torch.no_grad():
@@ -438,7 +481,11 @@ def test_torch_backend_incremental_equals_full_forward(tiny_llama):
     full = _full_logits(tiny_llama, ids)
     b = TorchBackend.from_module(tiny_llama, max_seq=32, device="cpu", dtype="float32", k=3, prefill_chunk=8)
     assert b.describe()["kv_mode"] == "delta" and b.describe()["device"] == "cpu"
-    parts = [b.run(np.array(ids[:8]), 0).copy(), b.run(np.array(ids[8:9]), 8).copy(), b.run(np.array(ids[9:]), 9).copy()]
+    parts = [
+        b.run(np.array(ids[:8]), 0).copy(),
+        b.run(np.array(ids[8:9]), 8).copy(),
+        b.run(np.array(ids[9:]), 9).copy(),
+    ]
     np.testing.assert_allclose(np.concatenate(parts), full, atol=1e-5)
     np.testing.assert_array_equal(b.argmax(np.array(ids[9:]), 9), full[9:].argmax(-1))
 
@@ -502,8 +549,9 @@ def test_torch_backend_compiled_step_equals_eager_on_cpu(tiny_llama):
 
     ids = [1, 5, 9, 3, 7, 2, 8, 4, 6, 10, 11, 12, 13]
     eager = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8)
-    comp = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8,
-                                    compile="aot_eager")
+    comp = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8, compile="aot_eager"
+    )
     assert comp.describe()["compiled"] and not eager.describe()["compiled"]
     for b in (eager, comp):
         b.run(np.array(ids[:8]), 0)  # T=8: not a captured size, runs eagerly
@@ -585,8 +633,9 @@ def _check_torch_tree(make):
         small = _tree_mask([-1, 0, 0, 1])
         b.run_tree(np.array([4, 5, 6, 7]), nxt + 2, small)
         ref.run(np.array([4, 5, 6, 7]), nxt + 2)  # stale slots in ref: both are overwritten below
-        np.testing.assert_allclose(b.run(np.array([9, 8, 7, 6]), nxt + 2), ref.run(np.array([9, 8, 7, 6]), nxt + 2),
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            b.run(np.array([9, 8, 7, 6]), nxt + 2), ref.run(np.array([9, 8, 7, 6]), nxt + 2), atol=1e-4
+        )
 
 
 def test_torch_backend_tree_calls_on_cpu(tiny_llama):
@@ -594,8 +643,11 @@ def test_torch_backend_tree_calls_on_cpu(tiny_llama):
 
     from specedge.runtime.backends.torch_backend import TorchBackend
 
-    _check_torch_tree(lambda: TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32",
-                                                       k=3, prefill_chunk=8))
+    _check_torch_tree(
+        lambda: TorchBackend.from_module(
+            copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8
+        )
+    )
     b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cpu", dtype="float32", k=3, prefill_chunk=8)
     assert b.takes_trees
     with pytest.raises(ValueError, match="only earlier tokens"):
@@ -615,8 +667,7 @@ def test_torch_backend_greedy_tree_generation_equals_target_only(tiny_llama):
 
     b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 96, device="cpu", dtype="float32", k=3, prefill_chunk=8)
     drafter = NgramDrafter(64)
-    gen = Generator(b, drafter, vocab=64, eos_ids=[], prefill_chunk=8, max_seq=96, spec_tokens=3,
-                    decode=lambda ids: "")
+    gen = Generator(b, drafter, vocab=64, eos_ids=[], prefill_chunk=8, max_seq=96, spec_tokens=3, decode=lambda ids: "")
     drafter.follow_target(gen.target)
     prompt = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
 
@@ -644,8 +695,13 @@ def test_torch_backend_converts_a_transformers_model():
 
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(
-        vocab_size=48, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
-        intermediate_size=48, max_position_embeddings=64,
+        vocab_size=48,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=48,
+        max_position_embeddings=64,
     )
     hf = transformers.LlamaForCausalLM(cfg).eval()
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -666,8 +722,12 @@ def test_gpu_torch_graphs_match_eager(tiny_llama):
     from specedge.runtime.backends.torch_backend import TorchBackend
 
     ids = [1, 5, 9, 3, 7, 2, 8, 4, 6, 10, 11, 12, 13, 14]
-    eager = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8, cuda_graphs=False)
-    graph = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8)
+    eager = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8, cuda_graphs=False
+    )
+    graph = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8
+    )
     for b in (eager, graph):
         b.run(np.array(ids[:8]), 0)
     pos = 8
@@ -689,7 +749,9 @@ def test_gpu_torch_draft_chain_equals_steps(tiny_llama):
     from specedge.runtime.backends.torch_backend import TorchBackend
 
     a = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8)
-    b = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8, cuda_graphs=False)
+    b = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8, cuda_graphs=False
+    )
     for x in (a, b):
         x.run(np.array([1, 2, 3, 4, 5]), 0)
     for pos, tok in ((5, 6), (9, 7), (5, 8)):  # first call captures, later ones replay (one after a rollback)
@@ -707,10 +769,12 @@ def test_gpu_torch_compiled_graphs_match_eager(tiny_llama, dtype):
     from specedge.runtime.backends.torch_backend import TorchBackend
 
     ids = [1, 5, 9, 3, 7, 2, 8, 4, 6, 10, 11, 12, 13, 14]
-    eager = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype=dtype, k=3, prefill_chunk=8,
-                                     cuda_graphs=False)
-    comp = TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype=dtype, k=3, prefill_chunk=8,
-                                    compile=True)
+    eager = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cuda", dtype=dtype, k=3, prefill_chunk=8, cuda_graphs=False
+    )
+    comp = TorchBackend.from_module(
+        copy.deepcopy(tiny_llama), 32, device="cuda", dtype=dtype, k=3, prefill_chunk=8, compile=True
+    )
     for b in (eager, comp):
         b.run(np.array(ids[:8]), 0)
     pos, tol = 8, (1e-4 if dtype == "float32" else 2e-2)
@@ -729,8 +793,11 @@ def test_gpu_torch_tree_calls_with_graphs(tiny_llama, compiled):
 
     from specedge.runtime.backends.torch_backend import TorchBackend
 
-    _check_torch_tree(lambda: TorchBackend.from_module(copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32",
-                                                       k=3, prefill_chunk=8, compile=compiled))
+    _check_torch_tree(
+        lambda: TorchBackend.from_module(
+            copy.deepcopy(tiny_llama), 32, device="cuda", dtype="float32", k=3, prefill_chunk=8, compile=compiled
+        )
+    )
 
 
 def _has_ort_provider(name):
@@ -742,8 +809,10 @@ def _has_ort_provider(name):
 
 
 @gpu
-@pytest.mark.skipif(not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
-                    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed")
+@pytest.mark.skipif(
+    not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
+    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed",
+)
 @pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
 @pytest.mark.parametrize("graphs", [False, True])
 def test_gpu_ort_cuda_matches_reference(tmp_path, kv_mode, graphs):
@@ -785,13 +854,21 @@ EXPORTED_CALLS_SEED = 0
 def _exported_calls(k: int, chunk: int):
     """Prefill chunks, decode steps, verifications of k + 1 and a rollback."""
     rng = np.random.default_rng(EXPORTED_CALLS_SEED)
-    return [(rng.integers(0, 100, chunk), 0), (rng.integers(0, 100, k + 1), chunk), (rng.integers(0, 100, 1), chunk + k + 1),
-            (rng.integers(0, 100, k + 1), chunk + 2), (rng.integers(0, 100, 1), chunk + k + 3), (rng.integers(0, 100, 1), chunk + k + 4)]
+    return [
+        (rng.integers(0, 100, chunk), 0),
+        (rng.integers(0, 100, k + 1), chunk),
+        (rng.integers(0, 100, 1), chunk + k + 1),
+        (rng.integers(0, 100, k + 1), chunk + 2),
+        (rng.integers(0, 100, 1), chunk + k + 3),
+        (rng.integers(0, 100, 1), chunk + k + 4),
+    ]
 
 
 @gpu
-@pytest.mark.skipif(not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
-                    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed")
+@pytest.mark.skipif(
+    not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
+    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed",
+)
 @pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
 def test_gpu_ort_cuda_on_exported_bundle_matches_cpu(tiny_bundle_factory, kv_mode):
     from specedge.runtime.backends import create_backend
@@ -834,9 +911,27 @@ def test_gpu_check_script_logic_runs_on_cpu(tmp_path):
     pytest.importorskip("transformers")
     root = Path(__file__).resolve().parents[1]
     p = subprocess.run(
-        [sys.executable, str(root / "scripts/gpu_check.py"), "--device", "cpu", "--random-weights", "--layers", "2",
-         "--tokens", "8", "--repeats", "1", "--dtypes", "float32", "--no-compile", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(root / "scripts/gpu_check.py"),
+            "--device",
+            "cpu",
+            "--random-weights",
+            "--layers",
+            "2",
+            "--tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--dtypes",
+            "float32",
+            "--no-compile",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -875,10 +970,16 @@ def test_gpu_md_renders_the_tree_table(load_script):
     assert not any("pipeline trees" in line for line in md.run_table("h200_run3.json", run))
     run = copy.deepcopy(run)
     run["pipeline"]["trees"] = {
-        "drafter": "ngram", "prompts": 8, "ok": True, "tree_nodes_at_end": 12,
-        "chain": {"tokens_per_s": 250.0, "tokens_per_call": 1.8}, "tree": {"tokens_per_s": 280.0, "tokens_per_call": 2.2},
-        "tree_vs_chain_tokens_per_s": 1.12, "tree_vs_chain_tokens_per_call": 2.2 / 1.8,
-        "per_category_tree_vs_chain": {"chat": 1.1, "code": 1.05}}
+        "drafter": "ngram",
+        "prompts": 8,
+        "ok": True,
+        "tree_nodes_at_end": 12,
+        "chain": {"tokens_per_s": 250.0, "tokens_per_call": 1.8},
+        "tree": {"tokens_per_s": 280.0, "tokens_per_call": 2.2},
+        "tree_vs_chain_tokens_per_s": 1.12,
+        "tree_vs_chain_tokens_per_call": 2.2 / 1.8,
+        "per_category_tree_vs_chain": {"chat": 1.1, "code": 1.05},
+    }
     (line,) = [x for x in md.run_table("h200_run3.json", run) if "pipeline trees" in x]
     assert "tree 280.0 tok/s, 2.20 tokens/call" in line and "1.120x tok/s" in line and "chat 1.100x" in line
     assert "up to 12 nodes" in line and "**True**" in line

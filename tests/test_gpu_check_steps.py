@@ -43,14 +43,24 @@ def test_the_runner_writes_after_every_step_and_records_failures_and_timeouts(lo
     def nothing_to_check(rec):
         raise gr.Skip("no GPU here")
 
-    steps = [gr.Step("measured", 5, measured), gr.Step("breaks", 5, reads_the_file_then_breaks),
-             gr.Step("overruns", 0.5, overruns), gr.Step("not_ok", 5, says_not_ok), gr.Step("skip", 5, nothing_to_check),
-             gr.Step("too_big", 100, measured)]
+    steps = [
+        gr.Step("measured", 5, measured),
+        gr.Step("breaks", 5, reads_the_file_then_breaks),
+        gr.Step("overruns", 0.5, overruns),
+        gr.Step("not_ok", 5, says_not_ok),
+        gr.Step("skip", 5, nothing_to_check),
+        gr.Step("too_big", 100, measured),
+    ]
     t0 = time.monotonic()
     runner.run(steps[:5])
     time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))  # leave the last step less than it needs
     runner.run(steps[5:])
-    assert seen["steps"]["measured"] == {"status": "ok", "budget_s": 5, "figure": 1.5, "seconds": seen["steps"]["measured"]["seconds"]}
+    assert seen["steps"]["measured"] == {
+        "status": "ok",
+        "budget_s": 5,
+        "figure": 1.5,
+        "seconds": seen["steps"]["measured"]["seconds"],
+    }
     assert seen["steps"]["breaks"]["status"] == "running"  # written before the step began
     final = json.loads(path.read_text())
     s = final["steps"]
@@ -69,15 +79,33 @@ def self_draft_bundle(tiny_bundle_factory):
     return tiny_bundle_factory(family="llama", draft="self", max_seq=512)
 
 
-def test_the_gpu_steps_run_on_cpu_stand_ins_and_a_broken_step_does_not_stop_the_next(load_script, self_draft_bundle,
-                                                                                       tmp_path, capsys):
+def test_the_gpu_steps_run_on_cpu_stand_ins_and_a_broken_step_does_not_stop_the_next(
+    load_script, self_draft_bundle, tmp_path, capsys
+):
     """ort-cuda's steps on ONNX Runtime's CPU provider (the backend's device='cpu' mode), the tree
     table on the torch backend on the CPU; the fp32 bundle is missing, so its step errors and the
     tree step after it still runs."""
     gc = load_script("gpu_check")
-    rc = gc.main(["--device", "cpu", "--bundle-fp16", str(self_draft_bundle), "--bundle-fp32", str(tmp_path / "missing"),
-                  "--steps", "exports,ort_cuda_fp16,ort_io_binding,ort_cuda_fp32,torch_trees", "--tokens", "8",
-                  "--repeats", "1", "--tree-prompts", "2", "--out", str(tmp_path)])
+    rc = gc.main(
+        [
+            "--device",
+            "cpu",
+            "--bundle-fp16",
+            str(self_draft_bundle),
+            "--bundle-fp32",
+            str(tmp_path / "missing"),
+            "--steps",
+            "exports,ort_cuda_fp16,ort_io_binding,ort_cuda_fp32,torch_trees",
+            "--tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--tree-prompts",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     s = report["steps"]
@@ -109,17 +137,19 @@ def test_pytest_counts_come_from_the_junit_report(load_script, tmp_path):
     gc = load_script("gpu_check")
     xml = tmp_path / "j.xml"
     xml.write_text(
-        '<testsuites><testsuite>'
+        "<testsuites><testsuite>"
         '<testcase classname="tests.test_head_gpu_backends" name="test_gpu_torch_target_with_the_head_equals_target_only[scatter]"/>'
         '<testcase classname="tests.test_head_gpu_backends" name="test_gpu_ort_cuda_target_with_the_head_equals_target_only[scatter]">'
         '<skipped message="onnxruntime-gpu is not installed"/></testcase>'
         '<testcase classname="tests.test_gpu_backends" name="test_a"><failure message="assert 1 == 2"/></testcase>'
         '<testcase classname="tests.test_gpu_backends" name="test_b"><error message="fixture"/></testcase>'
-        '</testsuite></testsuites>')
+        "</testsuite></testsuites>"
+    )
     got = gc.junit_counts(xml)
     assert got["counts"] == {"passed": 1, "skipped": 1, "failed": 1, "errors": 1}
-    assert got["tests"]["tests.test_head_gpu_backends::test_gpu_ort_cuda_target_with_the_head_equals_target_only[scatter]"] == {
-        "outcome": "skipped", "message": "onnxruntime-gpu is not installed"}
+    assert got["tests"][
+        "tests.test_head_gpu_backends::test_gpu_ort_cuda_target_with_the_head_equals_target_only[scatter]"
+    ] == {"outcome": "skipped", "message": "onnxruntime-gpu is not installed"}
     files = gc.gpu_test_files()
     assert "tests/test_head_gpu_backends.py" in files and "tests/test_gpu_backends.py" in files
     assert "tests/test_serve.py" not in files
@@ -130,7 +160,8 @@ def test_an_unknown_step_is_one_error_line(load_script, tmp_path, capsys):
     assert gc.main(["--device", "cpu", "--steps", "exports,warp", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: unknown step 'warp' (steps: exports, pytest_gpu, ort_cuda_fp16, torch_module, ort_io_binding, "
-        "ort_cuda_fp32, torch_trees, torch_module_more, tensorrt, torch_module_compile)"]
+        "ort_cuda_fp32, torch_trees, torch_module_more, tensorrt, torch_module_compile)"
+    ]
 
 
 def test_a_check_stopped_by_sigterm_keeps_its_json_and_prints_its_table(tmp_path):
@@ -145,10 +176,31 @@ def test_a_check_stopped_by_sigterm_keeps_its_json_and_prints_its_table(tmp_path
     pytest.importorskip("torch")
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    p = subprocess.Popen([sys.executable, str(root / "scripts/gpu_check.py"), "--device", "cpu", "--random-weights",
-                          "--layers", "2", "--dtypes", "float32", "--tokens", "2000", "--max-seq", "4096",
-                          "--steps", "exports,torch_module", "--out", str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(root / "scripts/gpu_check.py"),
+            "--device",
+            "cpu",
+            "--random-weights",
+            "--layers",
+            "2",
+            "--dtypes",
+            "float32",
+            "--tokens",
+            "2000",
+            "--max-seq",
+            "4096",
+            "--steps",
+            "exports,torch_module",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     path = tmp_path / "gpu_check.json"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -181,24 +233,58 @@ def test_gpu_md_renders_the_steps_of_a_budgeted_run(load_script):
     run["pipeline"] = {"trees": {"error": "RuntimeError: x"}}  # what the tree step leaves when it fails
     run["steps"] = {
         "exports": {"status": "ok", "seconds": 0.4, "budget_s": 15},
-        "pytest_gpu": {"status": "ok", "seconds": 80.0, "budget_s": 100, "rc": 0,
-                       "counts": {"passed": 9, "skipped": 1, "failed": 0, "errors": 0},
-                       "head_beside_gpu_target": {"test_gpu_torch_target_with_the_head_equals_target_only[scatter]":
-                                                  {"outcome": "passed"}}},
-        "ort_cuda_fp16": {"status": "timeout", "error": "stopped at its budget of 90 s", "seconds": 90.0, "budget_s": 90,
-                          "self_draft": {"graphs": {"target": {"tokens_per_s": 300.0}, "draft_backend": "ort-cuda",
-                                                    "speculative": {"tokens_per_s": 360.0, "mean_accepted": 2.5},
-                                                    "speedup": 1.2, "speculative_equals_target_only": True}}},
-        "ort_io_binding": {"status": "ok", "seconds": 3.0, "budget_s": 30, "how": "profile",
-                           "target": {"memcpy_nodes_per_run": 0.0, "memcpy_bytes_per_run": 0.0, "one_layer_kv_bytes": 1024,
-                                      "ops_on_cpu": [], "outputs_stay_on_bound_addresses": True,
-                                      "no_host_cache_copies": True}},
+        "pytest_gpu": {
+            "status": "ok",
+            "seconds": 80.0,
+            "budget_s": 100,
+            "rc": 0,
+            "counts": {"passed": 9, "skipped": 1, "failed": 0, "errors": 0},
+            "head_beside_gpu_target": {
+                "test_gpu_torch_target_with_the_head_equals_target_only[scatter]": {"outcome": "passed"}
+            },
+        },
+        "ort_cuda_fp16": {
+            "status": "timeout",
+            "error": "stopped at its budget of 90 s",
+            "seconds": 90.0,
+            "budget_s": 90,
+            "self_draft": {
+                "graphs": {
+                    "target": {"tokens_per_s": 300.0},
+                    "draft_backend": "ort-cuda",
+                    "speculative": {"tokens_per_s": 360.0, "mean_accepted": 2.5},
+                    "speedup": 1.2,
+                    "speculative_equals_target_only": True,
+                }
+            },
+        },
+        "ort_io_binding": {
+            "status": "ok",
+            "seconds": 3.0,
+            "budget_s": 30,
+            "how": "profile",
+            "target": {
+                "memcpy_nodes_per_run": 0.0,
+                "memcpy_bytes_per_run": 0.0,
+                "one_layer_kv_bytes": 1024,
+                "ops_on_cpu": [],
+                "outputs_stay_on_bound_addresses": True,
+                "no_host_cache_copies": True,
+            },
+        },
     }
     lines = md.run_table("h200_run4.json", run)
     assert "| ort_cuda_fp16 | timeout: stopped at its budget of 90 s | 90.0 | 90 |" in lines
-    assert any(x.startswith("- `pytest -m gpu`: 9 passed, 1 skipped, 0 failed, 0 errors (exit 0); a draft head beside "
-                            "a GPU target: `test_gpu_torch_target_with_the_head_equals_target_only[scatter]` passed") for x in lines)
-    assert any("CUDA graphs on: target-only 300.0 tok/s, speculative 360.0 tok/s (1.20x, 2.50 tokens/call" in x for x in lines)
+    assert any(
+        x.startswith(
+            "- `pytest -m gpu`: 9 passed, 1 skipped, 0 failed, 0 errors (exit 0); a draft head beside "
+            "a GPU target: `test_gpu_torch_target_with_the_head_equals_target_only[scatter]` passed"
+        )
+        for x in lines
+    )
+    assert any(
+        "CUDA graphs on: target-only 300.0 tok/s, speculative 360.0 tok/s (1.20x, 2.50 tokens/call" in x for x in lines
+    )
     assert any("no host copies of the cache: **True** (profile)" in x and "ops on the CPU: none" in x for x in lines)
     assert "- pipeline trees: error: RuntimeError: x" in lines
     assert not any(x.startswith("- pipeline: `export-models") for x in lines)  # that line is the old pipeline check's
@@ -216,8 +302,13 @@ def test_gpu_check_sh_without_a_gpu_says_so_and_exits_0(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the check would run")
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run(["bash", str(root / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path)))
+    p = subprocess.run(
+        ["bash", str(root / "scripts/gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path)),
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "gpu_check: skipped: no CUDA GPU"
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == {"skipped": "no CUDA GPU"}

@@ -22,13 +22,23 @@ from specedge.models.eagle_head import head_for_target
 from specedge.models.testing import randomize_, tiny_config
 
 FAMILY_LIST = sorted({n for n in FAMILIES if n != "gemma3_text"})
-TRAIN = dict(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4, doc_tokens=600,
-             threads=1, checkpoint_every_s=0.0)
+TRAIN = dict(
+    budget="3k",
+    draft_vocab=48,
+    seq_len=32,
+    batch=2,
+    answer_tokens=16,
+    max_prompts=4,
+    doc_tokens=600,
+    threads=1,
+    checkpoint_every_s=0.0,
+)
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "specedge", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "specedge", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def assert_user_error(p, *fragments):
@@ -47,8 +57,11 @@ def _target(family: str):
 
 
 def _snapshot(bundle: Path) -> dict:
-    return {str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(bundle.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(bundle.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +101,9 @@ def _run_graph(path: Path, model, ids: np.ndarray, max_seq: int):
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids[None], "position": np.zeros(1, np.int64)}
-    for c, name in zip(model.empty_cache(max_seq), [f"past_{kv}.{i}" for i in range(model.num_layers)
-                                                     for kv in ("key", "value")]):
+    for c, name in zip(
+        model.empty_cache(max_seq), [f"past_{kv}.{i}" for i in range(model.num_layers) for kv in ("key", "value")]
+    ):
         feed[name] = c.numpy()
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feed)))
@@ -116,8 +130,7 @@ def test_features_output_matches_pytorch(family, tmp_path):
 def test_bundle_features_in_every_flavour_match_the_torch_taps(tiny_bundle_factory, kv_mode):
     from specedge.runtime.backends.ort import OrtBackend
 
-    b = tiny_bundle_factory("llama", kv_mode=kv_mode, features=True,
-                                   graphs="both" if kv_mode == "scatter" else "auto")
+    b = tiny_bundle_factory("llama", kv_mode=kv_mode, features=True, graphs="both" if kv_mode == "scatter" else "auto")
     m = load_manifest(b)
     assert m.schema_version == 2 and m.target.features["dim"] == 3 * m.target.hidden_size
     assert m.target.outputs[-1].name == FEATURES_OUTPUT
@@ -192,11 +205,25 @@ def test_head_graph_matches_pytorch(family, tmp_path, kv_mode):
     ids = rng.randint(0, head.hc.target_vocab, (1, 6)).astype(np.int64)
     cache = [c.numpy() for c in head.empty_cache(64)]
     hid0 = np.zeros((1, 6, head.hc.hidden_size), np.float32)
-    o1 = sess.run(None, {"input_ids": ids, "position": np.zeros(1, np.int64), "features": feats, "hidden": hid0,
-                         "past_key.0": cache[0], "past_value.0": cache[1]})
+    o1 = sess.run(
+        None,
+        {
+            "input_ids": ids,
+            "position": np.zeros(1, np.int64),
+            "features": feats,
+            "hidden": hid0,
+            "past_key.0": cache[0],
+            "past_value.0": cache[1],
+        },
+    )
     with torch.no_grad():
-        r1 = head(torch.from_numpy(ids), torch.zeros(1, dtype=torch.int64), torch.from_numpy(feats),
-                  torch.from_numpy(hid0), *map(torch.from_numpy, cache))
+        r1 = head(
+            torch.from_numpy(ids),
+            torch.zeros(1, dtype=torch.int64),
+            torch.from_numpy(feats),
+            torch.from_numpy(hid0),
+            *map(torch.from_numpy, cache),
+        )
     for a, b in zip(o1, r1):
         np.testing.assert_allclose(a, b.numpy(), atol=1e-4, rtol=1e-4)
     # a chained step over the head's own hidden state, against the training-time test's step 1
@@ -206,11 +233,23 @@ def test_head_graph_matches_pytorch(family, tmp_path, kv_mode):
         kc, vc = cache[0].copy(), cache[1].copy()
         kc[:, :, :6], vc[:, :, :6] = o1[2], o1[3]
     nxt = np.array([[7]], np.int64)
-    o2 = sess.run(None, {"input_ids": nxt, "position": np.array([6]), "features": np.zeros((1, 1, F), np.float32),
-                         "hidden": o1[1][:, -1:], "past_key.0": kc, "past_value.0": vc})
+    o2 = sess.run(
+        None,
+        {
+            "input_ids": nxt,
+            "position": np.array([6]),
+            "features": np.zeros((1, 1, F), np.float32),
+            "hidden": o1[1][:, -1:],
+            "past_key.0": kc,
+            "past_value.0": vc,
+        },
+    )
     with torch.no_grad():
-        u = head.forward_unrolled(torch.from_numpy(np.concatenate([ids, nxt], 1)),
-                                  torch.from_numpy(np.concatenate([feats, np.zeros((1, 1, F), np.float32)], 1)), 2)
+        u = head.forward_unrolled(
+            torch.from_numpy(np.concatenate([ids, nxt], 1)),
+            torch.from_numpy(np.concatenate([feats, np.zeros((1, 1, F), np.float32)], 1)),
+            2,
+        )
     np.testing.assert_allclose(u[0][0, :6].numpy(), o1[0][0], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(u[1][0, 6].numpy(), o2[0][0, 0], atol=1e-4, rtol=1e-4)
 
@@ -254,8 +293,10 @@ def test_head_loss_falls_with_soft_labels_and_one_hot_soft_labels_are_the_hard_l
     x_in, f_in, lab = ids[:, 1:], feats[:, :-1], logits[:, 1:].argmax(-1)
     top = torch.softmax(logits[:, 1:], -1).topk(8, -1)
     soft = (top.indices, top.values / top.values.sum(-1, keepdim=True))
-    one_hot = (torch.cat([lab[..., None], torch.zeros_like(top.indices[..., 1:])], -1),
-               torch.cat([torch.ones_like(top.values[..., :1]), torch.zeros_like(top.values[..., 1:])], -1))
+    one_hot = (
+        torch.cat([lab[..., None], torch.zeros_like(top.indices[..., 1:])], -1),
+        torch.cat([torch.ones_like(top.values[..., :1]), torch.zeros_like(top.values[..., 1:])], -1),
+    )
     with torch.no_grad():
         hard = _loss(head, x_in, f_in, lab, lab, 3, head.d2t)[0]
         assert float(abs(_loss(head, x_in, f_in, lab, lab, 3, head.d2t, one_hot)[0] - hard)) < 1e-5
@@ -268,7 +309,7 @@ def test_head_loss_falls_with_soft_labels_and_one_hot_soft_labels_are_the_hard_l
         opt.step()
         losses.append(float(loss.detach()))
     # cross-entropy against a distribution is bounded below by its entropy: the KL part must fall
-    w = torch.tensor([0.8 ** s for s in range(3)])
+    w = torch.tensor([0.8**s for s in range(3)])
     ent = torch.stack([-(soft[1][:, s:] * soft[1][:, s:].clamp(min=1e-12).log()).sum(-1).mean() for s in range(3)])
     floor = float((w * ent).sum() / w.sum())
     assert losses[-1] - floor < 0.7 * (losses[0] - floor), (floor, losses)
@@ -415,8 +456,9 @@ def test_feature_scale_is_one_over_each_layers_rms_and_in_the_graph(tmp_path):
     from specedge.training.train import feature_rms
 
     data = _toy_data([5, 9])
-    data.features = [np.concatenate([f * 0 + 3.0, f * 0 - 0.5, f * 0 + 1e-9], 1).astype(np.float16)
-                     for f in data.features]
+    data.features = [
+        np.concatenate([f * 0 + 3.0, f * 0 - 0.5, f * 0 + 1e-9], 1).astype(np.float16) for f in data.features
+    ]
     np.testing.assert_allclose(feature_rms(data, 3), [3.0, 0.5, 0.0], rtol=1e-3)
     target = _target("llama")
     head = randomize_(head_for_target(target, 192, 40), 1).eval()
@@ -431,8 +473,17 @@ def test_feature_scale_is_one_over_each_layers_rms_and_in_the_graph(tmp_path):
     sess = ort.InferenceSession(str(tmp_path / "h.onnx"), providers=["CPUExecutionProvider"])
     feats = np.random.RandomState(0).randn(1, 3, 192).astype(np.float32)
     ids, cache = np.array([[1, 2, 3]]), [c.numpy() for c in head.empty_cache(32)]
-    got = sess.run(None, {"input_ids": ids, "position": np.zeros(1, np.int64), "features": feats,
-                          "hidden": np.zeros((1, 3, 64), np.float32), "past_key.0": cache[0], "past_value.0": cache[1]})
+    got = sess.run(
+        None,
+        {
+            "input_ids": ids,
+            "position": np.zeros(1, np.int64),
+            "features": feats,
+            "hidden": np.zeros((1, 3, 64), np.float32),
+            "past_key.0": cache[0],
+            "past_value.0": cache[1],
+        },
+    )
     with torch.no_grad():
         ref = head.forward_unrolled(torch.from_numpy(ids), torch.from_numpy(feats), 1)[0]
         head.feature_scale.fill_(1.0)
@@ -499,28 +550,32 @@ def test_interrupted_training_leaves_the_bundle_untouched(trained, tmp_path, mon
 
     monkeypatch.setattr(head_graph, "check_head_graph", failing)
     with pytest.raises(RuntimeError, match="disk full"):
-        train_mod.train_draft(trained, train_mod.TrainOptions(**{**TRAIN, "budget": "500"},
-                                                              checkpoint=str(tmp_path / "ck2")))
+        train_mod.train_draft(
+            trained, train_mod.TrainOptions(**{**TRAIN, "budget": "500"}, checkpoint=str(tmp_path / "ck2"))
+        )
     assert _snapshot(trained) == before
 
 
 def test_train_draft_bad_input_exits_2(tiny_bundle_factory, trained, tmp_path):
-    assert_user_error(cli("train-draft", tiny_bundle_factory("llama"), "--budget", "1k"),
-                      "returns no features", "--features")
+    assert_user_error(
+        cli("train-draft", tiny_bundle_factory("llama"), "--budget", "1k"), "returns no features", "--features"
+    )
     assert_user_error(cli("train-draft", trained, "--budget", "0"), "--budget must be more than 0")
     assert_user_error(cli("train-draft", trained, "--budget", "lots"), "--budget must be a number")
     assert_user_error(cli("train-draft", trained, "--device", "tpu"), "--device must be cpu or cuda")
-    assert_user_error(cli("train-draft", trained, "--sampled-answers", "-1"),
-                      "--sampled-answers must be an integer of at least 0")
-    assert_user_error(cli("train-draft", trained, "--soft-labels", "-1"),
-                      "--soft-labels must be an integer of at least 0")
-    assert_user_error(cli("train-draft", trained, "--train-dtype", "fp16"),
-                      "--train-dtype must be auto, fp32 or bf16, got 'fp16'")
+    assert_user_error(
+        cli("train-draft", trained, "--sampled-answers", "-1"), "--sampled-answers must be an integer of at least 0"
+    )
+    assert_user_error(
+        cli("train-draft", trained, "--soft-labels", "-1"), "--soft-labels must be an integer of at least 0"
+    )
+    assert_user_error(
+        cli("train-draft", trained, "--train-dtype", "fp16"), "--train-dtype must be auto, fp32 or bf16, got 'fp16'"
+    )
     # a checkpoint of another target
     other = tmp_path / "ck"
     other.mkdir()
-    torch.save({"target_fingerprint": "0" * 64, "head": {}, "opt": {}, "step": 1, "tokens": 1},
-               other / "checkpoint.pt")
+    torch.save({"target_fingerprint": "0" * 64, "head": {}, "opt": {}, "step": 1, "tokens": 1}, other / "checkpoint.pt")
     assert_user_error(cli("train-draft", trained, "--checkpoint", other), "trained for another target")
 
 
@@ -528,8 +583,27 @@ def test_a_minutes_budget_spent_before_the_first_step_writes_no_head(trained, tm
     """A minutes budget counts the whole run; one used up by building the data used to write an
     untrained head (0 steps) into the bundle. Now: exit 2, the bundle as it was, the data kept."""
     before = _snapshot(trained)
-    p = cli("train-draft", trained, "--budget", "0.001m", "--checkpoint", tmp_path / "ck", "--draft-vocab", "48",
-            "--seq-len", "32", "--answer-tokens", "16", "--max-prompts", "4", "--doc-tokens", "600", "--threads", "1", "--quiet")
+    p = cli(
+        "train-draft",
+        trained,
+        "--budget",
+        "0.001m",
+        "--checkpoint",
+        tmp_path / "ck",
+        "--draft-vocab",
+        "48",
+        "--seq-len",
+        "32",
+        "--answer-tokens",
+        "16",
+        "--max-prompts",
+        "4",
+        "--doc-tokens",
+        "600",
+        "--threads",
+        "1",
+        "--quiet",
+    )
     assert_user_error(p, "before the first training step", "nothing was written")
     assert _snapshot(trained) == before
     assert (tmp_path / "ck" / "data.npz").is_file()
@@ -545,8 +619,9 @@ def test_a_head_for_another_target_is_refused(trained, tmp_path):
 
 
 def test_head_draft_on_a_bundle_without_head_exits_2(tiny_bundle_factory):
-    assert_user_error(cli("generate", tiny_bundle_factory("llama"), "hi", "--draft", "head"),
-                      "no draft head", "train-draft")
+    assert_user_error(
+        cli("generate", tiny_bundle_factory("llama"), "hi", "--draft", "head"), "no draft head", "train-draft"
+    )
 
 
 # ----------------------------------------------------------------------------- 4. the head drafter
@@ -698,15 +773,47 @@ def test_sampling_with_the_head_is_reproducible(trained):
 def test_export_models_draft_head_exports_and_trains(tiny_checkpoint_factory, tmp_path):
     ck = tiny_checkpoint_factory("llama")
     out = tmp_path / "b"
-    p = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", out,
-                        "--max-seq", "128", "--draft", "head", "--head-budget", "500", "--quiet"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge.cli.export_models",
+            "--target",
+            ck,
+            "--out",
+            out,
+            "--max-seq",
+            "128",
+            "--draft",
+            "head",
+            "--head-budget",
+            "500",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     m = load_manifest(out)
     assert m.target.features and m.head is not None and m.draft.is_model  # the self-draft stays beside it
     assert m.head.extra["training"]["tokens"] >= 500
-    bad = subprocess.run([sys.executable, "-m", "specedge.cli.export_models", "--target", ck, "--out", tmp_path / "c",
-                          "--head-budget", "500"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge.cli.export_models",
+            "--target",
+            ck,
+            "--out",
+            tmp_path / "c",
+            "--head-budget",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert_user_error(bad, "--head-budget needs --draft head")
 
 
@@ -744,8 +851,9 @@ def test_soft_labels_are_added_to_saved_data_without_writing_answers_again(feat_
 
     monkeypatch.setattr(data_mod, "generate_answers", no_answers)
     monkeypatch.setattr(data_mod, "write_with_draft", no_answers)
-    train_draft(feat_bundle, TrainOptions(**{**TRAIN, "budget": "500", "soft_labels": 4}, checkpoint=str(ck),
-                                          resume=False))
+    train_draft(
+        feat_bundle, TrainOptions(**{**TRAIN, "budget": "500", "soft_labels": 4}, checkpoint=str(ck), resume=False)
+    )
     z2 = np.load(ck / "data.npz")
     np.testing.assert_array_equal(z2["tokens"], z["tokens"])
     np.testing.assert_array_equal(z2["labels"], z["labels"])
@@ -832,8 +940,9 @@ def test_answers_by_picks_the_self_draft_and_refuses_a_bundle_without_draft_mode
     assert_user_error(p, "--answers-by", "'fast'")
 
 
-def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_head(trained_run, tiny_bundle_factory,
-                                                                                 tmp_path, load_script):
+def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_head(
+    trained_run, tiny_bundle_factory, tmp_path, load_script
+):
     """scripts/head_transplant.py: a head trained for one bundle, written into a --tree export of
     the same weights, drafts there with greedy output equal to target-only; a bundle of other
     weights is refused."""

@@ -14,14 +14,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_gpu_backends import HAS_CUDA, _has_ort_provider, gpu, needs_cuda
 
 from specedge.manifest import load_manifest
 from specedge.runtime.backends import create_backend
 from specedge.runtime.backends.base import BackendError
-from test_gpu_backends import HAS_CUDA, _has_ort_provider, gpu, needs_cuda
 
-TRAIN = dict(budget="2k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4, doc_tokens=600,
-             threads=1, checkpoint_every_s=0.0)
+TRAIN = dict(
+    budget="2k",
+    draft_vocab=48,
+    seq_len=32,
+    batch=2,
+    answer_tokens=16,
+    max_prompts=4,
+    doc_tokens=600,
+    threads=1,
+    checkpoint_every_s=0.0,
+)
 PROMPTS = ["hello there", "def add(a, b):", "The quick brown fox", "for i in range(10):"]
 # (backend, backend_options, features tolerance against ort-cpu): the torch module computes in
 # another order than ONNX Runtime's kernels
@@ -134,8 +143,10 @@ def test_gpu_torch_target_with_the_head_equals_target_only(head_bundle):
 
 
 @gpu
-@pytest.mark.skipif(not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
-                    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed")
+@pytest.mark.skipif(
+    not (HAS_CUDA and _has_ort_provider("CUDAExecutionProvider")),
+    reason="no CUDA GPU" if not HAS_CUDA else "onnxruntime-gpu is not installed",
+)
 @pytest.mark.parametrize("head_bundle", ["scatter"], indirect=True)
 def test_gpu_ort_cuda_target_with_the_head_equals_target_only(head_bundle):
     _greedy_equals_target_only(head_bundle, "ort-cuda", {})
@@ -144,10 +155,12 @@ def test_gpu_ort_cuda_target_with_the_head_equals_target_only(head_bundle):
 def test_a_head_refuses_a_draft_backend_other_than_ort_cpu(head_bundle):
     from specedge.runtime.api import load
 
-    with pytest.raises(BackendError, match=r"a draft head runs on the ort-cpu backend \(draft_backend 'ort-cuda'\); "
-                                           "its target may use any backend"):
+    with pytest.raises(
+        BackendError,
+        match=r"a draft head runs on the ort-cpu backend \(draft_backend 'ort-cuda'\); "
+        "its target may use any backend",
+    ):
         load(head_bundle, draft="head", draft_backend="ort-cuda", warmup=False)
-
 
 
 def test_a_target_backend_without_feature_rows_is_one_clear_error(head_bundle):
@@ -158,8 +171,11 @@ def test_a_target_backend_without_feature_rows_is_one_clear_error(head_bundle):
     pipe = load(head_bundle, draft="head", threads=1, warmup=False)
     try:
         pipe.target.features = None
-        with pytest.raises(ValueError, match="the target backend 'ort-cpu' does not return target features: "
-                                             "head drafting needs a bundle exported with features"):
+        with pytest.raises(
+            ValueError,
+            match="the target backend 'ort-cpu' does not return target features: "
+            "head drafting needs a bundle exported with features",
+        ):
             pipe.generate("hello there", max_new_tokens=8, guard=False)
     finally:
         pipe.close()

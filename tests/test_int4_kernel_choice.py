@@ -22,8 +22,9 @@ def _fast_here() -> bool:
         return False
 
 
-needs_fast = pytest.mark.skipif(not _fast_here(), reason="specedge's kernels have no fast path here (not built, "
-                                "or a CPU without AVX2)")
+needs_fast = pytest.mark.skipif(
+    not _fast_here(), reason="specedge's kernels have no fast path here (not built, or a CPU without AVX2)"
+)
 PROMPT = "the cat sat on the mat and the cat sat on the"
 
 
@@ -47,8 +48,11 @@ def test_auto_export_writes_two_graphs_over_one_weights_file(tiny_bundle_factory
     assert plain.custom_ops == [] and fast.custom_ops == [custom_ops.LIBRARY]
     assert plain.external_data == fast.external_data == ["target/model.onnx.data"]
     assert fast.batch_invariant and not plain.batch_invariant and fast.backends == ["ort-cpu"]
-    assert sorted(p.name for p in (auto / "target").iterdir()) == ["model.onnx", "model.onnx.data",
-                                                                  "model.specedge.onnx"]
+    assert sorted(p.name for p in (auto / "target").iterdir()) == [
+        "model.onnx",
+        "model.onnx.data",
+        "model.specedge.onnx",
+    ]
     # one size: the weights of a specedge-only export, once; the twin graph adds no tensor of its
     # own above its decoding constants (int4_graphs.save_pair refuses one over 1 MiB)
     one = tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="specedge")
@@ -87,8 +91,9 @@ def _greedy(bundle, **kw):
 
 
 @needs_fast
-def test_load_runs_the_fast_kernel_where_it_exists_and_falls_back_with_one_note(tiny_bundle_factory, monkeypatch,
-                                                                                 tmp_path):
+def test_load_runs_the_fast_kernel_where_it_exists_and_falls_back_with_one_note(
+    tiny_bundle_factory, monkeypatch, tmp_path
+):
     bundle = tiny_bundle_factory(precision="int4", draft="self", draft_precision="int4")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no note where the kernels run
@@ -119,8 +124,11 @@ def test_int4_kernel_overrides_and_their_errors(tiny_bundle_factory, hide_kernel
     with pytest.raises(BackendError, match=r"^--int4-kernel specedge: libspecedge_ops.so is not installed"):
         _logits(bundle, "specedge", np.arange(3, 8, dtype=np.int64))
     only = tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits")
-    with pytest.raises(BackendError, match=r"--int4-kernel specedge: the target model has only a matmulnbits graph "
-                                           r"\(exported with --int4-kernel matmulnbits\); re-export it without"):
+    with pytest.raises(
+        BackendError,
+        match=r"--int4-kernel specedge: the target model has only a matmulnbits graph "
+        r"\(exported with --int4-kernel matmulnbits\); re-export it without",
+    ):
         _logits(only, "specedge", np.arange(3, 8, dtype=np.int64))
     with pytest.raises(ValueError, match="int4_kernel must be one of auto, specedge, matmulnbits, got 'fast'"):
         from specedge.runtime.api import load
@@ -128,24 +136,44 @@ def test_int4_kernel_overrides_and_their_errors(tiny_bundle_factory, hide_kernel
         load(bundle, int4_kernel="fast")
 
 
-def test_export_specedge_only_is_refused_where_its_kernels_do_not_run(tiny_checkpoint_factory, tmp_path,
-                                                                      hide_kernels, capsys):
+def test_export_specedge_only_is_refused_where_its_kernels_do_not_run(
+    tiny_checkpoint_factory, tmp_path, hide_kernels, capsys
+):
     from specedge.cli.export_models import main
 
-    rc = main(["--target", str(tiny_checkpoint_factory()), "--out", str(tmp_path / "b"), "--precision", "int4",
-               "--draft", "ngram", "--int4-kernel", "specedge", "--quiet"])
+    rc = main(
+        [
+            "--target",
+            str(tiny_checkpoint_factory()),
+            "--out",
+            str(tmp_path / "b"),
+            "--precision",
+            "int4",
+            "--draft",
+            "ngram",
+            "--int4-kernel",
+            "specedge",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
-    assert err[0].startswith("error: --int4-kernel specedge: the graph uses specedge's CPU kernels, but "
-                             "libspecedge_ops.so was not found")
+    assert err[0].startswith(
+        "error: --int4-kernel specedge: the graph uses specedge's CPU kernels, but libspecedge_ops.so was not found"
+    )
     assert not (tmp_path / "b").exists()
 
 
 def test_stats_line_names_the_kernel():
     from specedge.cli.generate import format_stats
 
-    stats = {"tokens": 3, "tokens_per_s": 1.0, "ttft_s": 0.1, "speculative": False,
-             "int4_kernels": {"draft": "matmulnbits (asked for with --int4-kernel matmulnbits)"}}
+    stats = {
+        "tokens": 3,
+        "tokens_per_s": 1.0,
+        "ttft_s": 0.1,
+        "speculative": False,
+        "int4_kernels": {"draft": "matmulnbits (asked for with --int4-kernel matmulnbits)"},
+    }
     assert format_stats(stats).endswith("| draft int4 kernel matmulnbits (asked for with --int4-kernel matmulnbits)")
 
 
@@ -155,8 +183,10 @@ def test_inspect_says_which_kernel_runs_here(tiny_bundle_factory, hide_kernels):
 
     bundle = tiny_bundle_factory(precision="int4", draft="ngram")
     text = format_report(load_manifest(bundle, verify="none"), str(bundle))
-    assert ("  int4       matmulnbits here (libspecedge_ops.so is not installed (specedge was installed without a C++ "
-            "compiler)); graphs: model.onnx (MatMulNBits), model.specedge.onnx (specedge)") in text
+    assert (
+        "  int4       matmulnbits here (libspecedge_ops.so is not installed (specedge was installed without a C++ "
+        "compiler)); graphs: model.onnx (MatMulNBits), model.specedge.onnx (specedge)"
+    ) in text
 
 
 def test_manifest_of_an_auto_bundle_reads_in_the_cpp_schema(tiny_bundle_factory):
@@ -186,8 +216,13 @@ def test_cpp_runtime_chooses_as_python_does(tiny_bundle_factory, tmp_path):
         want = pipe.generate(PROMPT, max_new_tokens=24, speculative=False).token_ids
 
     def generate(**env):
-        r = subprocess.run([str(CPP_GENERATE), str(bundle), PROMPT, "--max-new-tokens", "24", "--threads", "1",
-                            "--json"], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+        r = subprocess.run(
+            [str(CPP_GENERATE), str(bundle), PROMPT, "--max-new-tokens", "24", "--threads", "1", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env},
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["token_ids"] == want, env
         return r.stderr
@@ -197,9 +232,13 @@ def test_cpp_runtime_chooses_as_python_does(tiny_bundle_factory, tmp_path):
     hidden = generate(SPECEDGE_OPS_LIB=str(tmp_path / "absent.so"))
     assert hidden.count(note) == 1 and "libspecedge_ops.so is not installed" in hidden
     assert note not in generate(SPECEDGE_INT4_KERNEL="matmulnbits")
-    r = subprocess.run([str(CPP_GENERATE), str(bundle), PROMPT, "--max-new-tokens", "4"], capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "SPECEDGE_INT4_KERNEL": "specedge",
-                                                    "SPECEDGE_OPS_LIB": str(tmp_path / "absent.so")})
+    r = subprocess.run(
+        [str(CPP_GENERATE), str(bundle), PROMPT, "--max-new-tokens", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPECEDGE_INT4_KERNEL": "specedge", "SPECEDGE_OPS_LIB": str(tmp_path / "absent.so")},
+    )
     assert r.returncode != 0 and "--int4-kernel specedge: libspecedge_ops.so is not installed" in r.stderr
 
 
@@ -214,23 +253,41 @@ def test_inspect_steps_follow_the_graph_that_runs_here(tiny_bundle_factory, hide
 def test_the_kernel_choice_bench_refuses_bad_input(load_script, tiny_bundle_factory, capsys):
     bench = load_script("int4_kernel_choice")
     assert bench.main(["b", "--steps", "-1"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: --per-category, --threads must be >= 1, --max-new-tokens >= 2, "
-                                               "--steps >= 0")
+    assert capsys.readouterr().err.strip() == (
+        "error: --per-category, --threads must be >= 1, --max-new-tokens >= 2, --steps >= 0"
+    )
     only = tiny_bundle_factory(int4_kernel="matmulnbits")  # fp32 target, int4 self-draft: one graph
     capsys.readouterr()  # the export's own progress
     assert bench.main([str(only), "--steps", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --int4-kernel specedge: the draft model has only a matmulnbits graph (exported with "
-                   "--int4-kernel matmulnbits); re-export it without --int4-kernel"]
+    assert err == [
+        "error: --int4-kernel specedge: the draft model has only a matmulnbits graph (exported with "
+        "--int4-kernel matmulnbits); re-export it without --int4-kernel"
+    ]
 
 
 @needs_fast
 def test_the_kernel_choice_bench_on_a_tiny_default_bundle(load_script, tiny_bundle_factory, tmp_path):
     bench = load_script("int4_kernel_choice")
     out = tmp_path / "r.json"
-    assert bench.main([str(tiny_bundle_factory(max_seq=512)), "--per-category", "2", "--max-new-tokens", "8",
-                       "--steps", "4",
-                       "--threads", "1", "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                str(tiny_bundle_factory(max_seq=512)),
+                "--per-category",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--steps",
+                "4",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     r = json.loads(out.read_text())
     assert r["all_same_tokens"] and set(r["draft_step_ms_median"]) == {"matmulnbits", "specedge"}
     assert r["draft_kernels"]["specedge"].startswith("specedge (asked for")

@@ -11,5 +11,7 @@ def test_the_specedge_graph_of_an_auto_bundle_is_the_one_timed(load_script, tiny
     auto = load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="size")
     assert auto.target.graphs[0].path == "target/model.onnx"  # the twin comes first
     assert prof.specedge_graph(auto).path == "target/model.specedge.onnx"
-    plain = load_manifest(tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"), verify="size")
+    plain = load_manifest(
+        tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"), verify="size"
+    )
     assert prof.specedge_graph(plain).path == "target/model.onnx"

@@ -36,16 +36,22 @@ def test_c_fields_reads_declarations_with_pointers_lists_and_arrays():
     assert c_fields("specedge_gen_params")[:3] == ["max_new_tokens", "temperature", "top_k"]
     assert "stop" in c_fields("specedge_gen_params")  # const char* const* stop
     stats = c_fields("specedge_stats")
-    assert stats[stats.index("time_draft_s"):stats.index("time_draft_s") + 3] == [
-        "time_draft_s", "time_verify_s", "time_other_s"]
+    assert stats[stats.index("time_draft_s") : stats.index("time_draft_s") + 3] == [
+        "time_draft_s",
+        "time_verify_s",
+        "time_other_s",
+    ]
     assert "accepted_histogram" in stats and "n_accepted_histogram" in stats
 
 
-@pytest.mark.parametrize("mirror,struct,whole", [
-    ("_OpenOptions", "specedge_open_options", True),
-    ("_GenParams", "specedge_gen_params", True),
-    ("_Stats", "specedge_stats", False),  # the leading fields the script reads, then room
-])
+@pytest.mark.parametrize(
+    "mirror,struct,whole",
+    [
+        ("_OpenOptions", "specedge_open_options", True),
+        ("_GenParams", "specedge_gen_params", True),
+        ("_Stats", "specedge_stats", False),  # the leading fields the script reads, then room
+    ],
+)
 def test_ctypes_mirrors_match_the_header(load_script, mirror, struct, whole):
     cls = getattr(load_script("int4_runtimes"), mirror)
     named = [f[0] for f in cls._fields_]
@@ -54,7 +60,7 @@ def test_ctypes_mirrors_match_the_header(load_script, mirror, struct, whole):
     if whole:
         assert named[:-1] == header, f"{mirror} mirrors {named[:-1]}, specedge.h has {header}"
     else:
-        assert named[:-1] == header[:len(named) - 1]
+        assert named[:-1] == header[: len(named) - 1]
 
 
 def test_mirrors_follow_the_headers_abi_version(load_script):

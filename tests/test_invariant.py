@@ -31,12 +31,12 @@ def test_padded_steps_equal_verification_rows_bit_for_bit(int4_bundle):
     for start in (5, 21, 40):
         steps.run(ids[:start], 0)
         verify.run(ids[:start], 0)
-        rows = np.array(verify.run(ids[start:start + 5], start))
+        rows = np.array(verify.run(ids[start : start + 5], start))
         for j in range(5):
-            one = np.array(steps.run(ids[start + j:start + j + 1], start + j))
+            one = np.array(steps.run(ids[start + j : start + j + 1], start + j))
             assert one.shape == (1, m.target.vocab_size)
             assert np.array_equal(one[0], rows[j]), (start, j)
-            assert steps.argmax(ids[start + j:start + j + 1], start + j).tolist() == [int(rows[j].argmax())]
+            assert steps.argmax(ids[start + j : start + j + 1], start + j).tolist() == [int(rows[j].argmax())]
 
 
 def test_last_slot_is_a_plain_single_token_call(int4_bundle):
@@ -59,8 +59,9 @@ def test_last_slot_is_a_plain_single_token_call(int4_bundle):
 
 @pytest.mark.parametrize("draft", ["ngram", "model"])
 def test_greedy_speculation_on_an_int4_target_equals_target_only(tiny_bundle_factory, draft):
-    bundle = tiny_bundle_factory(precision="int4", draft="self" if draft == "model" else "ngram", max_seq=128,
-                                 int4_kernel="matmulnbits")
+    bundle = tiny_bundle_factory(
+        precision="int4", draft="self" if draft == "model" else "ngram", max_seq=128, int4_kernel="matmulnbits"
+    )
     pipe = load(bundle, threads=1, verify="none", draft=draft)
     assert pipe.describe()["target"]["invariant_steps"] is True  # the int4 default
     for prompt in PROMPTS:
@@ -102,16 +103,28 @@ def test_real_int4_target_speculation_is_exact(tmp_path):
     pipe.close()
 
 
-def test_int4_export_defaults_to_the_ngram_drafter_and_inspect_says_the_step_mode(tiny_checkpoint_factory, tmp_path,
-                                                                                  capsys):
+def test_int4_export_defaults_to_the_ngram_drafter_and_inspect_says_the_step_mode(
+    tiny_checkpoint_factory, tmp_path, capsys
+):
     from specedge.cli import export_models
     from specedge.cli.export_models import default_draft
     from specedge.cli.main import main
 
     assert default_draft("int4") == "ngram" and default_draft("int8") == "ngram" and default_draft("fp32") == "self"
     out = tmp_path / "b"
-    rc = export_models.main(["--target", str(tiny_checkpoint_factory()), "--precision", "int4", "--out", str(out),
-                             "--max-seq", "64", "--quiet"])
+    rc = export_models.main(
+        [
+            "--target",
+            str(tiny_checkpoint_factory()),
+            "--precision",
+            "int4",
+            "--out",
+            str(out),
+            "--max-seq",
+            "64",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     m = load_manifest(out, verify="none")
     assert m.target.precision == "int4" and not m.draft.is_model

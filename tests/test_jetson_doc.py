@@ -11,16 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_engines import FakeTRT
 
 from specedge.manifest import load_manifest
-
-from test_engines import FakeTRT
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "jetson.md"
 RECIPE = re.compile(r"<!-- recipe: (?P<name>[^>]*?), TensorRT (?P<trt>[\d.]+) -->\s*```bash\n(?P<body>.*?)```", re.S)
 # a full version string per line, as the tensorrt module of that release reports it
-REPORTED = {"10.3": "10.3.0.30", "10.13": "10.13.0.35", "10.14": "10.14.1.48", "10.16": "10.16.0.72",
-            "11.0": "11.0.0.114"}
+REPORTED = {
+    "10.3": "10.3.0.30",
+    "10.13": "10.13.0.35",
+    "10.14": "10.14.1.48",
+    "10.16": "10.16.0.72",
+    "11.0": "11.0.0.114",
+}
 
 
 def recipes() -> list[tuple[str, str, list[list[str]]]]:
@@ -37,8 +41,13 @@ def recipes() -> list[tuple[str, str, list[list[str]]]]:
 
 def test_the_doc_has_a_recipe_per_line():
     got = {trt: name for name, trt, _ in recipes()}
-    assert got == {"10.3": "JetPack 6.x", "10.13": "JetPack 7.0", "10.14": "JetPack 7.1", "10.16": "JetPack 7.2",
-                   "11.0": "JetPack 7.2.2+"}
+    assert got == {
+        "10.3": "JetPack 6.x",
+        "10.13": "JetPack 7.0",
+        "10.14": "JetPack 7.1",
+        "10.16": "JetPack 7.2",
+        "11.0": "JetPack 7.2.2+",
+    }
     for name, trt, cmds in recipes():
         assert [c[0] for c in cmds][:1] == ["export-models"] and f"--tensorrt {trt}" in " ".join(cmds[0])
         assert any(c[1:2] == ["build-engines"] for c in cmds), name
@@ -64,8 +73,7 @@ def test_recipe_runs_up_to_build_engines(trt, cmds, tiny_checkpoint_factory, tmp
                 m = load_manifest(argv[2])
                 fake = FakeTRT(REPORTED[trt], m.target, m.kv_mode, m.max_seq)
                 monkeypatch.setitem(sys.modules, "tensorrt", fake)
-                monkeypatch.setattr("specedge.engines.builder.current_gpu",
-                                    lambda device_id=0: ("Orin (nvgpu)", "8.7"))
+                monkeypatch.setattr("specedge.engines.builder.current_gpu", lambda device_id=0: ("Orin (nvgpu)", "8.7"))
             rc = specedge_main(argv[1:])
         assert rc == 0, f"`{shlex.join(argv)}` exited {rc}"
     m = load_manifest(cmds[0][cmds[0].index("--out") + 1])

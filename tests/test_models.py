@@ -236,7 +236,8 @@ def test_half_precision_keeps_fp32_rope():
 def _export(m, cache, ids, pos):
     T = torch.export.Dim.DYNAMIC
     return torch.export.export(
-        m, (ids, pos, *cache),
+        m,
+        (ids, pos, *cache),
         dynamic_shapes={"input_ids": {1: T}, "position": None, "past": tuple(None for _ in cache)},
     )
 
@@ -254,7 +255,13 @@ def _onnx_parity(family: str, kv_mode: str, hf=None):
     pos = torch.tensor([WINDOW + 3])
     ep = _export(m, cache, ids, pos)
     prog = torch.onnx.export(
-        ep, (ids, pos, *cache), None, dynamo=True, opset_version=24, optimize=False, verbose=False,
+        ep,
+        (ids, pos, *cache),
+        None,
+        dynamo=True,
+        opset_version=24,
+        optimize=False,
+        verbose=False,
         custom_translation_table={
             torch.ops.specedge.cache_write.default: lambda c, n, p: op24.TensorScatter(c, n, p, axis=-2)
         },

@@ -61,10 +61,33 @@ def _prepare(tmp_path, env, *extra):
     (inputs / GGUF_NAME).write_bytes(model)
     out = tmp_path / "pack"
     p = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--ort-wheel", str(ort), "--gguf-wheel", str(gw),
-         "--gguf", str(inputs / GGUF_NAME), "--piece-bytes", "80000", "--xz-preset", "1",
-         "--device-tmp", str(tmp_path / "device-tmp"), "--site", str(tmp_path / "site"), *extra],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--ort-wheel",
+            str(ort),
+            "--gguf-wheel",
+            str(gw),
+            "--gguf",
+            str(inputs / GGUF_NAME),
+            "--piece-bytes",
+            "80000",
+            "--xz-preset",
+            "1",
+            "--device-tmp",
+            str(tmp_path / "device-tmp"),
+            "--site",
+            str(tmp_path / "site"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     calls = json.loads((out / "calls.json").read_text())
     return out, calls, p.stdout, model
@@ -72,8 +95,10 @@ def _prepare(tmp_path, env, *extra):
 
 @pytest.fixture
 def packed(tmp_path, env):
-    check = ("python3 -c 'import fakeort, fakegguf; from specedge.checkpoints import default_gguf; "
-             "print(\"CHECK\", fakeort.__version__, fakegguf.__version__, default_gguf())'")
+    check = (
+        "python3 -c 'import fakeort, fakegguf; from specedge.checkpoints import default_gguf; "
+        'print("CHECK", fakeort.__version__, fakegguf.__version__, default_gguf())\''
+    )
     return _prepare(tmp_path, env, "--check", check)
 
 
@@ -108,8 +133,13 @@ def test_the_printed_calls_store_every_piece_then_install_and_run_the_check(pack
 def test_the_default_plan_runs_gpu_check_after_the_install(tmp_path, env):
     out, calls, _, _ = _prepare(tmp_path, env)
     for c in calls:  # each call reads the sums from the folder it carries
-        assert json.loads((out / f"piece{c['call']}" / "pack.json").read_text()) == json.loads((out / "pack.json").read_text())
-    assert calls[-1]["command"] == f"python3 scripts/offline_gpu_pack.py install {out}/piece{len(calls)} -- bash scripts/gpu_check.sh"
+        assert json.loads((out / f"piece{c['call']}" / "pack.json").read_text()) == json.loads(
+            (out / "pack.json").read_text()
+        )
+    assert (
+        calls[-1]["command"]
+        == f"python3 scripts/offline_gpu_pack.py install {out}/piece{len(calls)} -- bash scripts/gpu_check.sh"
+    )
     assert all(c["command"] == f"python3 scripts/offline_gpu_pack.py store {out}/piece{c['call']}" for c in calls[:-1])
 
 
@@ -141,8 +171,10 @@ def test_a_missing_piece_stops_the_install_naming_it(packed, env, tmp_path):
     r = _run(calls[-1]["command"], env, tmp_path)
     n = len(calls)
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: piece 1 of {n} (part1) is missing from {tmp_path / 'device-tmp'} "
-                                f"(a fresh machine since call 1?): make calls 1 to {n} again")
+    assert r.stderr.strip() == (
+        f"error: piece 1 of {n} (part1) is missing from {tmp_path / 'device-tmp'} "
+        f"(a fresh machine since call 1?): make calls 1 to {n} again"
+    )
 
 
 def test_a_store_call_refuses_a_corrupted_or_missing_carry(packed, env, tmp_path):
@@ -155,17 +187,28 @@ def test_a_store_call_refuses_a_corrupted_or_missing_carry(packed, env, tmp_path
     r = _run(calls[0]["command"], env, tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith(f"error: piece 1 of {n} (part1) is corrupted: sha256 ") and line.endswith("make call 1 again")
+    assert line.startswith(f"error: piece 1 of {n} (part1) is corrupted: sha256 ") and line.endswith(
+        "make call 1 again"
+    )
     assert not (tmp_path / "device-tmp" / "part1").exists()
     part.unlink()
     r = _run(calls[0]["command"], env, tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip() == f"error: piece 1 of {n} (part1) is missing from {out / 'piece1'}: carry {out / 'piece1'} with this call"
+    assert (
+        r.stderr.strip()
+        == f"error: piece 1 of {n} (part1) is missing from {out / 'piece1'}: carry {out / 'piece1'} with this call"
+    )
 
 
 def test_a_working_tree_too_large_for_a_call_is_refused(tmp_path, env):
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "pack"), "--call-mib", "1"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "pack"), "--call-mib", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
     assert p.returncode == 2
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith("error: the working tree that travels with every call is ")
@@ -189,11 +232,32 @@ def test_the_pack_folder_is_excluded_once(load_script, tmp_path):
 
 
 def test_bad_inputs_are_one_error_line(tmp_path, env):
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "pack"), "--ort-wheel", str(tmp_path / "no.whl"),
-                        "--gguf-wheel", str(tmp_path / "no.whl"), "--gguf", str(tmp_path / "no.gguf")],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(tmp_path / "pack"),
+            "--ort-wheel",
+            str(tmp_path / "no.whl"),
+            "--gguf-wheel",
+            str(tmp_path / "no.whl"),
+            "--gguf",
+            str(tmp_path / "no.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
     assert p.returncode == 2 and p.stderr.strip() == f"error: --gguf {tmp_path / 'no.gguf'}: no such file"
     p = subprocess.run([sys.executable, str(SCRIPT), "store"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 2 and p.stderr.strip() == "error: usage: offline_gpu_pack.py store PIECE_FOLDER"
-    p = subprocess.run([sys.executable, str(SCRIPT), "store", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env)
-    assert p.returncode == 2 and p.stderr.strip() == f"error: {tmp_path}/pack.json is missing: carry the folder {tmp_path} with this call"
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "store", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert (
+        p.returncode == 2
+        and p.stderr.strip() == f"error: {tmp_path}/pack.json is missing: carry the folder {tmp_path} with this call"
+    )

@@ -20,8 +20,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "cpp" / "ops"
 ORT_INCLUDE = OPS / "third_party" / "onnxruntime" / "include"  # the pinned headers the kernels build against
-SOURCES = [OPS / "isa.cpp", OPS / "q41_kernel.cpp", OPS / "q80_kernel.cpp", OPS / "gqa_kernel.cpp",
-           OPS / "tests" / "ops_kernels_test.cpp"]
+SOURCES = [
+    OPS / "isa.cpp",
+    OPS / "q41_kernel.cpp",
+    OPS / "q80_kernel.cpp",
+    OPS / "gqa_kernel.cpp",
+    OPS / "tests" / "ops_kernels_test.cpp",
+]
 # as CMake builds libspecedge_ops (Release: -O3), and no contraction of a*b+c into fma on any target
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 HOST_CXX = shutil.which("g++") or shutil.which("c++")
@@ -31,13 +36,18 @@ QEMU = shutil.which("qemu-aarch64")
 needs_tools = pytest.mark.skipif(
     not (HOST_CXX and CROSS_CXX and QEMU),
     reason="needs g++, aarch64-linux-gnu-g++ and qemu-aarch64 (apt-get install g++-aarch64-linux-gnu qemu-user; "
-           "scripts/cpp_setup.sh installs them when run as root)")
+    "scripts/cpp_setup.sh installs them when run as root)",
+)
 
 
 def build(cxx: str, out: Path, extra: list[str], sources: list[Path] = SOURCES) -> Path:
     # -Wno-maybe-uninitialized: GCC 12's own _mm512_reduce_* intrinsics, as in cpp/CMakeLists.txt
-    p = subprocess.run([cxx, *FLAGS, "-Wno-maybe-uninitialized", *extra, *map(str, sources), "-o", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [cxx, *FLAGS, "-Wno-maybe-uninitialized", *extra, *map(str, sources), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return out
 
@@ -74,16 +84,22 @@ def test_a_different_rounding_is_caught(host, tmp_path):
 
 
 @needs_tools
-@pytest.mark.skipif(not (ORT_INCLUDE / "onnxruntime_cxx_api.h").is_file(),
-                    reason=f"ONNX Runtime headers not in {ORT_INCLUDE}")
+@pytest.mark.skipif(
+    not (ORT_INCLUDE / "onnxruntime_cxx_api.h").is_file(), reason=f"ONNX Runtime headers not in {ORT_INCLUDE}"
+)
 def test_the_library_builds_for_aarch64(tmp_path):
     """libspecedge_ops.so itself (the ONNX Runtime ops around the kernels) cross-builds for
     aarch64 and exports what both runtimes look up; it links nothing, so no aarch64 ONNX Runtime
     is needed to build it."""
     sources = [OPS / "specedge_ops.cpp", OPS / "gqa_attention.cpp", *SOURCES[:4]]
-    lib = build(CROSS_CXX, tmp_path / "libspecedge_ops.so",
-                ["-fPIC", "-shared", "-fvisibility=hidden", "-isystem", str(ORT_INCLUDE)], sources)
-    nm = subprocess.run(["aarch64-linux-gnu-nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
-                        check=True).stdout
+    lib = build(
+        CROSS_CXX,
+        tmp_path / "libspecedge_ops.so",
+        ["-fPIC", "-shared", "-fvisibility=hidden", "-isystem", str(ORT_INCLUDE)],
+        sources,
+    )
+    nm = subprocess.run(
+        ["aarch64-linux-gnu-nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
     exported = {line.split()[-1] for line in nm.splitlines() if " T " in line}
     assert exported == {"RegisterCustomOps", "specedge_ops_isa"}

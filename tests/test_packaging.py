@@ -45,25 +45,38 @@ def _install(venv: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     (a .pth line after its own site-packages), so nothing else is installed."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", where], capture_output=True, text=True,
-                               check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", where], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
-    return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-v",
-                           *flags, str(REPO)], capture_output=True, text=True, timeout=1200, env={**clean, **env})
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-v", *flags, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**clean, **env},
+    )
 
 
 def _probe(venv: Path, bundle: Path) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE, str(bundle)], capture_output=True, text=True,
-                       timeout=600, env=clean, cwd=str(venv))
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", PROBE, str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean,
+        cwd=str(venv),
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-def test_pip_install_builds_the_kernels_and_a_machine_without_a_compiler_still_installs(tiny_bundle_factory,
-                                                                                         tmp_path):
+def test_pip_install_builds_the_kernels_and_a_machine_without_a_compiler_still_installs(tiny_bundle_factory, tmp_path):
     bundle = tiny_bundle_factory(precision="int4", draft="self", draft_precision="int4")
 
     r = _install(tmp_path / "with")
@@ -98,10 +111,19 @@ def test_an_editable_install_finds_its_kernels_in_site_packages(tmp_path):
     r = _install(tmp_path / "ed", "-e")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECEDGE_OPS_LIB", "SPECEDGE_CPP_BUILD")}
-    out = subprocess.run([str(tmp_path / "ed" / "bin" / "python"), "-c",
-                          "import specedge; from specedge import custom_ops; "
-                          "print(specedge.__file__); print(custom_ops.library_path())"],
-                         capture_output=True, text=True, timeout=300, env=clean, cwd=str(tmp_path))
+    out = subprocess.run(
+        [
+            str(tmp_path / "ed" / "bin" / "python"),
+            "-c",
+            "import specedge; from specedge import custom_ops; "
+            "print(specedge.__file__); print(custom_ops.library_path())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean,
+        cwd=str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     src, lib = out.stdout.split()
     assert src == str(REPO / "specedge" / "__init__.py")

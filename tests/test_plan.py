@@ -13,13 +13,13 @@ import pytest
 
 from specedge.cli.main import main
 from specedge.contract import graph_io
-from specedge.manifest import parse_manifest, ModelSpec
+from specedge.manifest import ModelSpec, parse_manifest
 from specedge.plan import (
     DEVICES,
-    GiB,
-    MiB,
     WORKSPACE_BYTES,
     DeviceProfile,
+    GiB,
+    MiB,
     custom_device,
     largest_max_seq,
     model_memory,
@@ -37,17 +37,31 @@ def _model(precision, kv_dtype, weight_bytes, layers=30, kvh=3, hd=64, hidden=57
     spec = ModelSpec(role="x", kind="model", num_layers=layers, num_kv_heads=kvh, head_dim=hd, vocab_size=vocab)
     ins, outs = graph_io(spec, "scatter", 2048)
     return {
-        "kind": "model", "family": "llama", "source": "default", "precision": precision, "kv_dtype": kv_dtype,
-        "num_layers": layers, "num_kv_heads": kvh, "head_dim": hd, "hidden_size": hidden, "vocab_size": vocab,
-        "num_params": 134_515_008, "weight_bytes": weight_bytes,
+        "kind": "model",
+        "family": "llama",
+        "source": "default",
+        "precision": precision,
+        "kv_dtype": kv_dtype,
+        "num_layers": layers,
+        "num_kv_heads": kvh,
+        "head_dim": hd,
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "num_params": 134_515_008,
+        "weight_bytes": weight_bytes,
         "graphs": [{"flavour": "portable", "path": f"{precision}/model.onnx", "backends": ["tensorrt"]}],
-        "inputs": [t.to_json() for t in ins], "outputs": [t.to_json() for t in outs],
+        "inputs": [t.to_json() for t in ins],
+        "outputs": [t.to_json() for t in outs],
     }
 
 
 def default_like(max_seq=2048, kv_mode="scatter", draft=True, k=4, chunk=64):
     return {
-        "schema_version": 1, "created_by": "test", "max_seq": max_seq, "batch": 1, "kv_mode": kv_mode,
+        "schema_version": 1,
+        "created_by": "test",
+        "max_seq": max_seq,
+        "batch": 1,
+        "kv_mode": kv_mode,
         "spec": {"k": k, "prefill_chunk": chunk},
         "tokenizer": {"vocab_size": 49152, "eos_token_ids": [2], "bos_token_id": None, "add_bos": False, "files": []},
         "models": {
@@ -83,7 +97,14 @@ def test_hand_computed_constants_are_what_the_comments_say():
 def test_model_memory_matches_hand_computation():
     m = parse_manifest(default_like())
     t = model_memory(m.target, max_seq=2048, batch=1, k=4, prefill_chunk=64, kv_mode="scatter")
-    assert (t.weights, t.kv_cache, t.logits, t.attention, t.hidden, t.delta) == (TARGET_WEIGHTS, T_KV, LOGITS, ATTN, HIDDEN, 0)
+    assert (t.weights, t.kv_cache, t.logits, t.attention, t.hidden, t.delta) == (
+        TARGET_WEIGHTS,
+        T_KV,
+        LOGITS,
+        ATTN,
+        HIDDEN,
+        0,
+    )
     assert t.total == T_TOTAL
     assert t.kv_cache == m.target.kv_bytes(2048)  # the manifest's own formula
     d = model_memory(m.draft, max_seq=2048, batch=1, k=4, prefill_chunk=64, kv_mode="scatter")
@@ -142,7 +163,9 @@ def test_ngram_draft_costs_nothing_on_the_device():
 
 
 def test_weight_bytes_fallback_and_heads():
-    spec = ModelSpec(role="t", kind="model", precision="int4", num_params=1000, hidden_size=640, head_dim=256, num_kv_heads=1)
+    spec = ModelSpec(
+        role="t", kind="model", precision="int4", num_params=1000, hidden_size=640, head_dim=256, num_kv_heads=1
+    )
     assert weight_bytes(spec) == 562  # 1000 * 0.5625, rounded
     assert num_query_heads(spec) == 1  # 640 % 256 != 0: falls back to kv heads
     spec.extra = {"num_attention_heads": 4}
@@ -196,7 +219,9 @@ def test_cli_plan_does_not_fit_exit_3(bundle, capsys):
 
 
 def test_cli_plan_accepts_manifest_file_and_max_seq(bundle, capsys):
-    assert main(["plan", str(bundle / "manifest.json"), "--memory-gb", "1", "--reserve-gb", "0", "--max-seq", "256"]) == 0
+    assert (
+        main(["plan", str(bundle / "manifest.json"), "--memory-gb", "1", "--reserve-gb", "0", "--max-seq", "256"]) == 0
+    )
     assert "max_seq 256" in capsys.readouterr().out
 
 
@@ -206,7 +231,6 @@ def test_cli_plan_bad_input_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", str(tmp_path)])  # neither --device nor --memory-gb
     assert e.value.code == 2
-
 
 
 def test_cli_plan_rejects_bad_numbers(bundle, capsys):

@@ -19,15 +19,21 @@ CASES = {c["name"]: c for c in VECTORS["cases"]}
 
 
 def replay(case: dict, **overrides) -> tuple[SpecController, list[int]]:
-    costs = CostModel({int(t): c for t, c in case["costs"]["target"].items()}, case["costs"]["draft"],
-                      carry_chain=case["costs"]["carry_chain"], tree_backoff=case["costs"]["tree_backoff"])
-    ctl = SpecController(case["k"], costs, adaptive=case["adaptive"], guard=case["guard"], learn=case["learn"],
-                         **overrides)
+    costs = CostModel(
+        {int(t): c for t, c in case["costs"]["target"].items()},
+        case["costs"]["draft"],
+        carry_chain=case["costs"]["carry_chain"],
+        tree_backoff=case["costs"]["tree_backoff"],
+    )
+    ctl = SpecController(
+        case["k"], costs, adaptive=case["adaptive"], guard=case["guard"], learn=case["learn"], **overrides
+    )
     got = []
     for e in case["events"]:
         if "request" in e:  # a new request: a fresh controller on the same shared costs
-            ctl = SpecController(case["k"], costs, adaptive=case["adaptive"], guard=case["guard"],
-                                 learn=case["learn"], **overrides)
+            ctl = SpecController(
+                case["k"], costs, adaptive=case["adaptive"], guard=case["guard"], learn=case["learn"], **overrides
+            )
         elif "round" in e:
             ctl.record_round(*e["round"])
         else:
@@ -50,7 +56,12 @@ def test_policy_vectors(name):
     final = case["final"]
     d = ctl.to_dict()
     assert (d["k_final"], d["fallbacks"], d["fallback_tokens"], d["k_shrinks"], d["k_histogram"]) == (
-        final["k_final"], final["fallbacks"], final["fallback_tokens"], final["k_shrinks"], final["k_histogram"])
+        final["k_final"],
+        final["fallbacks"],
+        final["fallback_tokens"],
+        final["k_shrinks"],
+        final["k_histogram"],
+    )
     assert ctl.alpha == final["alpha"]
     assert {str(t): c for t, c in sorted(ctl.costs.target.items())} == final["target_costs"]
     assert ctl.costs.draft == final["draft_cost"]
@@ -70,7 +81,9 @@ def test_vectors_cover_every_rule():
     finals = {name: c["final"] for name, c in CASES.items()}
     assert any(f["fallbacks"] >= 2 for f in finals.values())  # backoff doubling
     assert any(f["k_shrinks"] >= 1 for f in finals.values())  # shrink to a smaller k
-    assert max(max(s) for s in nk.values()) == policy.BACKOFF_START and any(len(s) > 8 for s in nk.values())  # adaptive k
+    assert max(max(s) for s in nk.values()) == policy.BACKOFF_START and any(
+        len(s) > 8 for s in nk.values()
+    )  # adaptive k
     # k back to its start after a fallback: a 0 followed by the starting k after shrinking
     assert any(0 in s and c["k"] in s and finals[n]["k_shrinks"] for n, c in CASES.items() for s in [nk[n]])
     assert any("plain" in e for c in CASES.values() for e in c["events"] if c["next_k"])
@@ -184,8 +197,10 @@ def test_c1_is_timed_by_a_step_after_a_step_and_a_probe_takes_two():
     assert ctl.next_k() == 4 and ctl.local[1] == 0.010 and ctl.probes == 2
 
 
-@pytest.mark.parametrize("change", [{"SPIKE_CLAMP": math.inf}, {"BACKOFF_START": 8}, {"BACKOFF_MAX": 64},
-                                    {"LOCAL_WEIGHT": 0.2}, {"PROBE_ROUNDS": 32}])
+@pytest.mark.parametrize(
+    "change",
+    [{"SPIKE_CLAMP": math.inf}, {"BACKOFF_START": 8}, {"BACKOFF_MAX": 64}, {"LOCAL_WEIGHT": 0.2}, {"PROBE_ROUNDS": 32}],
+)
 def test_vectors_detect_a_changed_constant(monkeypatch, change):
     for name, value in change.items():
         monkeypatch.setattr(policy, name, value)
@@ -309,7 +324,7 @@ def test_a_tree_round_is_priced_by_its_whole_call_and_its_depth():
     # judged by c(9): 5 tokens for 4 x 1 ms + 20 ms against 10 ms per token
     assert ctl.speedup(4) == pytest.approx(ctl.expected(4) * 0.010 / (4 * 0.001 + 0.020))
     ctl.record_round(4, 1, 0.004, 0.020, 8, call=9, depth=4)
-    assert ctl.rej == pytest.approx(policy.PRIOR_REJECTED * policy.DECAY ** 2 + 1)
+    assert ctl.rej == pytest.approx(policy.PRIOR_REJECTED * policy.DECAY**2 + 1)
 
 
 def test_chain_rounds_are_unchanged_by_the_tree_arguments():
@@ -345,6 +360,7 @@ def test_trees_go_before_k_and_k_shrinks_when_the_chain_does_not_pay_either():
     made k = 4 look worse than k = 1, a shrink that lasted the request; now the trees go and k = 4
     is judged afresh as a chain on MIN_ROUNDS chain rounds: kept when they pay, shrunk as before
     when they do not."""
+
     def run(chain_rounds):
         ctl = SpecController(4, CostModel({1: 0.017, 2: 0.018, 5: 0.020, 8: 0.026}, 0.0088))
         for n in (4, 4, 1, 1):
@@ -381,7 +397,11 @@ def test_trees_that_gain_no_more_than_the_chain_are_turned_off():
     rounds the request goes on with chains. Trees that gain enough stay; without the guard they
     stay whatever they gain."""
     costs = lambda: CostModel({1: 0.010, 5: 0.012, 9: 0.016}, 0.0001)  # noqa: E731
-    dear, worth, unguarded = SpecController(4, costs()), SpecController(4, costs()), SpecController(4, costs(), guard=False)
+    dear, worth, unguarded = (
+        SpecController(4, costs()),
+        SpecController(4, costs()),
+        SpecController(4, costs(), guard=False),
+    )
     for _ in range(policy.MIN_ROUNDS):
         assert dear.use_tree and worth.use_tree
         dear.record_round(4, 2, 0.0004, 0.016, 8, call=9, depth=4, chain_accepted=2)

@@ -29,9 +29,16 @@ SEED_RULE = "must be an integer from 0 to 18446744073709551615 (2^64-1), got"
 
 def cli(*args, stdin=None, timeout=300, stdout=None, env=None):
     env = dict(os.environ, PYTHONIOENCODING="utf-8", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "specedge", *map(str, args)], input=stdin, timeout=timeout,
-                          stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "specedge", *map(str, args)],
+        input=stdin,
+        timeout=timeout,
+        stdout=stdout if stdout is not None else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def one_error(p, code: int, *fragments: str) -> str:
@@ -46,9 +53,16 @@ def bundle(tiny_bundle_factory):
 # ----------------------------------------------------------------------------- write errors
 
 
-@pytest.mark.parametrize("args", [["generate", "hi", "--max-new-tokens", "4"],
-                                  ["generate", "hi", "--max-new-tokens", "4", "--json"],
-                                  ["inspect"], ["plan", "--memory-gb", "8"]], ids=lambda a: "-".join(a[:2]))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "hi", "--max-new-tokens", "4"],
+        ["generate", "hi", "--max-new-tokens", "4", "--json"],
+        ["inspect"],
+        ["plan", "--memory-gb", "8"],
+    ],
+    ids=lambda a: "-".join(a[:2]),
+)
 def test_a_full_stdout_is_one_line_and_exit_74(bundle, args):
     with open("/dev/full", "w") as full:
         p = cli(args[0], bundle, *args[1:], stdout=full)
@@ -64,8 +78,15 @@ def test_a_full_stdout_in_chat_and_no_stdout_at_all(bundle):
     if CPP_GENERATE.is_file():
         cmds.append([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "2", "--threads", "1"])
     for cmd in cmds:
-        p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO, close_fds=True,
-                           preexec_fn=lambda: os.close(1))
+        p = subprocess.run(
+            cmd,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            close_fds=True,
+            preexec_fn=lambda: os.close(1),
+        )
         one_error(p, 74, "cannot write to standard output: Bad file descriptor")
 
 
@@ -73,8 +94,14 @@ def test_the_exit_code_table_is_documented():
     from specedge import errors
 
     doc = (REPO / "docs" / "security.md").read_text()
-    for code in (errors.EXIT_OK, errors.EXIT_FAULT, errors.EXIT_USAGE, errors.EXIT_WRITE, errors.EXIT_INTERRUPTED,
-                 errors.EXIT_TERMINATED):
+    for code in (
+        errors.EXIT_OK,
+        errors.EXIT_FAULT,
+        errors.EXIT_USAGE,
+        errors.EXIT_WRITE,
+        errors.EXIT_INTERRUPTED,
+        errors.EXIT_TERMINATED,
+    ):
         assert f"| {code} |" in doc, code
 
 
@@ -82,8 +109,13 @@ def test_the_exit_code_table_is_documented():
 def test_cpp_generate_fails_on_a_full_stdout(bundle):
     for extra in ([], ["--json"]):
         with open("/dev/full", "w") as full:
-            p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "4", "--threads", "1", *extra],
-                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+            p = subprocess.run(
+                [str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "4", "--threads", "1", *extra],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
         one_error(p, 74, "cannot write to standard output: No space left on device")
 
 
@@ -93,14 +125,26 @@ def test_cpp_chat_with_a_closed_stdout_ends_quietly_and_a_full_one_fails(default
     r, w = os.pipe()
     os.close(r)
     try:
-        p = subprocess.run([str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"], stdout=w,
-                           stderr=subprocess.PIPE, input="hello\nagain\n", text=True, timeout=120)
+        p = subprocess.run(
+            [str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            input="hello\nagain\n",
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(w)
     assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr)  # not -SIGPIPE
     with open("/dev/full", "w") as full:
-        p = subprocess.run([str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"], stdout=full,
-                           stderr=subprocess.PIPE, input="hello\nagain\n", text=True, timeout=120)
+        p = subprocess.run(
+            [str(CPP_CHAT), str(bundle), "--max-new-tokens", "8", "--threads", "1"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            input="hello\nagain\n",
+            text=True,
+            timeout=120,
+        )
     one_error(p, 74, "cannot write to standard output: No space left on device")
 
 
@@ -115,8 +159,11 @@ def test_a_closed_pipeline_says_so(bundle):
     pipe.close()
     pipe.close()  # twice is fine
     assert pipe.closed
-    for call in (lambda: pipe.generate("hi", max_new_tokens=2), lambda: pipe.stream("hi", max_new_tokens=2),
-                 lambda: pipe.calibrate()):
+    for call in (
+        lambda: pipe.generate("hi", max_new_tokens=2),
+        lambda: pipe.stream("hi", max_new_tokens=2),
+        lambda: pipe.calibrate(),
+    ):
         with pytest.raises(PipelineClosedError, match=r"the pipeline is closed: close\(\) freed its sessions"):
             call()
     assert not pipe.busy  # a refused request does not keep the pipeline
@@ -125,19 +172,25 @@ def test_a_closed_pipeline_says_so(bundle):
 # ----------------------------------------------------------------------------- plan's numbers
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--memory-gb", "inf"], "--memory-gb must be a finite number of GiB, got inf"),
-    (["--memory-gb", "nan"], "--memory-gb must be a finite number of GiB, got nan"),
-    (["--memory-gb", "-8"], "--memory-gb must be more than 0 and at most 1048576 GiB, got -8"),
-    (["--memory-gb", "0"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 0"),
-    (["--memory-gb", "1e300"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 1e+300"),
-    (["--memory-gb", "8", "--reserve-gb", "100"], "--reserve-gb 100 is not less than the device's memory (8 GiB)"),
-    (["--device", "orin-nano-8gb", "--reserve-gb", "8"], "--reserve-gb 8 is not less than the device's memory"),
-    (["--memory-gb", "8", "--reserve-gb", "inf"], "--reserve-gb must be a finite number of GiB, got inf"),
-    (["--memory-gb", "8", "--reserve-gb", "-1"], "--reserve-gb must be >= 0, got -1"),
-    (["--memory-gb", "8", "--max-seq", str(10**14)], "--max-seq must be between 1 and 1048576, got 100000000000000"),
-    (["--memory-gb", "8", "--max-seq", "0"], "--max-seq must be between 1 and 1048576, got 0"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--memory-gb", "inf"], "--memory-gb must be a finite number of GiB, got inf"),
+        (["--memory-gb", "nan"], "--memory-gb must be a finite number of GiB, got nan"),
+        (["--memory-gb", "-8"], "--memory-gb must be more than 0 and at most 1048576 GiB, got -8"),
+        (["--memory-gb", "0"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 0"),
+        (["--memory-gb", "1e300"], "--memory-gb must be more than 0 and at most 1048576 GiB, got 1e+300"),
+        (["--memory-gb", "8", "--reserve-gb", "100"], "--reserve-gb 100 is not less than the device's memory (8 GiB)"),
+        (["--device", "orin-nano-8gb", "--reserve-gb", "8"], "--reserve-gb 8 is not less than the device's memory"),
+        (["--memory-gb", "8", "--reserve-gb", "inf"], "--reserve-gb must be a finite number of GiB, got inf"),
+        (["--memory-gb", "8", "--reserve-gb", "-1"], "--reserve-gb must be >= 0, got -1"),
+        (
+            ["--memory-gb", "8", "--max-seq", str(10**14)],
+            "--max-seq must be between 1 and 1048576, got 100000000000000",
+        ),
+        (["--memory-gb", "8", "--max-seq", "0"], "--max-seq must be between 1 and 1048576, got 0"),
+    ],
+)
 def test_plan_checks_its_numbers(bundle, args, fragment):
     one_error(cli("plan", bundle, *args), 2, fragment)
 
@@ -162,11 +215,35 @@ def test_one_seed_range_in_the_python_cli_and_api(bundle):
     assert contract_max == SEED_MAX
     for bad in ("-1", str(SEED_MAX + 1), str(10**30)):
         one_error(cli("generate", bundle, "hi", "--seed", bad), 2, f"--seed {SEED_RULE} {bad}")
-    p = cli("generate", bundle, "hi", "--max-new-tokens", "4", "--temperature", "0.8", "--seed", str(SEED_MAX),
-            "--json", "--threads", "1")
+    p = cli(
+        "generate",
+        bundle,
+        "hi",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.8",
+        "--seed",
+        str(SEED_MAX),
+        "--json",
+        "--threads",
+        "1",
+    )
     assert p.returncode == 0, p.stderr
-    q = cli("generate", bundle, "hi", "--max-new-tokens", "4", "--temperature", "0.8", "--seed", str(SEED_MAX),
-            "--json", "--threads", "1")
+    q = cli(
+        "generate",
+        bundle,
+        "hi",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.8",
+        "--seed",
+        str(SEED_MAX),
+        "--json",
+        "--threads",
+        "1",
+    )
     assert json.loads(p.stdout)["token_ids"] == json.loads(q.stdout)["token_ids"]
 
 
@@ -183,12 +260,32 @@ def test_one_seed_range_in_the_server_schema():
 @needs_cpp
 def test_one_seed_range_in_the_cpp_cli(bundle):
     for bad in ("-1", str(SEED_MAX + 1), str(10**30)):
-        p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--seed", bad], capture_output=True, text=True,
-                           timeout=120)
+        p = subprocess.run(
+            [str(CPP_GENERATE), str(bundle), "hi", "--seed", bad], capture_output=True, text=True, timeout=120
+        )
         one_error(p, 2, f"--seed {SEED_RULE} {bad}")
-    outs = [subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "4", "--temperature", "0.8",
-                            "--seed", str(SEED_MAX), "--json", "--threads", "1"], capture_output=True, text=True,
-                           timeout=120) for _ in range(2)]
+    outs = [
+        subprocess.run(
+            [
+                str(CPP_GENERATE),
+                str(bundle),
+                "hi",
+                "--max-new-tokens",
+                "4",
+                "--temperature",
+                "0.8",
+                "--seed",
+                str(SEED_MAX),
+                "--json",
+                "--threads",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for _ in range(2)
+    ]
     assert outs[0].returncode == 0, outs[0].stderr
     assert json.loads(outs[0].stdout)["token_ids"] == json.loads(outs[1].stdout)["token_ids"]
 
@@ -208,17 +305,23 @@ def _with_fifo(bundle: Path, tmp_path: Path, rel: str) -> Path:
 @pytest.mark.parametrize("verify", ["none", "size", "full"])
 def test_a_named_pipe_in_the_bundle_is_refused_before_opening(bundle, tmp_path, rel, verify):
     b = _with_fifo(bundle, tmp_path, rel)
-    one_error(cli("generate", b, "hi", "--verify", verify, timeout=60), 2,
-              f"the bundle's file '{rel}' is a named pipe, not a regular file: refused before opening it")
+    one_error(
+        cli("generate", b, "hi", "--verify", verify, timeout=60),
+        2,
+        f"the bundle's file '{rel}' is a named pipe, not a regular file: refused before opening it",
+    )
 
 
 @needs_cpp
 @pytest.mark.parametrize("verify", ["none", "full"])
 def test_cpp_refuses_a_named_pipe_before_opening(bundle, tmp_path, verify):
     b = _with_fifo(bundle, tmp_path, "target/model.onnx")
-    p = subprocess.run([str(CPP_GENERATE), str(b), "hi", "--verify", verify], capture_output=True, text=True,
-                       timeout=60)
-    one_error(p, 2, "the bundle's file 'target/model.onnx' is a named pipe, not a regular file: refused before opening it")
+    p = subprocess.run(
+        [str(CPP_GENERATE), str(b), "hi", "--verify", verify], capture_output=True, text=True, timeout=60
+    )
+    one_error(
+        p, 2, "the bundle's file 'target/model.onnx' is a named pipe, not a regular file: refused before opening it"
+    )
 
 
 # ----------------------------------------------------------------------------- ONNX Runtime's telemetry files
@@ -229,21 +332,47 @@ def test_no_onnxruntime_files_under_home(bundle, tmp_path):
     home.mkdir()
     env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     env_clean = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(bundle), "hi", "--max-new-tokens", "2"],
-                       capture_output=True, text=True, timeout=120, env={**env_clean, **env}, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(bundle), "hi", "--max-new-tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env_clean, **env},
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stderr
     assert not list(home.rglob("*")), list(home.rglob("*"))
     if CPP_GENERATE.is_file():
-        p = subprocess.run([str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "2"], capture_output=True,
-                           text=True, timeout=120, env={**env_clean, **env})
+        p = subprocess.run(
+            [str(CPP_GENERATE), str(bundle), "hi", "--max-new-tokens", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env_clean, **env},
+        )
         assert p.returncode == 0, p.stderr
         assert not list(home.rglob("*")), list(home.rglob("*"))
 
 
 # ----------------------------------------------------------------------------- train-draft
 
-TRAIN_ARGS = ["--draft-vocab", "48", "--seq-len", "32", "--batch", "2", "--answer-tokens", "16", "--max-prompts", "4",
-              "--doc-tokens", "600", "--threads", "1", "--quiet"]
+TRAIN_ARGS = [
+    "--draft-vocab",
+    "48",
+    "--seq-len",
+    "32",
+    "--batch",
+    "2",
+    "--answer-tokens",
+    "16",
+    "--max-prompts",
+    "4",
+    "--doc-tokens",
+    "600",
+    "--threads",
+    "1",
+    "--quiet",
+]
 
 
 @pytest.fixture
@@ -277,8 +406,12 @@ def test_train_draft_checks_its_paths_before_any_work(feat, tmp_path):
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    one_error(cli("train-draft", feat, "--checkpoint", damaged, "--budget", "1k", *TRAIN_ARGS), 2,
-              f"the checkpoint '{damaged / 'checkpoint.pt'}' cannot be read", "--no-resume")
+    one_error(
+        cli("train-draft", feat, "--checkpoint", damaged, "--budget", "1k", *TRAIN_ARGS),
+        2,
+        f"the checkpoint '{damaged / 'checkpoint.pt'}' cannot be read",
+        "--no-resume",
+    )
     assert _tree(feat) == before
 
 
@@ -288,9 +421,25 @@ def test_train_draft_refuses_a_bundle_it_cannot_write_before_any_work(feat, tmp_
 
     os.chmod(feat, 0o555)
     try:
-        p = subprocess.run([sys.executable, "-m", "specedge", "train-draft", str(feat), "--checkpoint",
-                            str(tmp_path / "ck"), "--budget", "1k", *TRAIN_ARGS], capture_output=True, text=True,
-                           timeout=300, preexec_fn=_drop_dac_caps, cwd=REPO)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specedge",
+                "train-draft",
+                str(feat),
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--budget",
+                "1k",
+                *TRAIN_ARGS,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=_drop_dac_caps,
+            cwd=REPO,
+        )
     finally:
         os.chmod(feat, 0o755)
     one_error(p, 2, f"the bundle folder (the head is written into it) '{feat}' is not writable (Permission denied)")
@@ -298,8 +447,8 @@ def test_train_draft_refuses_a_bundle_it_cannot_write_before_any_work(feat, tmp_
 
 
 def test_train_draft_removes_only_the_leftovers_that_are_its_own(feat, tmp_path):
-    from specedge.training.paths import clean_leftovers, lock_bundle
     from specedge.errors import UserError
+    from specedge.training.paths import clean_leftovers, lock_bundle
 
     (feat / ".head-0123abcd.partial").mkdir()
     (feat / ".head-0123abcd.partial" / "model.onnx").write_bytes(b"half")
@@ -316,8 +465,11 @@ def test_train_draft_removes_only_the_leftovers_that_are_its_own(feat, tmp_path)
         os.close(fd)
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "checkpoint.tmp").write_bytes(b"half a checkpoint")  # a save that was killed
-    one_error(cli("train-draft", feat, "--checkpoint", tmp_path / "ck", "--budget", "0.001m", *TRAIN_ARGS), 2,
-              "before the first training step")
+    one_error(
+        cli("train-draft", feat, "--checkpoint", tmp_path / "ck", "--budget", "0.001m", *TRAIN_ARGS),
+        2,
+        "before the first training step",
+    )
     assert not (tmp_path / "ck" / "checkpoint.tmp").exists()
     left = sorted(p.name for p in feat.iterdir() if "head" in p.name)
     assert left == [".head-feedf00d.partial", "head-0000000g", "head-deadbeef"], left
@@ -340,16 +492,29 @@ def test_train_draft_saves_its_checkpoint_when_interrupted_and_resumes(feat, tmp
         return real(*a, **k)
 
     monkeypatch.setattr(train_mod, "_loss", interrupting)
-    opts = dict(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4, doc_tokens=600,
-                threads=1, checkpoint_every_s=3600.0, checkpoint=str(tmp_path / "ck"))
+    opts = dict(
+        budget="3k",
+        draft_vocab=48,
+        seq_len=32,
+        batch=2,
+        answer_tokens=16,
+        max_prompts=4,
+        doc_tokens=600,
+        threads=1,
+        checkpoint_every_s=3600.0,
+        checkpoint=str(tmp_path / "ck"),
+    )
     with pytest.raises(KeyboardInterrupt):
         train_mod.train_draft(feat, train_mod.TrainOptions(**opts))
     state = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)
     assert state["step"] == 3
     monkeypatch.setattr(train_mod, "_loss", real)
     seen = []
-    train_mod.train_draft(feat, train_mod.TrainOptions(**{**opts, "budget": "1k"}),
-                          progress=lambda stage, d, t, info=None: seen.append(info["step"]) if info else None)
+    train_mod.train_draft(
+        feat,
+        train_mod.TrainOptions(**{**opts, "budget": "1k"}),
+        progress=lambda stage, d, t, info=None: seen.append(info["step"]) if info else None,
+    )
     assert seen and seen[0] == 4  # went on from step 3
 
 
@@ -358,8 +523,22 @@ def test_train_draft_sigterm_saves_the_checkpoint_and_exits_143(feat, tmp_path):
 
     ck = tmp_path / "ck"
     args = [a for a in TRAIN_ARGS if a != "--quiet"]  # the progress bars say when training runs
-    proc = subprocess.Popen([sys.executable, "-m", "specedge", "train-draft", str(feat), "--checkpoint", str(ck),
-                             "--budget", "100M", *args], stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "train-draft",
+            str(feat),
+            "--checkpoint",
+            str(ck),
+            "--budget",
+            "100M",
+            *args,
+        ],
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
     err = bytearray()
 
     def read():
@@ -383,20 +562,24 @@ def test_train_draft_sigterm_saves_the_checkpoint_and_exits_143(feat, tmp_path):
     assert proc.returncode == 143, text
     lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
     assert [line for line in lines if line.startswith("error:")] == [
-        f"error: terminated: the bundle is as it was; the training so far is saved in '{ck}': run again to resume"]
+        f"error: terminated: the bundle is as it was; the training so far is saved in '{ck}': run again to resume"
+    ]
     assert lines[-1].startswith("error: terminated") and "Traceback" not in text
     assert (ck / "checkpoint.pt").is_file()
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--budget", "9" * 400], "--budget must be at most 1e15 tokens or 1e9 minutes"),
-    (["--lr", "inf"], "--lr must be a finite number more than 0, got inf"),
-    (["--steps", "1000000"], "--steps must be at most 64, got 1000000"),
-    (["--seq-len", str(1 << 40)], "--seq-len must be at most 1048576"),
-    (["--max-prompts", "0"], "--max-prompts must be an integer from 1 to 1048576, got 0"),
-    (["--threads", "-2"], "--threads must be an integer from 1 to 1024, got -2"),
-    (["--seed", str(SEED_MAX + 1)], f"--seed {SEED_RULE} {SEED_MAX + 1}"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--budget", "9" * 400], "--budget must be at most 1e15 tokens or 1e9 minutes"),
+        (["--lr", "inf"], "--lr must be a finite number more than 0, got inf"),
+        (["--steps", "1000000"], "--steps must be at most 64, got 1000000"),
+        (["--seq-len", str(1 << 40)], "--seq-len must be at most 1048576"),
+        (["--max-prompts", "0"], "--max-prompts must be an integer from 1 to 1048576, got 0"),
+        (["--threads", "-2"], "--threads must be an integer from 1 to 1024, got -2"),
+        (["--seed", str(SEED_MAX + 1)], f"--seed {SEED_RULE} {SEED_MAX + 1}"),
+    ],
+)
 def test_train_draft_checks_its_numbers(feat, tmp_path, args, fragment):
     one_error(cli("train-draft", feat, "--checkpoint", tmp_path / "ck", *args), 2, fragment)
     assert not (tmp_path / "ck").exists()
@@ -425,16 +608,18 @@ def test_an_export_onto_a_full_disk_names_the_bundle_and_exits_74(tmp_path, monk
 def test_an_onnxruntime_run_failure_is_one_line_on_stderr(bundle):
     """ONNX Runtime logs its own error lines (colour codes, source locations) to stderr before it
     raises; the backends keep its logger at fatal, so the failure is only the one line it becomes."""
-    code = ("import sys, numpy as np\n"
-            "from specedge.manifest import load_manifest\n"
-            "from specedge.runtime.backends.ort import OrtBackend\n"
-            "from specedge.runtime.backends.base import BackendError\n"
-            f"m = load_manifest({str(bundle)!r})\n"
-            "be = OrtBackend(m, m.target, threads=1)\n"
-            "try:\n"
-            "    be.run(np.array([10**9], dtype=np.int64), 0)\n"
-            "except BackendError as e:\n"
-            "    print('error:', e, file=sys.stderr)\n")
+    code = (
+        "import sys, numpy as np\n"
+        "from specedge.manifest import load_manifest\n"
+        "from specedge.runtime.backends.ort import OrtBackend\n"
+        "from specedge.runtime.backends.base import BackendError\n"
+        f"m = load_manifest({str(bundle)!r})\n"
+        "be = OrtBackend(m, m.target, threads=1)\n"
+        "try:\n"
+        "    be.run(np.array([10**9], dtype=np.int64), 0)\n"
+        "except BackendError as e:\n"
+        "    print('error:', e, file=sys.stderr)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr
     lines = p.stderr.splitlines()

@@ -14,7 +14,7 @@ from specedge.manifest import ModelSpec
 from specedge.runtime.backends.base import Backend, import_optional
 from specedge.runtime.cache import CacheTracker
 from specedge.runtime.drafters.base import Drafter, Proposal
-from specedge.runtime.drafters.ngram import NgramIndex, NgramDrafter
+from specedge.runtime.drafters.ngram import NgramDrafter, NgramIndex
 from specedge.runtime.rounds import Round, TargetView, speculative_round, target_step
 from specedge.runtime.sampling import SamplingParams, make_rng, probs_from_logits
 from specedge.runtime.text import TextStreamer
@@ -27,7 +27,9 @@ class Table(Backend):
     name = "table"
 
     def __init__(self, vocab=11, max_seq=40, seed=0):
-        super().__init__(SimpleNamespace(max_seq=max_seq, kv_mode="scatter"), SimpleNamespace(vocab_size=vocab, precision="fp32"))
+        super().__init__(
+            SimpleNamespace(max_seq=max_seq, kv_mode="scatter"), SimpleNamespace(vocab_size=vocab, precision="fp32")
+        )
         self.table = np.random.default_rng(seed).normal(size=(vocab, max_seq, vocab)).astype(np.float32)
         self.copies = []
 
@@ -254,7 +256,10 @@ def test_graphs_off_says_why():
     b = Table()
     b.cuda_graphs = True
     b.graphs_off("CUDA graph capture for T=5", RuntimeError("out of memory\nmore"))
-    assert not b.cuda_graphs and b.graph_note == "CUDA graph capture for T=5 failed (out of memory); running without graphs"
+    assert (
+        not b.cuda_graphs
+        and b.graph_note == "CUDA graph capture for T=5 failed (out of memory); running without graphs"
+    )
 
 
 def test_import_optional_names_what_needs_the_package():
@@ -264,7 +269,9 @@ def test_import_optional_names_what_needs_the_package():
 
 
 def test_contract_names_and_bounds():
-    spec = ModelSpec(role="target", kind="model", num_layers=2, num_kv_heads=1, head_dim=4, vocab_size=9, kv_dtype="float32")
+    spec = ModelSpec(
+        role="target", kind="model", num_layers=2, num_kv_heads=1, head_dim=4, vocab_size=9, kv_dtype="float32"
+    )
     ins, outs = expected_names(spec, "delta", 16)
     assert ins == ["input_ids", "position", "past_key.0", "past_value.0", "past_key.1", "past_value.1"]
     assert outs == ["logits", "new_key.0", "new_value.0", "new_key.1", "new_value.1"]

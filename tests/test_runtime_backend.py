@@ -11,14 +11,9 @@ import onnxruntime as ort
 import pytest
 
 from specedge.manifest import ModelSpec, load_manifest
-from specedge.runtime.backends import (
-    BACKENDS,
-    BackendError,
-    create_backend,
-    resolve_backend_name,
-)
-from specedge.runtime.cache import CacheTracker, run_chunked
+from specedge.runtime.backends import BACKENDS, BackendError, create_backend, resolve_backend_name
 from specedge.runtime.backends.ort import OrtBackend, normalize_providers
+from specedge.runtime.cache import CacheTracker, run_chunked
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +87,10 @@ def test_scatter_runs_without_the_copy_fallback(scatter_bundle):
     graph = onnx.load(str(m.path(m.target.graph_for("ort-cpu").path)), load_external_data=False)
     ops = {n.op_type for n in graph.graph.node}
     if "TensorScatter" not in ops:
-        pytest.skip(f"the ort-cpu graph writes its cache with {sorted(ops & {'GroupQueryAttention', 'ScatterND'})}, "
-                    "not TensorScatter (in-place content and addresses are checked above)")
+        pytest.skip(
+            f"the ort-cpu graph writes its cache with {sorted(ops & {'GroupQueryAttention', 'ScatterND'})}, "
+            "not TensorScatter (in-place content and addresses are checked above)"
+        )
     script = textwrap.dedent(f"""
         import sys, numpy as np
         from specedge.manifest import ModelSpec, load_manifest
@@ -256,13 +253,19 @@ def test_unknown_provider_and_pass_through(scatter_bundle):
     with pytest.raises(BackendError, match="unknown execution provider 'FooExecutionProvider'"):
         normalize_providers(["FooExecutionProvider"])
     names, opts = normalize_providers([("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"}), "cpu"])
-    assert names == ["CPUExecutionProvider", "CPUExecutionProvider"] and opts[0] == {"arena_extend_strategy": "kSameAsRequested"}
+    assert names == ["CPUExecutionProvider", "CPUExecutionProvider"] and opts[0] == {
+        "arena_extend_strategy": "kSameAsRequested"
+    }
     m = load_manifest(scatter_bundle)
-    be = OrtBackend(m, m.target, providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})],
-                    allow_spinning=False, session_config={"session.intra_op.allow_spinning": "0"})
+    be = OrtBackend(
+        m,
+        m.target,
+        providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})],
+        allow_spinning=False,
+        session_config={"session.intra_op.allow_spinning": "0"},
+    )
     assert be.describe()["providers"] == ["CPUExecutionProvider"] and be.describe()["allow_spinning"] is False
     assert be.run(np.array([1, 2]), 0).shape == (2, m.target.vocab_size)
-
 
 
 def test_choose_threading_rules():
@@ -278,8 +281,11 @@ def test_choose_threading_rules():
     assert choose_threading(None, None, False, 2) == (True, True)
     assert choose_threading(None, True, True, 0) == (True, True)
     assert choose_threading(3, None, False, -1) == (True, True)  # made outside specedge: size unknown
-    with pytest.raises(BackendError, match=r"threads=4, but this process's ONNX Runtime sessions share one pool "
-                                           r"of 2 threads .* use threads=2 or another process"):
+    with pytest.raises(
+        BackendError,
+        match=r"threads=4, but this process's ONNX Runtime sessions share one pool "
+        r"of 2 threads .* use threads=2 or another process",
+    ):
         choose_threading(4, None, True, 2)
     with pytest.raises(BackendError, match="use threads=None or another process"):
         choose_threading(4, None, True, 0)
@@ -311,8 +317,9 @@ print("ok")
 
 def test_sessions_share_the_process_pool(scatter_bundle):
     # a process of its own: once made, the pool would be forced on every later test's sessions
-    p = subprocess.run([sys.executable, "-c", SHARED_POOL_CHILD, str(scatter_bundle)], capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", SHARED_POOL_CHILD, str(scatter_bundle)], capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout + p.stderr
 
 

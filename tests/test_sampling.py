@@ -33,7 +33,10 @@ class ScriptedRng:
         ({"temperature": 1.0, "top_k": float("nan")}, r"top_k must not be NaN"),
         ({"temperature": "hot"}, r"temperature must be a number"),
         ({"seed": -3}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got -3"),
-        ({"seed": 2**64}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got 18446744073709551616"),
+        (
+            {"seed": 2**64},
+            r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got 18446744073709551616",
+        ),
         ({"seed": "7"}, r"seed must be an integer from 0 to 18446744073709551615 \(2\^64-1\), got '7'"),
     ],
 )

@@ -82,8 +82,14 @@ def run_batch(cases: list[dict], tmp: Path) -> list[dict]:
     res = tmp / "results.json"
     spec.write_text(json.dumps([{"argv": c["argv"], "stdin": c.get("stdin", b"").decode("latin-1")} for c in cases]))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", RUNNER, str(spec), str(res)], capture_output=True, text=True,
-                       timeout=900, env=env, cwd=tmp)
+    p = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(spec), str(res)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(res.read_text())
 
@@ -202,81 +208,228 @@ def _unlisted_copy(b: Path):
 # (id, tamper(bundle), CLI args after the bundle, Python message, C++ message)
 CPP_NO_JINJA = "not a format this runtime knows"  # the C++ runtime formats ChatML/Gemma, it runs no template
 TAMPERED = [
-    ("location-absolute", lambda b: set_location(b, str(b.parent / "secret.bin")), [],
-     "reads weights from '/", "reads weights from '/"),
+    (
+        "location-absolute",
+        lambda b: set_location(b, str(b.parent / "secret.bin")),
+        [],
+        "reads weights from '/",
+        "reads weights from '/",
+    ),
     ("location-dotdot", lambda b: set_location(b, "../../secret.bin"), [], "outside the bundle", "outside the bundle"),
-    ("location-dotdot-inside", lambda b: set_location(b, "../target/model.onnx.data"), [], "outside the bundle",
-     "outside the bundle"),
-    ("location-backslash", lambda b: set_location(b, "..\\..\\secret.bin"), [], "outside the bundle",
-     "outside the bundle"),
+    (
+        "location-dotdot-inside",
+        lambda b: set_location(b, "../target/model.onnx.data"),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "location-backslash",
+        lambda b: set_location(b, "..\\..\\secret.bin"),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
     ("location-drive", lambda b: set_location(b, "C:/secret.bin"), [], "outside the bundle", "outside the bundle"),
     ("location-empty", lambda b: set_location(b, ""), [], "outside the bundle", "outside the bundle"),
     ("location-unlisted", _unlisted_copy, [], "does not list", "does not list"),
-    ("location-nul", lambda b: set_location(b, "model.onnx.data\x00/../../secret.bin"), [], "outside the bundle",
-     "outside the bundle"),
-    ("location-in-draft-graph", lambda b: set_location(b, "/etc/hostname", graph="draft/model.onnx"), [],
-     "the draft graph 'draft/model.onnx' reads weights from '/etc/hostname'",
-     "the draft graph 'draft/model.onnx' reads weights from '/etc/hostname'"),
-    ("location-link-out", lambda b: (os.symlink("../../secret.bin", b / "target" / "evil.data"),
-                                     set_location(b, "evil.data", list_it=True)), [],
-     "(through a link)", "(through a link)"),
-    ("graph-garbage", lambda b: replace_file(b, "target/model.onnx", b"\x0a\xff\xff\xff\xff\xff"), [],
-     "not a usable ONNX file", "not a usable ONNX file"),
+    (
+        "location-nul",
+        lambda b: set_location(b, "model.onnx.data\x00/../../secret.bin"),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "location-in-draft-graph",
+        lambda b: set_location(b, "/etc/hostname", graph="draft/model.onnx"),
+        [],
+        "the draft graph 'draft/model.onnx' reads weights from '/etc/hostname'",
+        "the draft graph 'draft/model.onnx' reads weights from '/etc/hostname'",
+    ),
+    (
+        "location-link-out",
+        lambda b: (
+            os.symlink("../../secret.bin", b / "target" / "evil.data"),
+            set_location(b, "evil.data", list_it=True),
+        ),
+        [],
+        "(through a link)",
+        "(through a link)",
+    ),
+    (
+        "graph-garbage",
+        lambda b: replace_file(b, "target/model.onnx", b"\x0a\xff\xff\xff\xff\xff"),
+        [],
+        "not a usable ONNX file",
+        "not a usable ONNX file",
+    ),
     ("graph-empty", lambda b: replace_file(b, "target/model.onnx", b""), [], "it is empty", "it is empty"),
-    ("graph-wire-group", lambda b: replace_file(b, "target/model.onnx", b"\x0b\x0c"), [],
-     "not a valid ONNX protobuf", "not a valid ONNX protobuf"),
+    (
+        "graph-wire-group",
+        lambda b: replace_file(b, "target/model.onnx", b"\x0b\x0c"),
+        [],
+        "not a valid ONNX protobuf",
+        "not a valid ONNX protobuf",
+    ),
     ("graph-link-out", lambda b: link_out(b, "target/model.onnx"), [], "(through a link)", "(through a link)"),
     ("data-link-out", lambda b: link_out(b, "target/model.onnx.data"), [], "(through a link)", "(through a link)"),
-    ("manifest-link-out", lambda b: (os.replace(b / "manifest.json", b.parent / "secret.json"),
-                                     os.symlink("../secret.json", b / "manifest.json")), [],
-     "(through a link)", "(through a link)"),
-    ("manifest-not-json", lambda b: (b / "manifest.json").write_text("{ not json"), [], "not valid JSON",
-     "not valid JSON"),
+    (
+        "manifest-link-out",
+        lambda b: (
+            os.replace(b / "manifest.json", b.parent / "secret.json"),
+            os.symlink("../secret.json", b / "manifest.json"),
+        ),
+        [],
+        "(through a link)",
+        "(through a link)",
+    ),
+    (
+        "manifest-not-json",
+        lambda b: (b / "manifest.json").write_text("{ not json"),
+        [],
+        "not valid JSON",
+        "not valid JSON",
+    ),
     ("manifest-nested", nest, [], "nests its values too deeply", "lacks 'max_seq'"),
-    ("manifest-not-utf8", lambda b: (b / "manifest.json").write_bytes(b'{"a": "\xff\xfe"}'), [], "not UTF-8", "not valid JSON"),
-    ("manifest-huge", lambda b: (b / "manifest.json").write_bytes(b" " * (65 << 20)), [], "larger than 64 MiB",
-     "larger than 64 MiB"),
-    ("schema-99", lambda b: edit_manifest(b, lambda m: m.update(schema_version=99)), [], "schema version 99",
-     "schema version 99"),
-    ("graph-path-out", lambda b: edit_manifest(b, lambda m: m["models"]["target"]["graphs"][0].update(
-        path="../../secret.bin")), [], "outside the bundle", "outside the bundle"),
-    ("graph-path-absolute", lambda b: edit_manifest(b, lambda m: m["models"]["target"]["graphs"][0].update(
-        path=str(b.parent / "secret.bin"))), [], "outside the bundle", "outside the bundle"),
-    ("tokenizer-path-absolute", lambda b: edit_manifest(b, lambda m: m["tokenizer"].update(
-        files=[str(b.parent / "secret.bin")])), [], "outside the bundle", "outside the bundle"),
-    ("external-data-listed-out", lambda b: edit_manifest(b, lambda m: m["models"]["target"]["graphs"][0][
-        "external_data"].append("../secret.bin")), [], "outside the bundle", "outside the bundle"),
-    ("template-link-out", lambda b: link_out(b, "chat_template.jinja"), ["--chat"], "(through a link)",
-     "(through a link)"),
-    ("checksum", lambda b: (b / "tokenizer_config.json").write_text("{}"), [], "checksum mismatch",
-     "checksum mismatch"),
+    (
+        "manifest-not-utf8",
+        lambda b: (b / "manifest.json").write_bytes(b'{"a": "\xff\xfe"}'),
+        [],
+        "not UTF-8",
+        "not valid JSON",
+    ),
+    (
+        "manifest-huge",
+        lambda b: (b / "manifest.json").write_bytes(b" " * (65 << 20)),
+        [],
+        "larger than 64 MiB",
+        "larger than 64 MiB",
+    ),
+    (
+        "schema-99",
+        lambda b: edit_manifest(b, lambda m: m.update(schema_version=99)),
+        [],
+        "schema version 99",
+        "schema version 99",
+    ),
+    (
+        "graph-path-out",
+        lambda b: edit_manifest(b, lambda m: m["models"]["target"]["graphs"][0].update(path="../../secret.bin")),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "graph-path-absolute",
+        lambda b: edit_manifest(
+            b, lambda m: m["models"]["target"]["graphs"][0].update(path=str(b.parent / "secret.bin"))
+        ),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "tokenizer-path-absolute",
+        lambda b: edit_manifest(b, lambda m: m["tokenizer"].update(files=[str(b.parent / "secret.bin")])),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "external-data-listed-out",
+        lambda b: edit_manifest(
+            b, lambda m: m["models"]["target"]["graphs"][0]["external_data"].append("../secret.bin")
+        ),
+        [],
+        "outside the bundle",
+        "outside the bundle",
+    ),
+    (
+        "template-link-out",
+        lambda b: link_out(b, "chat_template.jinja"),
+        ["--chat"],
+        "(through a link)",
+        "(through a link)",
+    ),
+    (
+        "checksum",
+        lambda b: (b / "tokenizer_config.json").write_text("{}"),
+        [],
+        "checksum mismatch",
+        "checksum mismatch",
+    ),
     ("data-missing", lambda b: (b / "target" / "model.onnx.data").unlink(), [], "is missing", "is missing"),
-    ("unlisted-reference", lambda b: edit_manifest(b, lambda m: m["files"].pop("chat_template.jinja")), [],
-     "lists no checksum", "lists no checksum"),
-    ("files-malformed", lambda b: edit_manifest(b, lambda m: m["files"].update(x={"sha256": 3})), [],
-     "is malformed", "is malformed"),
-    ("layers-out-of-bounds", lambda b: edit_manifest(b, lambda m: m["models"]["target"].update(num_layers=100000)),
-     [], "outside 1..512", "outside 1..512"),
-    ("geometry-absurd", lambda b: edit_manifest(b, absurd_geometry), [], "more than this machine's",
-     "lacks input"),  # C++ compares the graph first; its KV check (1 TiB) comes at allocation
+    (
+        "unlisted-reference",
+        lambda b: edit_manifest(b, lambda m: m["files"].pop("chat_template.jinja")),
+        [],
+        "lists no checksum",
+        "lists no checksum",
+    ),
+    (
+        "files-malformed",
+        lambda b: edit_manifest(b, lambda m: m["files"].update(x={"sha256": 3})),
+        [],
+        "is malformed",
+        "is malformed",
+    ),
+    (
+        "layers-out-of-bounds",
+        lambda b: edit_manifest(b, lambda m: m["models"]["target"].update(num_layers=100000)),
+        [],
+        "outside 1..512",
+        "outside 1..512",
+    ),
+    (
+        "geometry-absurd",
+        lambda b: edit_manifest(b, absurd_geometry),
+        [],
+        "more than this machine's",
+        "lacks input",
+    ),  # C++ compares the graph first; its KV check (1 TiB) comes at allocation
     ("eos-empty", lambda b: edit_manifest(b, _no_eos), [], "eos_token_ids", "eos_token_ids"),
-    ("vocab-short", lambda b: edit_manifest(b, lambda m: m["models"]["draft"].update(vocab_size=2)), [],
-     "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share",
-     "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share"),
-    ("tokenizer-garbage", lambda b: replace_file(b, "tokenizer.json", b"{\"version\": 1}"), [],
-     "cannot read the bundle's tokenizer.json", "tokenizer.json has no model"),
-    ("template-nested-loops", template("{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}"
-                                       "{% endfor %}"), ["--chat"], "the chat template was stopped", CPP_NO_JINJA),
-    ("template-silent-loops", template("{% set s = 'a' * 3000000 %}{% for a in s %}{% for b in s %}{% endfor %}"
-                                       "{% endfor %}"), ["--chat"], "loop iterations", CPP_NO_JINJA),
+    (
+        "vocab-short",
+        lambda b: edit_manifest(b, lambda m: m["models"]["draft"].update(vocab_size=2)),
+        [],
+        "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share",
+        "the draft's vocabulary (2 ids) does not cover the 256 ids the target and the tokenizer share",
+    ),
+    (
+        "tokenizer-garbage",
+        lambda b: replace_file(b, "tokenizer.json", b'{"version": 1}'),
+        [],
+        "cannot read the bundle's tokenizer.json",
+        "tokenizer.json has no model",
+    ),
+    (
+        "template-nested-loops",
+        template("{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}"),
+        ["--chat"],
+        "the chat template was stopped",
+        CPP_NO_JINJA,
+    ),
+    (
+        "template-silent-loops",
+        template("{% set s = 'a' * 3000000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"),
+        ["--chat"],
+        "loop iterations",
+        CPP_NO_JINJA,
+    ),
     ("template-range", template("{{ range(10**9)|list }}"), ["--chat"], "the chat template was stopped", CPP_NO_JINJA),
     ("template-include", template("{% include 'x' %}"), ["--chat"], "no loader", CPP_NO_JINJA),
     ("template-import", template("{% import '/etc/passwd' as p %}"), ["--chat"], "no loader", CPP_NO_JINJA),
     ("template-escape", template("{{ ''.__class__.__mro__[1].__subclasses__() }}"), ["--chat"], "unsafe", CPP_NO_JINJA),
     ("template-blowup", template("{{ 'a' * 10**10 }}"), ["--chat"], "larger than", CPP_NO_JINJA),
     ("template-width", template("{{ '%01000000000d' % 1 }}"), ["--chat"], "field width", CPP_NO_JINJA),
-    ("template-recursion", template("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), ["--chat"],
-     "recursed too deeply", CPP_NO_JINJA),
+    (
+        "template-recursion",
+        template("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"),
+        ["--chat"],
+        "recursed too deeply",
+        CPP_NO_JINJA,
+    ),
 ]
 
 
@@ -295,8 +448,7 @@ def tampered(tiny_bundle_factory, tmp_path_factory):
         tamper(d / "bundle")
         dirs[name] = d
         before[name] = snapshot(d)
-        cases.append({"argv": ["generate", str(d / "bundle"), "hi", "--max-new-tokens", "4", "--threads", "1",
-                               *extra]})
+        cases.append({"argv": ["generate", str(d / "bundle"), "hi", "--max-new-tokens", "4", "--threads", "1", *extra]})
     results = dict(zip(dirs, run_batch(cases, root)))
     return dirs, results, before
 
@@ -343,9 +495,28 @@ def test_tampered_bundle_cpp(tampered, strace, tmp_path, name, tamper, extra, me
     dirs, _, before = tampered
     d = dirs[name]
     log = tmp_path / "opens.txt"
-    p = subprocess.run([strace, "-f", "-qq", "-e", "trace=open,openat", "-o", str(log), str(CPP_GENERATE),
-                        str(d / "bundle"), "hi", "--max-new-tokens", "4", "--threads", "1", *extra],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            strace,
+            "-f",
+            "-qq",
+            "-e",
+            "trace=open,openat",
+            "-o",
+            str(log),
+            str(CPP_GENERATE),
+            str(d / "bundle"),
+            "hi",
+            "--max-new-tokens",
+            "4",
+            "--threads",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2, (p.returncode, p.stderr)
     line = one_error_line(p.stderr)
     assert cpp_message in line, line
@@ -377,17 +548,34 @@ BAD_INPUTS = [
     ("stdin-empty", ["generate", "{B}", "-"], b"", 2, "the prompt is empty"),
     ("prompt-empty", ["generate", "{B}", ""], b"", 2, "the prompt is empty"),
     ("stop-not-utf8", ["generate", "{B}", "hi", "--stop", RAW_BAD], b"", 2, "--stop is not valid UTF-8"),
-    ("system-not-utf8", ["generate", "{B}", "hi", "--chat", "--system", RAW_BAD], b"", 2,
-     "--system is not valid UTF-8"),
+    (
+        "system-not-utf8",
+        ["generate", "{B}", "hi", "--chat", "--system", RAW_BAD],
+        b"",
+        2,
+        "--system is not valid UTF-8",
+    ),
     ("threads-huge", ["generate", "{B}", "hi", "--threads", "100000"], b"", 2, "--threads must be <= 1024"),
     ("threads-zero", ["generate", "{B}", "hi", "--threads", "0"], b"", 2, "--threads must be >= 1"),
-    ("max-new-zero", ["generate", "{B}", "hi", "--max-new-tokens", "0"], b"", 2, "--max-new-tokens must be an integer >= 1"),
+    (
+        "max-new-zero",
+        ["generate", "{B}", "hi", "--max-new-tokens", "0"],
+        b"",
+        2,
+        "--max-new-tokens must be an integer >= 1",
+    ),
     ("top-p-zero", ["generate", "{B}", "hi", "--top-p", "0"], b"", 2, "--top-p must be in (0, 1]"),
     ("temperature-negative", ["generate", "{B}", "hi", "--temperature", "-1"], b"", 2, "--temperature"),
     ("temperature-nan", ["generate", "{B}", "hi", "--temperature", "nan"], b"", 2, "--temperature"),
     ("temperature-inf", ["generate", "{B}", "hi", "--temperature", "inf"], b"", 2, "--temperature"),
     ("spec-tokens-17", ["generate", "{B}", "hi", "--spec-tokens", "17"], b"", 2, "--spec-tokens"),
-    ("seed-negative", ["generate", "{B}", "hi", "--seed", "-1"], b"", 2, "--seed must be an integer from 0 to 18446744073709551615 (2^64-1), got -1"),
+    (
+        "seed-negative",
+        ["generate", "{B}", "hi", "--seed", "-1"],
+        b"",
+        2,
+        "--seed must be an integer from 0 to 18446744073709551615 (2^64-1), got -1",
+    ),
     ("stop-empty", ["generate", "{B}", "hi", "--stop", ""], b"", 2, "--stop strings must not be empty"),
     ("system-without-chat", ["generate", "{B}", "hi", "--system", "x"], b"", 2, "--system needs --chat"),
     ("backend-unknown", ["generate", "{B}", "hi", "--backend", "gpu9000"], b"", 2, "unknown backend"),
@@ -397,8 +585,20 @@ BAD_INPUTS = [
     ("verify-choice", ["generate", "{B}", "hi", "--verify", "most"], b"", 2, "invalid choice"),
     ("unknown-option", ["generate", "{B}", "hi", "--frobnicate"], b"", 2, "unrecognized arguments"),
     ("inspect-missing", ["inspect", "{B}/nope"], b"", 2, "does not exist"),
-    ("plan-max-seq", ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"], b"", 2, "--max-seq must be between 1 and 1048576, got 0"),
-    ("plan-memory", ["plan", "{B}", "--memory-gb", "-1"], b"", 2, "--memory-gb must be more than 0 and at most 1048576 GiB, got -1"),
+    (
+        "plan-max-seq",
+        ["plan", "{B}", "--memory-gb", "8", "--max-seq", "0"],
+        b"",
+        2,
+        "--max-seq must be between 1 and 1048576, got 0",
+    ),
+    (
+        "plan-memory",
+        ["plan", "{B}", "--memory-gb", "-1"],
+        b"",
+        2,
+        "--memory-gb must be more than 0 and at most 1048576 GiB, got -1",
+    ),
 ]
 
 
@@ -423,9 +623,13 @@ def test_bad_input(bad_input_results, good, name, argv, stdin, code, message):
 
 
 def test_chat_survives_a_line_that_is_not_utf8(good):
-    p = subprocess.run([sys.executable, "-m", "specedge", "chat", str(good / "bundle"), "--max-new-tokens", "3",
-                        "--threads", "1"], input=b"hello\n\xff\xfe oops\nbye\n", capture_output=True, timeout=300,
-                       cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "chat", str(good / "bundle"), "--max-new-tokens", "3", "--threads", "1"],
+        input=b"hello\n\xff\xfe oops\nbye\n",
+        capture_output=True,
+        timeout=300,
+        cwd=REPO,
+    )
     err = p.stderr.decode()
     assert p.returncode == 0, err
     assert "Traceback" not in err
@@ -443,9 +647,18 @@ def _closed_stdout_run(argv: list[str], stdin: str = "") -> subprocess.Completed
         os.close(w)
 
 
-@pytest.mark.parametrize("args", [["inspect"], ["inspect", "--json"], ["generate", "hi", "--threads", "1"],
-                                  ["generate", "hi", "--threads", "1", "--json"], ["chat", "--threads", "1"],
-                                  ["plan", "--memory-gb", "8"]], ids=lambda a: "-".join(a[:2]))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect"],
+        ["inspect", "--json"],
+        ["generate", "hi", "--threads", "1"],
+        ["generate", "hi", "--threads", "1", "--json"],
+        ["chat", "--threads", "1"],
+        ["plan", "--memory-gb", "8"],
+    ],
+    ids=lambda a: "-".join(a[:2]),
+)
 def test_closed_stdout(good, args):
     cmd = [sys.executable, "-m", "specedge", args[0], str(good / "bundle"), *args[1:]]
     p = _closed_stdout_run(cmd, stdin="hello\nagain\n")
@@ -456,10 +669,13 @@ def test_closed_stdout(good, args):
 @pytest.mark.skipif(not CPP_GENERATE.is_file(), reason=f"C++ build not found at {CPP_BUILD} (see docs/cpp.md)")
 def test_cpp_bad_input(good):
     b = str(good / "bundle")
-    cases = [(["caf\xc3"], "the prompt is not valid UTF-8 text"), (["hi", "--threads", "100000"], "--threads must be <= 1024"),
-             (["hi", "--max-new-tokens", str(1 << 31)], "--max-new-tokens must be <= 1073741824"),
-             (["hi", "--top-k", str(1 << 31)], "--top-k must be <= 1073741824"),
-             (["hi", "--stop", "\xff"], "a stop string is not valid UTF-8 text")]
+    cases = [
+        (["caf\xc3"], "the prompt is not valid UTF-8 text"),
+        (["hi", "--threads", "100000"], "--threads must be <= 1024"),
+        (["hi", "--max-new-tokens", str(1 << 31)], "--max-new-tokens must be <= 1073741824"),
+        (["hi", "--top-k", str(1 << 31)], "--top-k must be <= 1073741824"),
+        (["hi", "--stop", "\xff"], "a stop string is not valid UTF-8 text"),
+    ]
     for args, message in cases:
         argv = [os.fsencode(str(CPP_GENERATE)), os.fsencode(b)] + [a.encode("latin-1") for a in args]
         p = subprocess.run(argv, capture_output=True, timeout=120)
@@ -484,8 +700,13 @@ def test_cpp_onnxruntime_refusal_is_a_bundle_error(tiny_bundle_factory, tmp_path
     p = subprocess.run([str(CPP_GENERATE), str(b), "hi", "--threads", "1"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
     assert "ONNX Runtime" in one_error_line(p.stderr) or "graph" in one_error_line(p.stderr)
-    py = subprocess.run([sys.executable, "-m", "specedge", "generate", str(b), "hi", "--threads", "1"],
-                        capture_output=True, text=True, timeout=300, cwd=REPO)
+    py = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(b), "hi", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert py.returncode == 2
     assert "ONNX Runtime cannot load the target graph" in one_error_line(py.stderr)
 
@@ -494,9 +715,8 @@ def test_cpp_onnxruntime_refusal_is_a_bundle_error(tiny_bundle_factory, tmp_path
 
 
 def _locations_by_onnx(model) -> list[str]:
-    from onnx.external_data_helper import _get_all_tensors
-
     import onnx
+    from onnx.external_data_helper import _get_all_tensors
 
     seen: dict[str, None] = {}
     for t in _get_all_tensors(model):
@@ -523,7 +743,6 @@ def test_external_locations_in_subgraphs_attributes_and_sparse_tensors():
     """Every place a tensor can sit: initializers, Constant attributes, If branches (nested),
     sparse initializers, functions. The reader finds what the onnx package finds."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from specedge.bundle_files import external_locations
@@ -536,27 +755,46 @@ def test_external_locations_in_subgraphs_attributes_and_sparse_tensors():
         t.external_data.add(key="offset", value="0")
         return t
 
-    inner_then = helper.make_graph([helper.make_node("Constant", [], ["c"], value=ext("v3", "deep.bin"))],
-                                   "then", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])])
-    inner_else = helper.make_graph([], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
-                                   initializer=[ext("e", "else.bin")])
+    inner_then = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=ext("v3", "deep.bin"))],
+        "then",
+        [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
+    )
+    inner_else = helper.make_graph(
+        [], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])], initializer=[ext("e", "else.bin")]
+    )
     cond = helper.make_node("If", ["b"], ["y"], then_branch=inner_then, else_branch=inner_else)
-    outer_then = helper.make_graph([cond], "outer_then", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    outer_then = helper.make_graph(
+        [cond], "outer_then", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]
+    )
     top = helper.make_node("If", ["b"], ["z"], then_branch=outer_then, else_branch=inner_else)
-    sparse = helper.make_sparse_tensor(ext("sv", "sparse_values.bin"),
-                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
-    graph = helper.make_graph([top, helper.make_node("Constant", [], ["k"], value=ext("v1", "const.bin"))], "g",
-                              [helper.make_tensor_value_info("b", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
-                              initializer=[ext("w", "weights.bin"), numpy_helper.from_array(np.ones(3, np.float32), "inl")],
-                              sparse_initializer=[sparse])
-    fn = helper.make_function("local", "f", [], ["o"], [helper.make_node("Constant", [], ["o"], value=ext("fv", "fn.bin"))],
-                              [helper.make_opsetid("", 21)])
+    sparse = helper.make_sparse_tensor(
+        ext("sv", "sparse_values.bin"), numpy_helper.from_array(np.array([0], np.int64), "si"), [4]
+    )
+    graph = helper.make_graph(
+        [top, helper.make_node("Constant", [], ["k"], value=ext("v1", "const.bin"))],
+        "g",
+        [helper.make_tensor_value_info("b", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+        initializer=[ext("w", "weights.bin"), numpy_helper.from_array(np.ones(3, np.float32), "inl")],
+        sparse_initializer=[sparse],
+    )
+    fn = helper.make_function(
+        "local",
+        "f",
+        [],
+        ["o"],
+        [helper.make_node("Constant", [], ["o"], value=ext("fv", "fn.bin"))],
+        [helper.make_opsetid("", 21)],
+    )
     model = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 21)])
     data = model.SerializeToString()
     got = external_locations(data)
     want = _locations_by_onnx(model)
-    assert set(got) >= set(want) and {"deep.bin", "else.bin", "const.bin", "weights.bin", "sparse_values.bin"} <= set(got)
+    assert set(got) >= set(want) and {"deep.bin", "else.bin", "const.bin", "weights.bin", "sparse_values.bin"} <= set(
+        got
+    )
     assert "fn.bin" in got  # functions: onnx's helper does not walk them, ONNX Runtime inlines them
     with pytest.raises(ValueError, match="not a valid ONNX protobuf"):
         external_locations(data[: len(data) // 2])
@@ -621,16 +859,20 @@ def test_chat_template_time_limit_without_output_or_calls():
 def test_chat_template_renders_ordinary_templates_and_limits_are_per_render():
     from specedge.runtime.chat_template import ChatTemplate, TemplateLimits
 
-    src = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
-           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    src = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     t = ChatTemplate(src, TemplateLimits(max_iterations=3))
     msgs = [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]
     want = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n<|im_start|>assistant\n"
     for _ in range(3):  # the budget is per render: three renders of two iterations each
         assert t.render(msgs) == want
     # numbers that are data, not sizes, pass: formatted values, namespace fields, defaults
-    data = ChatTemplate("{% set ns = namespace(total=1000000) %}{{ '%d|{}'|format(123456789) }} "
-                        "{{ '{}'.format(987654321) }} {{ ns.total }} {{ missing|default(5000000) }} {{ '%d' % 7000000 }}")
+    data = ChatTemplate(
+        "{% set ns = namespace(total=1000000) %}{{ '%d|{}'|format(123456789) }} "
+        "{{ '{}'.format(987654321) }} {{ ns.total }} {{ missing|default(5000000) }} {{ '%d' % 7000000 }}"
+    )
     assert data.render(msgs) == "123456789|{} 987654321 1000000 5000000 7000000"
     results, errors = [], []
 
@@ -777,22 +1019,41 @@ def test_onnxruntime_older_than_the_floor_is_refused_in_one_sentence(tiny_bundle
 # ----------------------------------------------------------------------------- exit codes
 
 
-@pytest.mark.parametrize("exc,code,line", [
-    (RuntimeError("boom\nsecond line"), 1, "error: internal error: RuntimeError: boom (run with --debug for the traceback)"),
-    (MemoryError(), 1, "error: out of memory"),
-    (KeyboardInterrupt(), 130, "error: interrupted"),
-    (BrokenPipeError(), 0, None),
-    (ValueError("a sentence\nand more"), 2, "error: a sentence"),
-    # a write the system refused (exit 74, docs/security.md), a path that cannot be used (2), and a
-    # multi-line message of ONNX Runtime's (its first line)
-    (OSError(errno.ENOSPC, "No space left on device", "/out/b/model.onnx.data"), 74,
-     "error: cannot write '/out/b/model.onnx.data': No space left on device"),
-    (OSError(errno.EROFS, "Read-only file system"), 74, "error: cannot write an output: Read-only file system"),
-    (PermissionError(errno.EACCES, "Permission denied", "/etc/x"), 2, "error: cannot use '/etc/x': Permission denied"),
-    (BackendError("ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION\n"
-                  "Status Message: bad\nStacktrace:\n  frame"), 2,
-     "error: ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION"),
-])
+@pytest.mark.parametrize(
+    "exc,code,line",
+    [
+        (
+            RuntimeError("boom\nsecond line"),
+            1,
+            "error: internal error: RuntimeError: boom (run with --debug for the traceback)",
+        ),
+        (MemoryError(), 1, "error: out of memory"),
+        (KeyboardInterrupt(), 130, "error: interrupted"),
+        (BrokenPipeError(), 0, None),
+        (ValueError("a sentence\nand more"), 2, "error: a sentence"),
+        # a write the system refused (exit 74, docs/security.md), a path that cannot be used (2), and a
+        # multi-line message of ONNX Runtime's (its first line)
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/out/b/model.onnx.data"),
+            74,
+            "error: cannot write '/out/b/model.onnx.data': No space left on device",
+        ),
+        (OSError(errno.EROFS, "Read-only file system"), 74, "error: cannot write an output: Read-only file system"),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/etc/x"),
+            2,
+            "error: cannot use '/etc/x': Permission denied",
+        ),
+        (
+            BackendError(
+                "ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION\n"
+                "Status Message: bad\nStacktrace:\n  frame"
+            ),
+            2,
+            "error: ONNX Runtime failed to run the target graph: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION",
+        ),
+    ],
+)
 def test_every_failure_is_one_line_with_its_exit_code(exc, code, line, capsys, monkeypatch):
     from specedge.cli import main as cli_main
 
@@ -820,9 +1081,16 @@ def test_an_interrupt_through_exec_still_exits_130_under_python_m(tmp_path):
         "from specedge.cli import main as m\n"
         "parser = m._Parser(prog='t')\n"
         "parser.set_defaults(func=lambda args: exec('raise KeyboardInterrupt'))\n"
-        "m.exit_process(m.run_cli(parser, []))\n")
+        "m.exit_process(m.run_cli(parser, []))\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
-    proc = subprocess.run([sys.executable, "-m", "interrupted_cli"], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "interrupted_cli"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.splitlines() == ["error: interrupted"]

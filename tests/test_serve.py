@@ -62,6 +62,7 @@ class Gate:
                 self.held.set()
                 assert self.opened.wait(120), "the gate was never released"
             return fn(*a, **kw)
+
         return call
 
     def hold_after(self, free: int) -> None:
@@ -93,8 +94,9 @@ class Server:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started, "the server to start")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=options.get("api_key") or "none",
-                                    max_retries=0, timeout=120)
+        self.client = openai.OpenAI(
+            base_url=self.url + "/v1", api_key=options.get("api_key") or "none", max_retries=0, timeout=120
+        )
 
     def stop(self):
         self.server.should_exit = True
@@ -103,8 +105,11 @@ class Server:
     def metrics(self, headers=None) -> dict:
         """{(name, sorted label items): value} of every sample on /metrics."""
         text = httpx.get(self.url + "/metrics", headers=headers).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +160,12 @@ def complete(client, prompt, **kw):
 
 
 def cli_generate(bundle, prompt, *args):
-    p = subprocess.run([sys.executable, "-m", "specedge", "generate", str(bundle), prompt, "--json", "--threads", "1",
-                        *args], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "generate", str(bundle), prompt, "--json", "--threads", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -177,7 +186,9 @@ def test_greedy_over_http_equals_specedge_generate(server, bundle):
     want = cli_generate(bundle, PROMPTS[1], "--max-new-tokens", "24")
     r = complete(server.client, PROMPTS[1], max_tokens=24)
     assert r.choices[0].text == want["text"]
-    assert r.usage.completion_tokens == len(want["token_ids"]) and r.usage.prompt_tokens == want["stats"]["prompt_tokens"]
+    assert (
+        r.usage.completion_tokens == len(want["token_ids"]) and r.usage.prompt_tokens == want["stats"]["prompt_tokens"]
+    )
     assert r.choices[0].finish_reason == {"length": "length", "eos": "stop"}[want["finish_reason"]]
     want_chat = cli_generate(bundle, CHATS[0], "--chat", "--max-new-tokens", "20")
     c = chat(server.client, CHATS[0], max_tokens=20)
@@ -207,8 +218,11 @@ def test_streamed_chat_and_completion_equal_whole_answers(server):
     assert "".join(c.choices[0].text for c in sc) == wc.choices[0].text
     assert sc[-1].usage.completion_tokens == wc.usage.completion_tokens
     # the raw stream: server-sent events ending with data: [DONE]
-    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8,
-                                                                   "temperature": 0, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
@@ -239,7 +253,10 @@ def test_sampling_seed_and_speculation_switch(server):
         r = complete(server.client, PROMPTS[2], extra_body={"specedge": ext})
         assert r.choices[0].text == greedy.choices[0].text, ext  # greedy: exact whatever the speculation
         assert r.model_extra["specedge"]["speculative"] is ("speculation" not in ext and ext.get("drafter") != "none")
-    assert complete(server.client, PROMPTS[2], extra_body={"specedge": {"spec_tokens": 2}}).model_extra["specedge"]["k"] == 2
+    assert (
+        complete(server.client, PROMPTS[2], extra_body={"specedge": {"spec_tokens": 2}}).model_extra["specedge"]["k"]
+        == 2
+    )
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -252,8 +269,9 @@ def test_16_concurrent_clients_get_their_own_answers(pipes):
         def ask(prompt, is_chat, stream):
             if is_chat:
                 if stream:
-                    return "".join(c.choices[0].delta.content or "" for c in chat(s.client, prompt, max_tokens=24,
-                                                                                   stream=True))
+                    return "".join(
+                        c.choices[0].delta.content or "" for c in chat(s.client, prompt, max_tokens=24, stream=True)
+                    )
                 return chat(s.client, prompt, max_tokens=24).choices[0].message.content
             if stream:
                 return "".join(c.choices[0].text for c in complete(s.client, prompt, max_tokens=24, stream=True))
@@ -302,7 +320,10 @@ def test_full_queue_answers_429_with_retry_after(pipes, gates):
         assert out == {"a": want, "b": want}  # the two queued requests are served in full
         m = s.metrics()
         assert m[("specedge_errors_total", (("kind", "queue_full"),))] == 2
-        assert m[("specedge_requests_total", (("endpoint", "completions"), ("outcome", "rejected"), ("task", "default")))] == 2
+        assert (
+            m[("specedge_requests_total", (("endpoint", "completions"), ("outcome", "rejected"), ("task", "default")))]
+            == 2
+        )
 
 
 def test_client_disconnect_mid_stream_frees_the_replica(pipes, gates):
@@ -338,8 +359,11 @@ def test_request_deadline_answers_504(pipes, gates):
         gates[0].release()
         wait_until(lambda: s.scheduler.busy == 0, "the replica to be free")
         gates[0].hold_after(3)  # the prefill and two rounds: the stream has started when it holds
-        with httpx.stream("POST", s.url + "/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 50,
-                                                                   "temperature": 0, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            s.url + "/v1/completions",
+            json={"prompt": PROMPTS[3], "max_tokens": 50, "temperature": 0, "stream": True},
+        ) as r:
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         assert events[-1]["error"]["code"] == "timeout"  # mid-stream: an error event, then [DONE]
         gates[0].release()
@@ -359,8 +383,10 @@ def test_conversation_continues_on_the_replica_that_caches_it(pipes, gates):
         assert first.model_extra["specedge"]["replica"] == 1
         gates[0].release()
         blocker.join(60)
-        history += [{"role": "assistant", "content": first.choices[0].message.content},
-                    {"role": "user", "content": "And the fish?"}]
+        history += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And the fish?"},
+        ]
         second = s.client.chat.completions.create(model="tiny", messages=history, max_tokens=12, temperature=0)
         ext = second.model_extra["specedge"]
         assert ext["replica"] == 1 and ext["prefix_reused_tokens"] >= 16  # both idle: the one with the cache
@@ -378,10 +404,13 @@ def test_metrics_count_requests_and_acceptance_per_task(pipes):
                 # guard off: the tiny int4 self-draft cannot pay on a CPU, so with the guard (and its
                 # fallback carried over from earlier requests) these requests would not draft at all
                 complete(s.client, PROMPTS[1], max_tokens=20, extra_body={"specedge": {"task": task, "guard": False}})
-        plain = complete(s.client, PROMPTS[1], max_tokens=20, extra_body={"specedge": {"task": "plain",
-                                                                                      "speculation": False}})
+        plain = complete(
+            s.client, PROMPTS[1], max_tokens=20, extra_body={"specedge": {"task": "plain", "speculation": False}}
+        )
         m = s.metrics()
-        ok = lambda task: m[("specedge_requests_total", (("endpoint", "completions"), ("outcome", "ok"), ("task", task)))]
+        ok = lambda task: m[
+            ("specedge_requests_total", (("endpoint", "completions"), ("outcome", "ok"), ("task", task)))
+        ]
         assert ok("code") == 2 and ok("chat") == 1 and ok("plain") == 1
         assert m[("specedge_generated_tokens_total", (("task", "code"),))] == 40
         assert m[("specedge_time_to_first_token_seconds_count", (("task", "code"),))] == 2
@@ -390,7 +419,9 @@ def test_metrics_count_requests_and_acceptance_per_task(pipes):
             drafted = m[("specedge_drafted_tokens_total", (("task", task),))]
             accepted = m[("specedge_accepted_tokens_total", (("task", task),))]
             calls = m[("specedge_target_calls_total", (("task", task),))]
-            assert drafted > 0 and m[("specedge_acceptance_rate", (("task", task),))] == pytest.approx(accepted / drafted)
+            assert drafted > 0 and m[("specedge_acceptance_rate", (("task", task),))] == pytest.approx(
+                accepted / drafted
+            )
             assert m[("specedge_mean_accepted_tokens", (("task", task),))] == pytest.approx((accepted + calls) / calls)
         assert ("specedge_acceptance_rate", (("task", "plain"),)) not in m  # target-only: no acceptance to report
         assert plain.model_extra["specedge"]["speculative"] is False
@@ -436,8 +467,11 @@ MALFORMED = [
     ("/v1/completions", {"prompt": "x", "specedge": {"turbo": True}}, "'specedge.turbo'"),
     ("/v1/completions", {"prompt": "x", "specedge": {"drafter": "ngram"}}, "this server drafts with 'model'"),
     ("/v1/completions", {"prompt": "x", "specedge": {"task": "has spaces"}}, "'specedge.task'"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools are not supported"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        "tools are not supported",
+    ),
 ]
 
 
@@ -480,8 +514,24 @@ def free_port() -> int:
 def test_specedge_serve_command(bundle):
     port = free_port()
     env = dict(os.environ, SPECEDGE_API_KEY="k3y")
-    proc = subprocess.Popen([sys.executable, "-m", "specedge", "serve", str(bundle), "--port", str(port),
-                             "--threads", "1", "--verify", "size"], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "serve",
+            str(bundle),
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--verify",
+            "size",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0)
 
@@ -504,26 +554,31 @@ def test_specedge_serve_command(bundle):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--port", "0"], "--port must be in 1..65535"),
-    (["--replicas", "0"], "--replicas must be >= 1"),
-    (["--queue", "-1"], "--queue must be >= 0"),
-    (["--timeout", "0"], "--timeout must be a finite number"),
-    (["--max-body", "10"], "--max-body must be >= 1024"),
-    (["--api-key", "has space"], "printable ASCII without spaces"),
-    (["--ray-num-gpus", "1"], "apply with --ray only"),
-    (["--ray", "--ray-num-cpus", "0"], "--ray-num-cpus must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--port", "0"], "--port must be in 1..65535"),
+        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--queue", "-1"], "--queue must be >= 0"),
+        (["--timeout", "0"], "--timeout must be a finite number"),
+        (["--max-body", "10"], "--max-body must be >= 1024"),
+        (["--api-key", "has space"], "printable ASCII without spaces"),
+        (["--ray-num-gpus", "1"], "apply with --ray only"),
+        (["--ray", "--ray-num-cpus", "0"], "--ray-num-cpus must be > 0"),
+    ],
+)
 def test_serve_bad_arguments(bundle, args, fragment):
-    p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()] and "Traceback" not in p.stderr
     assert p.stderr.startswith("error: ") and fragment in p.stderr, p.stderr
 
 
 def test_serve_missing_bundle(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(tmp_path / "nope")], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "serve", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
 
 
@@ -536,8 +591,12 @@ def test_default_bundle_over_http(default_bundle):
     # would refuse every later test's load(threads=1) in this pytest process
     pipe = load(default_bundle, threads=2)
     try:
-        questions = ["Name three colours.", "What is the capital of France?", "Write a haiku about the sea.",
-                     "def fibonacci(n):"]
+        questions = [
+            "Name three colours.",
+            "What is the capital of France?",
+            "Write a haiku about the sea.",
+            "def fibonacci(n):",
+        ]
         want = {q: pipe.generate(messages=[{"role": "user", "content": q}], max_new_tokens=48).text for q in questions}
         want_code = pipe.generate(questions[3], max_new_tokens=48).text
         with serving([pipe], queue=8) as s:
@@ -563,7 +622,9 @@ def test_default_bundle_over_http(default_bundle):
                 t.join(600)
             assert not errors and {q: r.choices[0].message.content for q, r in got.items()} == want
             m = s.metrics()
-            assert m[("specedge_requests_total", (("endpoint", "chat"), ("outcome", "ok"), ("task", "chat")))] == 8  # 4 one by one, 4 at once
+            assert (
+                m[("specedge_requests_total", (("endpoint", "chat"), ("outcome", "ok"), ("task", "chat")))] == 8
+            )  # 4 one by one, 4 at once
             assert 0 < m[("specedge_acceptance_rate", (("task", "chat"),))] <= 1
             assert m[("specedge_mean_accepted_tokens", (("task", "code"),))] >= 1
     finally:
@@ -574,9 +635,30 @@ def test_default_bundle_over_http(default_bundle):
 def test_ray_serve_two_replicas(bundle):
     pytest.importorskip("ray.serve")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specedge", "serve", str(bundle), "--ray", "--replicas", "2",
-                             "--threads", "1", "--ray-num-cpus", "1", "--queue", "0", "--port", str(port),
-                             "--verify", "size"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "serve",
+            str(bundle),
+            "--ray",
+            "--replicas",
+            "2",
+            "--threads",
+            "1",
+            "--ray-num-cpus",
+            "1",
+            "--queue",
+            "0",
+            "--port",
+            str(port),
+            "--verify",
+            "size",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -673,6 +755,7 @@ def test_a_replica_is_free_when_its_requester_hears_the_end():
                     done.set()
             else:
                 done.set()
+
         return emit
 
     try:

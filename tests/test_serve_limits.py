@@ -47,12 +47,16 @@ def pipe(bundle):
 
 def samples(url: str) -> dict:
     text = httpx.get(url + "/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
-def raw(port: int, data: bytes, *, half_close: bool = False, pause_after: float | None = None,
-        timeout: float = 10.0) -> tuple[float, bytes]:
+def raw(
+    port: int, data: bytes, *, half_close: bool = False, pause_after: float | None = None, timeout: float = 10.0
+) -> tuple[float, bytes]:
     """Sends `data` on a fresh connection and reads until the server closes it (or `timeout`);
     returns the seconds that took and what came back."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
@@ -64,7 +68,7 @@ def raw(port: int, data: bytes, *, half_close: bool = False, pause_after: float 
         try:
             while chunk := s.recv(65536):
                 out += chunk
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
         return time.monotonic() - t0, out
 
@@ -76,8 +80,10 @@ def status_and_error(response: bytes) -> tuple[int, dict]:
 
 
 def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-            % (path.encode(), len(body), extra)) + body
+    return (
+        b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+        % (path.encode(), len(body), extra)
+    ) + body
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -87,8 +93,10 @@ def test_task_labels_are_capped_and_the_rest_counted_as_other(pipe):
     with serving([pipe]) as s, httpx.Client(base_url=s.url, timeout=60) as c:
         n = 700
         for i in range(n):
-            r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "temperature": 0,
-                                                "specedge": {"task": f"t{i}", "guard": False}})
+            r = c.post(
+                "/v1/completions",
+                json={"prompt": "hi", "max_tokens": 1, "temperature": 0, "specedge": {"task": f"t{i}", "guard": False}},
+            )
             assert r.status_code == 200, r.text
             assert r.json()["specedge"]["task"] == f"t{i}"  # the response keeps the client's label
         text = c.get("/metrics").text
@@ -110,8 +118,9 @@ def test_metrics_cap_counts_default_apart_and_overflow_cannot_be_requested(pipe)
         m = samples(s.url)
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "specedge": {"task": OVERFLOW_TASK}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "specedge.task"
-    ok = lambda task: m.get(("specedge_requests_total", (("endpoint", "completions"), ("outcome", "ok"),
-                                                         ("task", task))))
+    ok = lambda task: m.get(
+        ("specedge_requests_total", (("endpoint", "completions"), ("outcome", "ok"), ("task", task)))
+    )
     assert (ok("a"), ok("b"), ok("default"), ok(OVERFLOW_TASK), ok("c")) == (2, 1, 1, 2, None)
 
 
@@ -127,9 +136,12 @@ def test_spec_decode_counters_use_vllm_names_and_meanings(pipe):
     assert drafts == m[("specedge_target_calls_total", (("task", "code"),))] > 0
     assert drafted == m[("specedge_drafted_tokens_total", (("task", "code"),))]
     assert accepted == m[("specedge_accepted_tokens_total", (("task", "code"),))]
-    per_pos = [m.get(("specedge:spec_decode_num_accepted_tokens_per_pos_total",
-                      tuple(sorted((*lab, ("position", str(i)))))), 0)
-               for i in range(4)]
+    per_pos = [
+        m.get(
+            ("specedge:spec_decode_num_accepted_tokens_per_pos_total", tuple(sorted((*lab, ("position", str(i)))))), 0
+        )
+        for i in range(4)
+    ]
     assert sum(per_pos) == accepted  # each accepted token sits at one position
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])) and per_pos[0] <= drafts
 
@@ -168,8 +180,9 @@ def test_http_layer_refusals_are_error_objects(pipe):
         bad_length = post("/v1/completions", body).replace(b"Content-Length: %d" % len(body), b"Content-Length: 1x")
         status, err = status_and_error(raw(s.port, bad_length)[1])
         assert status == 400 and "not valid HTTP/1.1" in err["message"] and "Content-Length" in err["message"]
-        status, err = status_and_error(raw(s.port, b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 70000
-                                           + b"\r\n\r\n")[1])
+        status, err = status_and_error(
+            raw(s.port, b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")[1]
+        )
         assert status == 431 and "over the server's limit of 65536 bytes" in err["message"]
         status, err = status_and_error(raw(s.port, b"GARBAGE\x00 / HTTP/1.1\r\n\r\n")[1])
         assert status == 400 and set(err) == {"message", "type", "param", "code"}
@@ -205,7 +218,7 @@ def test_a_client_that_half_closes_after_sending_gets_its_answer(pipe):
         _, out = raw(s.port, post("/v1/completions", body), half_close=True)
         interim = b"HTTP/1.1 100 Continue\r\n\r\n"  # the server's probe: HTTP/1.1 clients skip it
         assert out.startswith(interim)
-        head, _, payload = out[len(interim):].partition(b"\r\n\r\n")
+        head, _, payload = out[len(interim) :].partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and json.loads(payload)["choices"][0]["text"] == want
         body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}).encode()
         _, out = raw(s.port, post("/v1/completions", body), half_close=True)
@@ -240,8 +253,11 @@ def test_slow_heads_and_bodies_are_cut_off_and_others_still_served(pipe):
         slow = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(20)]
         try:
             for i, c in enumerate(slow):  # half of them stop inside the head, half inside the body
-                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" if i % 2 else
-                          b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{")
+                c.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                    if i % 2
+                    else b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{"
+                )
             assert complete(s.client, PROMPTS[0], max_tokens=2).usage.completion_tokens == 2
             t0 = time.monotonic()
             answers = []
@@ -276,16 +292,27 @@ def test_slow_heads_and_bodies_are_cut_off_and_others_still_served(pipe):
 
 def test_a_client_that_stops_reading_is_disconnected_after_the_write_timeout(pipe):
     with serving([pipe], write_timeout=0.5) as s:
-        stats = {"tokens": 5, "prompt_tokens": 3, "tokens_per_s": 10.0, "speculative": True, "drafted": 8,
-                 "accepted": 4, "target_calls": 2, "accepted_histogram": [0, 1, 0, 1, 0]}
+        stats = {
+            "tokens": 5,
+            "prompt_tokens": 3,
+            "tokens_per_s": 10.0,
+            "speculative": True,
+            "drafted": 8,
+            "accepted": 4,
+            "target_calls": 2,
+            "accepted_histogram": [0, 1, 0, 1, 0],
+        }
         for i in range(DEFAULT_MAX_TASKS):  # a /metrics page of a few hundred kB
             s.app.state.metrics.finished("chat", f"t{i}", stats, 0.1, 0.1, 0.2)
         with socket.socket() as c:
             c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             c.connect(("127.0.0.1", s.port))
             c.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n" * 40)  # pipelined, never read
-            wait_until(lambda: samples(s.url).get(("specedge_errors_total", (("kind", "timeout"),))) == 1,
-                       "the server to give up on the client that does not read", timeout=30)
+            wait_until(
+                lambda: samples(s.url).get(("specedge_errors_total", (("kind", "timeout"),))) == 1,
+                "the server to give up on the client that does not read",
+                timeout=30,
+            )
             c.settimeout(10)
             with pytest.raises((ConnectionResetError, AssertionError)):
                 while c.recv(1 << 20):
@@ -318,9 +345,13 @@ def test_an_internal_error_is_one_log_line_and_a_500_object(pipe, caplog, capfd)
 
 def serve_cmd(bundle, *args, env=None, harness=False):
     entry = [str(HARNESS)] if harness else ["-m", "specedge", "serve"]
-    return subprocess.Popen([sys.executable, *entry, str(bundle), "--threads", "1", "--verify", "none", *args],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env=dict(os.environ, **(env or {})))
+    return subprocess.Popen(
+        [sys.executable, *entry, str(bundle), "--threads", "1", "--verify", "none", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -361,16 +392,20 @@ def test_broken_bundle_really_fails_to_load(broken_bundle):
     assert p.returncode != 0 and "cannot listen" not in err and "cannot resolve" not in err
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--grace", "0"], "--grace must be a finite number of seconds > 0"),
-    (["--header-timeout", "inf"], "--header-timeout must be a finite number"),
-    (["--body-timeout", "nan"], "--body-timeout must be a finite number"),
-    (["--metrics-max-tasks", "-1"], "--metrics-max-tasks must be >= 0"),
-    (["--ray", "--grace", "5"], "apply without --ray only"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--grace", "0"], "--grace must be a finite number of seconds > 0"),
+        (["--header-timeout", "inf"], "--header-timeout must be a finite number"),
+        (["--body-timeout", "nan"], "--body-timeout must be a finite number"),
+        (["--metrics-max-tasks", "-1"], "--metrics-max-tasks must be >= 0"),
+        (["--ray", "--grace", "5"], "apply without --ray only"),
+    ],
+)
 def test_new_options_are_checked(bundle, args, fragment):
-    p = subprocess.run([sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "specedge", "serve", str(bundle), *args], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and fragment in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 
@@ -387,8 +422,16 @@ class Held:
         self.hold.touch()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = serve_cmd(bundle, "--port", str(self.port), "--queue", "4", *args, harness=True,
-                              env={"SPECEDGE_TEST_HOLD": str(self.hold), "SPECEDGE_TEST_FREE": str(free)})
+        self.proc = serve_cmd(
+            bundle,
+            "--port",
+            str(self.port),
+            "--queue",
+            "4",
+            *args,
+            harness=True,
+            env={"SPECEDGE_TEST_HOLD": str(self.hold), "SPECEDGE_TEST_FREE": str(free)},
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
         self.reader.start()
@@ -430,6 +473,7 @@ def stream_in_thread(url: str, body: dict, out: dict) -> threading.Thread:
                 out["events"] = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         except Exception as e:  # noqa: BLE001 - asserted by the test
             out["exc"] = e
+
     t = threading.Thread(target=run)
     t.start()
     return t
@@ -448,12 +492,14 @@ def test_sigterm_finishes_the_running_stream_and_answers_the_queue_503(bundle, p
     s = Held(bundle, tmp_path, 3)
     try:
         stream: dict = {}
-        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True},
-                             stream)
+        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True}, stream)
         wait_until(s.held, "the stream's replica to be held mid-generation")
         queued: dict = {}
-        q = threading.Thread(target=lambda: queued.update(r=httpx.post(s.url + "/v1/completions", timeout=60, json={
-            "prompt": PROMPTS[1], "max_tokens": 4})))
+        q = threading.Thread(
+            target=lambda: queued.update(
+                r=httpx.post(s.url + "/v1/completions", timeout=60, json={"prompt": PROMPTS[1], "max_tokens": 4})
+            )
+        )
         q.start()
         wait_until(lambda: s.waiting() == 1, "the second request to wait in the queue")
         s.proc.send_signal(signal.SIGTERM)
@@ -488,12 +534,14 @@ def test_grace_period_ends_running_requests_with_an_error(bundle, tmp_path):
     s = Held(bundle, tmp_path, 3, "--grace", "1", "--replicas", "2")
     try:
         stream: dict = {}
-        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True},
-                             stream)
+        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True}, stream)
         wait_until(s.held, "the stream's replica to be held mid-generation")
         whole: dict = {}  # on the other replica, held at its first call
-        w = threading.Thread(target=lambda: whole.update(r=httpx.post(s.url + "/v1/completions", timeout=60, json={
-            "prompt": PROMPTS[1], "max_tokens": 8})))
+        w = threading.Thread(
+            target=lambda: whole.update(
+                r=httpx.post(s.url + "/v1/completions", timeout=60, json={"prompt": PROMPTS[1], "max_tokens": 8})
+            )
+        )
         w.start()
         wait_until(lambda: httpx.get(s.url + "/health").json()["busy"] == 2, "both replicas to be busy")
         t0 = time.monotonic()
@@ -516,8 +564,7 @@ def test_second_signal_ends_streams_at_once_and_sigint_exits_130(bundle, tmp_pat
     s = Held(bundle, tmp_path, 3, "--grace", "60")
     try:
         stream: dict = {}
-        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True},
-                             stream)
+        t = stream_in_thread(s.url, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "stream": True}, stream)
         wait_until(s.held, "the stream's replica to be held mid-generation")
         s.proc.send_signal(signal.SIGINT)
         wait_until(lambda: refused(s.url), "the server to stop accepting connections", timeout=30)
@@ -536,8 +583,13 @@ def test_sigterm_while_the_model_loads_exits_0_after_cleanup(bundle, tmp_path):
     loading = tmp_path / "loading"
     loading.touch()
     port = free_port()
-    p = serve_cmd(bundle, "--port", str(port), harness=True,
-                  env={"SPECEDGE_TEST_HOLD": str(tmp_path / "unused"), "SPECEDGE_TEST_LOAD_HOLD": str(loading)})
+    p = serve_cmd(
+        bundle,
+        "--port",
+        str(port),
+        harness=True,
+        env={"SPECEDGE_TEST_HOLD": str(tmp_path / "unused"), "SPECEDGE_TEST_LOAD_HOLD": str(loading)},
+    )
     try:
         wait_until(lambda: Path(str(loading) + ".loading").exists() or p.poll() is not None, "the model to load")
         with socket.create_connection(("127.0.0.1", port), timeout=10):

@@ -37,36 +37,68 @@ def _lib() -> Path | None:
 needs_lib = pytest.mark.skipif(_lib() is None, reason="libspecedge_ops.so not built (cmake --build cpp/build)")
 
 
-def gqa_model(domain: str, packed: bool, rotary: bool, window: int = -1, tree: bool = False, d: int = D,
-              softcap: float = 0.0) -> onnx.ModelProto:
+def gqa_model(
+    domain: str, packed: bool, rotary: bool, window: int = -1, tree: bool = False, d: int = D, softcap: float = 0.0
+) -> onnx.ModelProto:
     f, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     vi = helper.make_tensor_value_info
     width = (H + 2 * KVH) * d if packed else H * d
     ins = [vi("query", f, [B, "T", width])]
     if not packed:
         ins += [vi("key", f, [B, "T", KVH * d]), vi("value", f, [B, "T", KVH * d])]
-    ins += [vi("past_key", f, [B, KVH, S, d]), vi("past_value", f, [B, KVH, S, d]),
-            vi("seqlens_k", i32, [B]), vi("total_sequence_length", i32, [])]
+    ins += [
+        vi("past_key", f, [B, KVH, S, d]),
+        vi("past_value", f, [B, KVH, S, d]),
+        vi("seqlens_k", i32, [B]),
+        vi("total_sequence_length", i32, []),
+    ]
     inits = []
     if rotary:
         pos = np.arange(S, dtype=np.float32)[:, None]
         inv = 1.0 / (10000 ** (np.arange(0, d // 2, dtype=np.float32) / (d // 2)))
-        inits = [numpy_helper.from_array(np.cos(pos * inv).astype(np.float32), "cos_cache"),
-                 numpy_helper.from_array(np.sin(pos * inv).astype(np.float32), "sin_cache")]
+        inits = [
+            numpy_helper.from_array(np.cos(pos * inv).astype(np.float32), "cos_cache"),
+            numpy_helper.from_array(np.sin(pos * inv).astype(np.float32), "sin_cache"),
+        ]
     if tree:
         ins += [vi("position_ids", i64, [B, "T"]), vi("attention_bias", f, [B, 1, "T", "total"])]
-    node_in = ["query", "" if packed else "key", "" if packed else "value", "past_key", "past_value", "seqlens_k",
-               "total_sequence_length", "cos_cache" if rotary else "", "sin_cache" if rotary else "",
-               "position_ids" if tree else "", "attention_bias" if tree else ""]
+    node_in = [
+        "query",
+        "" if packed else "key",
+        "" if packed else "value",
+        "past_key",
+        "past_value",
+        "seqlens_k",
+        "total_sequence_length",
+        "cos_cache" if rotary else "",
+        "sin_cache" if rotary else "",
+        "position_ids" if tree else "",
+        "attention_bias" if tree else "",
+    ]
     while node_in[-1] == "":
         node_in.pop()
-    node = helper.make_node("GroupQueryAttention", node_in, ["output", "present_key", "present_value"], domain=domain,
-                            num_heads=H, kv_num_heads=KVH, scale=float(d) ** -0.5, local_window_size=window,
-                            softcap=softcap, do_rotary=int(rotary), rotary_interleaved=0)
-    outs = [vi("output", f, [B, "T", H * d]), vi("present_key", f, [B, KVH, S, d]), vi("present_value", f, [B, KVH, S, d])]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        node_in,
+        ["output", "present_key", "present_value"],
+        domain=domain,
+        num_heads=H,
+        kv_num_heads=KVH,
+        scale=float(d) ** -0.5,
+        local_window_size=window,
+        softcap=softcap,
+        do_rotary=int(rotary),
+        rotary_interleaved=0,
+    )
+    outs = [
+        vi("output", f, [B, "T", H * d]),
+        vi("present_key", f, [B, KVH, S, d]),
+        vi("present_value", f, [B, KVH, S, d]),
+    ]
     g = helper.make_graph([node], "gqa", ins, outs, inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)],
-                             ir_version=10)
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)], ir_version=10
+    )
 
 
 class Runner:
@@ -86,8 +118,11 @@ class Runner:
 
     def run(self, feeds: dict, position: int, t: int) -> np.ndarray:
         b = self.s.io_binding()
-        feeds = {**feeds, "seqlens_k": np.array([position + t - 1], np.int32),
-                 "total_sequence_length": np.array(position + t, np.int32)}
+        feeds = {
+            **feeds,
+            "seqlens_k": np.array([position + t - 1], np.int32),
+            "total_sequence_length": np.array(position + t, np.int32),
+        }
         for name, x in feeds.items():
             if name in self.names:
                 b.bind_cpu_input(name, np.ascontiguousarray(x))
@@ -198,8 +233,16 @@ def test_present_not_sharing_past_gets_a_copy_first():
     past_k = rng.normal(size=(B, KVH, S, D)).astype(np.float32)
     past_v = rng.normal(size=(B, KVH, S, D)).astype(np.float32)
     feeds = qkv(rng, 3, True)
-    out, pk, pv = s.run(None, {**feeds, "past_key": past_k, "past_value": past_v,
-                               "seqlens_k": np.array([12], np.int32), "total_sequence_length": np.array(13, np.int32)})
+    out, pk, pv = s.run(
+        None,
+        {
+            **feeds,
+            "past_key": past_k,
+            "past_value": past_v,
+            "seqlens_k": np.array([12], np.int32),
+            "total_sequence_length": np.array(13, np.int32),
+        },
+    )
     r = Runner(model)
     r.k[:], r.v[:] = past_k, past_v
     assert np.array_equal(out, r.run(feeds, 10, 3))
@@ -233,10 +276,9 @@ def test_vector_and_portable_paths_give_the_same_bits(tmp_path):
 
 
 @needs_lib
-@pytest.mark.parametrize("bad,message", [
-    ({"softcap": 30.0}, "softcap is not supported"),
-    ({"d": 24}, "head size must be a multiple of 16"),
-])
+@pytest.mark.parametrize(
+    "bad,message", [({"softcap": 30.0}, "softcap is not supported"), ({"d": 24}, "head size must be a multiple of 16")]
+)
 def test_unsupported_nodes_are_refused_with_the_reason(bad, message):
     d = bad.get("d", D)
     with pytest.raises(Exception, match=message):  # at session creation (attributes) or the first run (shapes)
@@ -270,10 +312,20 @@ def test_batch_invariance_is_judged_by_the_ops():
 
     assert not sk.batch_invariant(with_node(helper.make_node("MatMul", ["output", "w"], ["y"])))
     nbits = dict(K=64, N=64, bits=4, block_size=32)
-    assert sk.batch_invariant(with_node(helper.make_node("MatMulNBits", ["output", "w", "s"], ["y"],
-                                                         domain="com.microsoft", accuracy_level=4, **nbits)))
-    assert not sk.batch_invariant(with_node(helper.make_node("MatMulNBits", ["output", "w", "s"], ["y"],
-                                                             domain="com.microsoft", accuracy_level=0, **nbits)))
+    assert sk.batch_invariant(
+        with_node(
+            helper.make_node(
+                "MatMulNBits", ["output", "w", "s"], ["y"], domain="com.microsoft", accuracy_level=4, **nbits
+            )
+        )
+    )
+    assert not sk.batch_invariant(
+        with_node(
+            helper.make_node(
+                "MatMulNBits", ["output", "w", "s"], ["y"], domain="com.microsoft", accuracy_level=0, **nbits
+            )
+        )
+    )
 
 
 def test_manifest_batch_invariant_field(tiny_bundle_factory, tmp_path):
@@ -337,7 +389,10 @@ def test_tiny_int4_bundles_step_unpadded_and_stay_exact(tiny_bundle_factory, fam
     assert g.batch_invariant and g.custom_ops == [custom_ops.LIBRARY]
     proto = onnx.load(str(bundle / g.path), load_external_data=False)
     assert not any(n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft" for n in proto.graph.node)
-    assert sum(n.op_type == "GroupQueryAttention" and n.domain == sk.DOMAIN for n in proto.graph.node) == m.target.num_layers
+    assert (
+        sum(n.op_type == "GroupQueryAttention" and n.domain == sk.DOMAIN for n in proto.graph.node)
+        == m.target.num_layers
+    )
     assert m.target.quantization["specedge_attention"] == m.target.num_layers
 
     steps, verify = (create_backend("ort-cpu", m, m.target, threads=1) for _ in range(2))
@@ -346,7 +401,7 @@ def test_tiny_int4_bundles_step_unpadded_and_stay_exact(tiny_bundle_factory, fam
     verify.run(ids[:20], 0)
     rows = np.array(verify.run(ids[20:25], 20))
     for j in range(5):
-        assert np.array_equal(np.array(steps.run(ids[20 + j:21 + j], 20 + j))[0], rows[j]), j
+        assert np.array_equal(np.array(steps.run(ids[20 + j : 21 + j], 20 + j))[0], rows[j]), j
 
     prompts = ["the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8 1 2 3 4", "hello world, hello"]
     with warnings.catch_warnings():
@@ -379,8 +434,10 @@ def test_a_graph_this_machine_does_not_confirm_keeps_padded_steps(tiny_bundle_fa
         assert not pipe.describe()["target"].get("invariant_steps")
 
 
-CPP_GENERATE = Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build")) \
+CPP_GENERATE = (
+    Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build"))
     / "specedge_generate"
+)
 
 
 @needs_lib
@@ -397,8 +454,12 @@ def test_cpp_runtime_steps_unpadded_with_python_tokens(tiny_bundle_factory, tmp_
         want = pipe.generate(prompt, max_new_tokens=24, speculative=False).token_ids
 
     def generate(*extra):
-        return subprocess.run([str(CPP_GENERATE), str(bundle), prompt, "--max-new-tokens", "24", "--threads", "1",
-                               "--json", *extra], capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(CPP_GENERATE), str(bundle), prompt, "--max-new-tokens", "24", "--threads", "1", "--json", *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     for extra in ((), ("--no-spec",)):
         r = generate(*extra)
@@ -440,8 +501,9 @@ def test_tree_verification_on_the_batch_invariant_graph_is_exact(tiny_bundle_fac
     (gemma3: sliding-window layers, whose window the tree bias carries)."""
     from specedge.runtime.api import load
 
-    bundle = tiny_bundle_factory(family=family, precision="int4", draft="ngram", max_seq=128, tree=True,
-                                 int4_kernel="specedge")
+    bundle = tiny_bundle_factory(
+        family=family, precision="int4", draft="ngram", max_seq=128, tree=True, int4_kernel="specedge"
+    )
     repeats = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 10, 11, 5, 6, 7, 12, 5, 6]
     with load(bundle, threads=1, verify="size") as pipe:
         assert not pipe.describe()["target"].get("invariant_steps")
@@ -462,10 +524,14 @@ def test_inspect_says_how_steps_run_and_where_the_kernels_are(tiny_bundle_factor
     assert f"kernels    specedge_ops: {custom_ops.library_path()}, {custom_ops.isa()} path on this CPU" in text
     monkeypatch.setenv(custom_ops.ENV, "/nowhere/libspecedge_ops.so")
     text = format_report(load_manifest(bundle, verify="none"), str(bundle))
-    assert ("kernels    specedge_ops: libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is "
-            "present, or set SPECEDGE_OPS_LIB)") in text
-    plain = format_report(load_manifest(tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"),
-                                        verify="none"), "b")
+    assert (
+        "kernels    specedge_ops: libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is "
+        "present, or set SPECEDGE_OPS_LIB)"
+    ) in text
+    plain = format_report(
+        load_manifest(tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits"), verify="none"),
+        "b",
+    )
     assert "steps      batch-invariant: single-token steps run as 2 tokens" in plain and "kernels" not in plain
 
 
@@ -479,13 +545,16 @@ def _loose(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @needs_lib
-@pytest.mark.parametrize("bad,message", [
-    ("key", "key and value must be \\[B, T, kv_heads \\* D\\]"),
-    ("past_value", "past_key and past_value must both be \\[B, kv_heads, S, D\\]"),
-    ("seqlens_k", "seqlens_k must be \\[B\\]"),
-    ("attention_bias", "attention_bias must be \\[B, 1, T, total_sequence_length\\]"),
-    ("position_ids", "position_ids must be \\[B, T\\]"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("key", "key and value must be \\[B, T, kv_heads \\* D\\]"),
+        ("past_value", "past_key and past_value must both be \\[B, kv_heads, S, D\\]"),
+        ("seqlens_k", "seqlens_k must be \\[B\\]"),
+        ("attention_bias", "attention_bias must be \\[B, 1, T, total_sequence_length\\]"),
+        ("position_ids", "position_ids must be \\[B, T\\]"),
+    ],
+)
 def test_inconsistent_shapes_from_an_untrusted_graph_are_refused(bad, message):
     """A bundle's graph is untrusted: tensors whose shapes do not match what the op indexes them by
     are refused with the reason, never read out of bounds."""
@@ -498,15 +567,22 @@ def test_inconsistent_shapes_from_an_untrusted_graph_are_refused(bad, message):
     custom_ops.register(so, [custom_ops.LIBRARY])
     s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     t, position = 3, 4
-    feeds = {**qkv(rng, t, packed=False), **tree_feeds(position, t, chain=True),
-             "past_key": np.zeros((B, KVH, S, D), np.float32), "past_value": np.zeros((B, KVH, S, D), np.float32),
-             "seqlens_k": np.array([position + t - 1], np.int32),
-             "total_sequence_length": np.array(position + t, np.int32)}
+    feeds = {
+        **qkv(rng, t, packed=False),
+        **tree_feeds(position, t, chain=True),
+        "past_key": np.zeros((B, KVH, S, D), np.float32),
+        "past_value": np.zeros((B, KVH, S, D), np.float32),
+        "seqlens_k": np.array([position + t - 1], np.int32),
+        "total_sequence_length": np.array(position + t, np.int32),
+    }
     s.run(None, feeds)  # consistent: runs
-    broken = {"key": feeds["key"][:, :, :-16], "past_value": feeds["past_value"][:, :, :-1],
-              "seqlens_k": np.array([position + t - 1] * 2, np.int32),
-              "attention_bias": np.repeat(feeds["attention_bias"], 2, axis=1),
-              "position_ids": feeds["position_ids"][:, :-1]}[bad]
+    broken = {
+        "key": feeds["key"][:, :, :-16],
+        "past_value": feeds["past_value"][:, :, :-1],
+        "seqlens_k": np.array([position + t - 1] * 2, np.int32),
+        "attention_bias": np.repeat(feeds["attention_bias"], 2, axis=1),
+        "position_ids": feeds["position_ids"][:, :-1],
+    }[bad]
     with pytest.raises(Exception, match=message):
         s.run(None, {**feeds, bad: np.ascontiguousarray(broken)})
 
@@ -520,9 +596,11 @@ def test_export_suggests_the_kernels_where_they_are_fast(tiny_checkpoint_factory
     assert export_models.main([*args, "--int4-kernel", "matmulnbits", "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     if custom_ops.isa() != "portable":
-        assert (f"tip: this machine has specedge's int4 kernels ({custom_ops.isa()}): without --int4-kernel "
-                "matmulnbits the bundle also gets their graph, which makes the int4 target steps about twice as "
-                "fast, and exact without padded steps") in out
+        assert (
+            f"tip: this machine has specedge's int4 kernels ({custom_ops.isa()}): without --int4-kernel "
+            "matmulnbits the bundle also gets their graph, which makes the int4 target steps about twice as "
+            "fast, and exact without padded steps"
+        ) in out
     # the default (auto) writes their graph too; --int4-kernel specedge only theirs
     for extra in (["--quiet"], ["--int4-kernel", "specedge"], ["--int4-kernel", "auto"]):
         assert export_models.main([*args, *extra, "--out", str(tmp_path / extra[-1])]) == 0

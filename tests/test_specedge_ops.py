@@ -17,13 +17,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_gguf_exact import Q4_0, Q4_1, Q8_0, dequant, matmul_model, rand_raw, rel_err, write_gguf
 
 from specedge import custom_ops
 from specedge.export import gguf_exact as ge
 from specedge.export import specedge_kernel as sk
 from specedge.export.quantize import describe, quantize_weights
-
-from test_gguf_exact import Q4_0, Q4_1, Q8_0, dequant, matmul_model, rand_raw, rel_err, write_gguf
 
 K = 512
 
@@ -58,8 +57,9 @@ def q41_model(packed: np.ndarray, k: int) -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])
     node = helper.make_node(sk.OP, ["a", "w"], ["y"], domain=sk.DOMAIN, name="q41")
     g = helper.make_graph([node], "g", [a], [y], [numpy_helper.from_array(packed, "w")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(sk.DOMAIN, 1)],
-                             ir_version=10)
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(sk.DOMAIN, 1)], ir_version=10
+    )
 
 
 def session(proto: onnx.ModelProto, threads: int = 2):
@@ -92,7 +92,7 @@ def test_matmulq41_matches_the_reference(rng, n, k, t):
     codes, d, m = random_q41(rng, n, k, zero_block=k > 32)  # a zero block (d = m = 0) beside others
     packed = sk.pack_q41(codes, d, m)
     a = rng.normal(size=(1, t, k)).astype(np.float32)
-    a[0, 0, k - 32:] = 0 if k > 32 else a[0, 0, k - 32:]  # an all-zero activation block: scale 0, no division by it
+    a[0, 0, k - 32 :] = 0 if k > 32 else a[0, 0, k - 32 :]  # an all-zero activation block: scale 0, no division by it
     got = session(q41_model(packed, k)).run(["y"], {"a": a})[0]
     want = sk.reference(a, packed)
     assert got.shape == (1, t, n)
@@ -107,7 +107,7 @@ def rows_of_one_row_calls(proto: onnx.ModelProto, a: np.ndarray) -> np.ndarray:
     T-row call (T = 1..17), with one thread or two, has those bits."""
     for threads in (1, 2):
         s = session(proto, threads)
-        ones = [s.run(["y"], {"a": a[:, i:i + 1]})[0][0, 0].view(np.uint32) for i in range(a.shape[1])]
+        ones = [s.run(["y"], {"a": a[:, i : i + 1]})[0][0, 0].view(np.uint32) for i in range(a.shape[1])]
         for t in range(1, a.shape[1] + 1):
             full = s.run(["y"], {"a": a[:, :t]})[0]
             for i in range(t):
@@ -135,8 +135,13 @@ def run_on_path(script: str, isa: str, **fmt) -> str:
     env.pop("SPECEDGE_OPS_ISA", None)
     if isa != "native":
         env["SPECEDGE_OPS_ISA"] = isa
-    p = subprocess.run([sys.executable, "-c", script.format(tests=str(Path(__file__).parent), **fmt)], env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", script.format(tests=str(Path(__file__).parent), **fmt)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return (p.stdout.strip().splitlines() or [""])[-1]
 
@@ -205,8 +210,7 @@ def test_quantize_weights_counts_and_describes_kernel_matmuls(rng, tmp_path):
     q41 = rand_raw(Q4_1, 48, K, rng)
     path = write_gguf(tmp_path / "w.gguf", {"a": (Q4_1, q41)})
     info: dict = {}
-    proto = quantize_weights(matmul_model({"a": dequant(Q4_1, q41).T}), 4, gguf=str(path), info=info,
-                             kernel="specedge")
+    proto = quantize_weights(matmul_model({"a": dequant(Q4_1, q41).T}), 4, gguf=str(path), info=info, kernel="specedge")
     assert [nd.op_type for nd in proto.graph.node] == [sk.OP]
     assert info["method"] == "gguf-exact" and info["exact_matmuls"] == 1 and info["requantized_matmuls"] == 0
     assert info["specedge_kernel_matmuls"] == 1
@@ -239,8 +243,10 @@ def test_manifest_custom_ops_field(tiny_bundle_factory, tmp_path):
 
 def test_a_missing_library_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv(custom_ops.ENV, str(tmp_path / "nowhere.so"))
-    with pytest.raises(custom_ops.CustomOpsError, match="libspecedge_ops.so was not found .*nowhere.so.*"
-                       "re-export the bundle without --int4-kernel specedge"):
+    with pytest.raises(
+        custom_ops.CustomOpsError,
+        match="libspecedge_ops.so was not found .*nowhere.so.*re-export the bundle without --int4-kernel specedge",
+    ):
         custom_ops.library_path()
     import onnxruntime as ort
 
@@ -254,18 +260,34 @@ def test_a_missing_library_is_one_clear_error(monkeypatch, tmp_path):
 
 
 def test_cli_refuses_the_kernel_without_an_int4_graph(tiny_checkpoint_factory, tmp_path):
-    p = subprocess.run(["export-models", "--target", str(tiny_checkpoint_factory()),
-                        "--draft", "ngram", "--int4-kernel", "specedge", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            "export-models",
+            "--target",
+            str(tiny_checkpoint_factory()),
+            "--draft",
+            "ngram",
+            "--int4-kernel",
+            "specedge",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == (
         "error: --int4-kernel specedge applies to int4 graphs, and this export has none: add --precision int4 "
-        "(or a self-draft with --draft-precision int4)")
+        "(or a self-draft with --draft-precision int4)"
+    )
     assert not (tmp_path / "o").exists()
 
 
-CPP_GENERATE = Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build")) \
+CPP_GENERATE = (
+    Path(os.environ.get("SPECEDGE_CPP_BUILD", Path(__file__).resolve().parents[1] / "cpp" / "build"))
     / "specedge_generate"
+)
 
 
 @pytest.mark.skipif(not CPP_GENERATE.is_file(), reason=f"C++ runtime not built ({CPP_GENERATE})")
@@ -282,8 +304,13 @@ def test_cpp_runtime_reads_custom_ops_and_loads_the_library(tiny_bundle_factory,
         env = {k: v for k, v in os.environ.items() if k != custom_ops.ENV}
         if env_lib:
             env[custom_ops.ENV] = env_lib
-        return subprocess.run([str(CPP_GENERATE), str(bundle), "def add(a, b):", "--max-new-tokens", "4",
-                               "--json"], capture_output=True, text=True, timeout=300, env=env)
+        return subprocess.run(
+            [str(CPP_GENERATE), str(bundle), "def add(a, b):", "--max-new-tokens", "4", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
 
     ok = generate(["specedge_ops"])
     assert ok.returncode == 0, ok.stderr
@@ -308,13 +335,31 @@ def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
     from specedge.runtime.api import load
 
     out = tmp_path / "q41"
-    p = subprocess.run(["export-models", "--precision", "int4", "--draft", "ngram", "--int4-kernel", "specedge",
-                        "--out", str(out), "--quiet", "--json"], capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [
+            "export-models",
+            "--precision",
+            "int4",
+            "--draft",
+            "ngram",
+            "--int4-kernel",
+            "specedge",
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr
     m = json.loads((out / "manifest.json").read_text())
     g = m["models"]["target"]["graphs"][0]
     assert g["custom_ops"] == ["specedge_ops"] and g["backends"] == ["ort-cpu"]
-    assert m["models"]["target"]["quantization"]["specedge_kernel_matmuls"] == 30 * 4  # q|k|v, o, gate|up, down per layer
+    assert (
+        m["models"]["target"]["quantization"]["specedge_kernel_matmuls"] == 30 * 4
+    )  # q|k|v, o, gate|up, down per layer
     assert m["models"]["target"]["quantization"]["specedge_attention"] == 30 and g["batch_invariant"] is True
     prompts = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
     with load(out, threads=2) as pipe:
@@ -324,7 +369,11 @@ def test_default_model_with_the_kernel_is_exact_and_cpp_agrees(tmp_path):
     assert spec == plain
     if CPP_GENERATE.is_file():
         for q, ids in zip(prompts, spec):
-            r = subprocess.run([str(CPP_GENERATE), str(out), q, "--json", "--max-new-tokens", "32", "--threads", "2"],
-                               capture_output=True, text=True, timeout=300)
+            r = subprocess.run(
+                [str(CPP_GENERATE), str(out), q, "--json", "--max-new-tokens", "32", "--threads", "2"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert r.returncode == 0, r.stderr
             assert json.loads(r.stdout)["token_ids"] == ids, q

@@ -10,13 +10,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_gguf_exact import rel_err
+from test_specedge_ops import needs_lib, run_on_path, session
 
 from specedge.export import specedge_kernel as sk
 from specedge.export.int4_graphs import matmulnbits_twin
 from specedge.export.quantize import describe
-
-from test_gguf_exact import rel_err
-from test_specedge_ops import needs_lib, run_on_path, session
 
 
 def random_q8(rng, n: int, k: int):
@@ -32,8 +31,18 @@ def nbits_model(codes: np.ndarray, scales: np.ndarray, *, swap: bool, b_input: b
     k = nb * 32
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "T", k])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])
-    node = helper.make_node("MatMulNBits", ["a", "b", "s"], ["y"], domain="com.microsoft", name="lm_head", K=k, N=n,
-                            bits=8, block_size=32, accuracy_level=4)
+    node = helper.make_node(
+        "MatMulNBits",
+        ["a", "b", "s"],
+        ["y"],
+        domain="com.microsoft",
+        name="lm_head",
+        K=k,
+        N=n,
+        bits=8,
+        block_size=32,
+        accuracy_level=4,
+    )
     inits = [numpy_helper.from_array(scales, "s")]
     inputs = [a]
     if b_input:
@@ -41,8 +50,9 @@ def nbits_model(codes: np.ndarray, scales: np.ndarray, *, swap: bool, b_input: b
     else:
         inits.append(numpy_helper.from_array(codes, "b"))
     g = helper.make_graph([node], "g", inputs, [y], inits)
-    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=10)
+    proto = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)], ir_version=10
+    )
     if swap and b_input:  # a graph the export would not write (it swaps only initializer weights)
         proto.graph.node[0].domain, proto.graph.node[0].op_type = sk.DOMAIN, sk.Q8_OP
         proto.opset_import.append(helper.make_opsetid(sk.DOMAIN, 1))
@@ -144,8 +154,13 @@ def test_the_swap_takes_only_8_bit_block_32_nodes_and_the_twin_swaps_back():
 
 
 def test_the_manifest_line_counts_the_swapped_nodes():
-    info = {"method": "gguf-exact", "exact_matmuls": 3, "source_types": {"Q4_1": 2, "Q8_0": 1},
-            "specedge_kernel_matmuls": 2, "specedge_q8_matmuls": 1}
+    info = {
+        "method": "gguf-exact",
+        "exact_matmuls": 3,
+        "source_types": {"Q4_1": 2, "Q8_0": 1},
+        "specedge_kernel_matmuls": 2,
+        "specedge_q8_matmuls": 1,
+    }
     assert "; 1 8-bit MatMulNBits as specedge's MatMulQ80 (one weight read per call))" in describe("int4", info)
     del info["specedge_q8_matmuls"]
     assert "MatMulQ80" not in describe("int4", info)

@@ -45,7 +45,9 @@ def test_python_is_formatted():
 
 def test_python_passes_the_linter():
     res = _run(_tool("ruff"), "check", "--output-format", "concise", ".")
-    assert res.returncode == 0, f"run `ruff check --fix .`, then fix the rest:\n{res.stdout[-4000:]}{res.stderr[-2000:]}"
+    assert res.returncode == 0, (
+        f"run `ruff check --fix .`, then fix the rest:\n{res.stdout[-4000:]}{res.stderr[-2000:]}"
+    )
 
 
 def test_cpp_is_formatted():

@@ -14,12 +14,11 @@ import json
 import numpy as np
 import onnx
 import pytest
-
-from specedge.tensorrt_support import check_bundle, graph_findings
-from specedge.manifest import load_manifest
-
 from test_engines import _trt_table_ops
 from test_export_cli import assert_bad_input, run
+
+from specedge.manifest import load_manifest
+from specedge.tensorrt_support import check_bundle, graph_findings
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -144,8 +143,9 @@ def test_tensorrt_103_graph_passes_the_table_and_computes_the_default(graph_pair
     _, got = _run(trt, feeds, precision)
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                                   atol=TOLERANCE[precision], rtol=TOLERANCE[precision])
+        np.testing.assert_allclose(
+            np.asarray(g, np.float32), np.asarray(w, np.float32), atol=TOLERANCE[precision], rtol=TOLERANCE[precision]
+        )
 
 
 # ----------------------------------------------------------------------------- bundles
@@ -155,10 +155,17 @@ def _ops(path):
     return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
 
 
-@pytest.mark.parametrize("version,kv,int4,draft", [
-    ("10.3", "delta", False, "ngram"), ("10.13", "delta", False, "ngram"), ("10.14", "delta", False, "ngram"),
-    ("10.15", "scatter", True, "self"), ("10.16", "scatter", True, "self"), ("11.0", "scatter", True, "self"),
-])
+@pytest.mark.parametrize(
+    "version,kv,int4,draft",
+    [
+        ("10.3", "delta", False, "ngram"),
+        ("10.13", "delta", False, "ngram"),
+        ("10.14", "delta", False, "ngram"),
+        ("10.15", "scatter", True, "self"),
+        ("10.16", "scatter", True, "self"),
+        ("11.0", "scatter", True, "self"),
+    ],
+)
 def test_what_each_tensorrt_gets(version, kv, int4, draft):
     from specedge.cli.export_models import default_draft
     from specedge.export.tensorrt_target import resolve
@@ -210,8 +217,9 @@ def test_bundle_for_tensorrt_1016_keeps_scatter_and_takes_a_blocked_int4_draft(t
 
     def logits(graph):
         sess = ort.InferenceSession(str(b / graph.path), providers=["CPUExecutionProvider"])
-        feeds = {i.name: np.zeros([d if isinstance(d, int) else 3 for d in i.shape], np.float32)
-                 for i in sess.get_inputs()}
+        feeds = {
+            i.name: np.zeros([d if isinstance(d, int) else 3 for d in i.shape], np.float32) for i in sess.get_inputs()
+        }
         feeds.update(input_ids=np.array([[5, 17, 42]], np.int64), position=np.array([0], np.int64))
         return sess.run(["logits"], feeds)[0]
 
@@ -232,19 +240,28 @@ def test_default_export_is_unchanged(tiny_bundle_factory):
     assert "MatMulNBits" in _ops(b / m.draft.graphs[0].path)
 
 
-@pytest.mark.parametrize("extra,fragments", [
-    (["--tensorrt", "ten"], ["--tensorrt", "10.3"]),
-    (["--tensorrt", "8.6"], ["8.6", "10.3", "--tensorrt"]),
-    (["--tensorrt", "10.3", "--kv-update", "scatter"], ["--tensorrt 10.3", "--kv-update delta", "TensorScatter"]),
-    (["--tensorrt", "10.3", "--int4-kernel", "specedge"], ["--int4-kernel specedge", "--tensorrt 10.3"]),
-    (["--tensorrt", "10.3", "--graphs", "ort"], ["--tensorrt 10.3", "--graphs ort"]),
-    (["--tensorrt", "10.3", "--draft", "self", "--draft-precision", "int4"], ["--draft-precision int4", "TensorRT 10.3", "int8"]),
-    (["--tensorrt", "10.3", "--precision", "int4"], ["--precision int4", "TensorRT 10.3"]),
-], ids=["malformed", "too-old", "scatter", "int4-kernel", "graphs-ort", "draft-int4", "target-int4"])
+@pytest.mark.parametrize(
+    "extra,fragments",
+    [
+        (["--tensorrt", "ten"], ["--tensorrt", "10.3"]),
+        (["--tensorrt", "8.6"], ["8.6", "10.3", "--tensorrt"]),
+        (["--tensorrt", "10.3", "--kv-update", "scatter"], ["--tensorrt 10.3", "--kv-update delta", "TensorScatter"]),
+        (["--tensorrt", "10.3", "--int4-kernel", "specedge"], ["--int4-kernel specedge", "--tensorrt 10.3"]),
+        (["--tensorrt", "10.3", "--graphs", "ort"], ["--tensorrt 10.3", "--graphs ort"]),
+        (
+            ["--tensorrt", "10.3", "--draft", "self", "--draft-precision", "int4"],
+            ["--draft-precision int4", "TensorRT 10.3", "int8"],
+        ),
+        (["--tensorrt", "10.3", "--precision", "int4"], ["--precision int4", "TensorRT 10.3"]),
+    ],
+    ids=["malformed", "too-old", "scatter", "int4-kernel", "graphs-ort", "draft-int4", "target-int4"],
+)
 def test_tensorrt_option_refusals(tiny_checkpoint_factory, tmp_path, extra, fragments):
     out = tmp_path / "b"
-    res = run(["--target", str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32", "--quiet", *extra],
-              tmp_path)
+    res = run(
+        ["--target", str(tiny_checkpoint_factory("llama")), "--out", str(out), "--max-seq", "32", "--quiet", *extra],
+        tmp_path,
+    )
     assert_bad_input(res, *fragments, out=out)
 
 
@@ -264,7 +281,9 @@ def test_onnxruntime_floor_follows_the_bundles_opset(tiny_bundle_factory, monkey
     assert bundle_opset(m) == 18 and {g.opset for s in (m.target, m.draft) for g in s.graphs} == {18}
     default = load_manifest(tiny_bundle_factory("llama"))
     assert bundle_opset(default) == 24
-    assert all("opset" not in g for g in json.loads((default.root / "manifest.json").read_text())["models"]["target"]["graphs"])
+    assert all(
+        "opset" not in g for g in json.loads((default.root / "manifest.json").read_text())["models"]["target"]["graphs"]
+    )
     # JetPack 6's onnxruntime-gpu (Jetson AI Lab index, cu126) is 1.23.0: it runs this bundle, not the default one
     monkeypatch.setattr(onnxruntime, "__version__", "1.23.0")
     with load(b, backend="ort-cpu", threads=1) as p:

@@ -82,7 +82,8 @@ class FakeCudart(types.ModuleType):
         super().__init__("cuda.bindings.runtime")
         self.cudaError_t = CudaError
         self.cudaMemcpyKind = types.SimpleNamespace(
-            cudaMemcpyHostToDevice="H2D", cudaMemcpyDeviceToHost="D2H", cudaMemcpyDeviceToDevice="D2D")
+            cudaMemcpyHostToDevice="H2D", cudaMemcpyDeviceToHost="D2H", cudaMemcpyDeviceToDevice="D2D"
+        )
         self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self.cudaStreamNonBlocking = 1
         self.allocs: dict[int, tuple[object, int, str]] = {}  # ptr -> (ctypes buffer, size, "device"|"host")
@@ -174,6 +175,7 @@ class FakeCudart(types.ModuleType):
 
         def op():
             ctypes.memmove(dst, src, n)
+
         self.enqueue(s, op)
         return (CudaError.cudaSuccess,)
 
@@ -186,6 +188,7 @@ class FakeCudart(types.ModuleType):
         def op():
             for r in range(height):
                 ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
         self.enqueue(s, op)
         return (CudaError.cudaSuccess,)
 
@@ -239,7 +242,8 @@ class FakeTensorRT(types.ModuleType):
         self.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
         self.__version__ = version
         self.int64, self.int32, self.float32, self.float16, self.bool = (
-            _DType(n) for n in ("int64", "int32", "float32", "float16", "bool"))
+            _DType(n) for n in ("int64", "int32", "float32", "float16", "bool")
+        )
         self.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
         fake = self
 
@@ -256,7 +260,7 @@ class FakeTensorRT(types.ModuleType):
             def deserialize_cuda_engine(self, data):
                 if not bytes(data).startswith(PLAN_MAGIC):
                     return None
-                return FakeEngine(fake, cudart, json.loads(bytes(data)[len(PLAN_MAGIC):]))
+                return FakeEngine(fake, cudart, json.loads(bytes(data)[len(PLAN_MAGIC) :]))
 
         self.Logger, self.Runtime = Logger, Runtime
 
@@ -401,18 +405,36 @@ def write_fake_plan(manifest, spec, folder: Path, trt_version: str = TRT_VERSION
     io = [[ts.name, "input", ts.dtype, list(ts.shape)] for ts in inputs]
     io += [[ts.name, "output", ts.dtype, list(ts.shape)] for ts in outputs]
     io.append([ARGMAX_OUTPUT, "output", "int64", [manifest.batch, "T", 1]])
-    data = PLAN_MAGIC + json.dumps({
-        "onnx": str(manifest.path(graph.path)), "io": io, "batch": manifest.batch,
-        "profiles": [[p.t_min, p.t_max] for p in profiles],
-    }).encode()
+    data = (
+        PLAN_MAGIC
+        + json.dumps(
+            {
+                "onnx": str(manifest.path(graph.path)),
+                "io": io,
+                "batch": manifest.batch,
+                "profiles": [[p.t_min, p.t_max] for p in profiles],
+            }
+        ).encode()
+    )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{spec.role}.plan").write_bytes(data)
     info = pj.PlanInfo(
-        role=spec.role, plan_file=f"{spec.role}.plan", plan_sha256=pj.sha256_bytes(data), plan_bytes=len(data),
-        tensorrt_version=trt_version, gpu_name=GPU_NAME, compute_capability=GPU_CC, kv_mode=manifest.kv_mode,
-        max_seq=manifest.max_seq, batch=manifest.batch, precision=spec.precision, profiles=profiles,
-        onnx_path=graph.path, onnx_sha256=str((manifest.files.get(graph.path) or {}).get("sha256", "")),
-        extra_outputs=[ARGMAX_OUTPUT], created_by="tests/test_tensorrt_fake.py",
+        role=spec.role,
+        plan_file=f"{spec.role}.plan",
+        plan_sha256=pj.sha256_bytes(data),
+        plan_bytes=len(data),
+        tensorrt_version=trt_version,
+        gpu_name=GPU_NAME,
+        compute_capability=GPU_CC,
+        kv_mode=manifest.kv_mode,
+        max_seq=manifest.max_seq,
+        batch=manifest.batch,
+        precision=spec.precision,
+        profiles=profiles,
+        onnx_path=graph.path,
+        onnx_sha256=str((manifest.files.get(graph.path) or {}).get("sha256", "")),
+        extra_outputs=[ARGMAX_OUTPUT],
+        created_by="tests/test_tensorrt_fake.py",
     )
     write_json_atomic(folder / f"{spec.role}.plan.json", info.to_json())
     return folder
@@ -465,9 +487,22 @@ def test_calls_match_ort_cpu(fake_gpu, engines, cuda_graphs):
     ids = tokens(60)
     # (method, T, position): prefill chunks (16, 16, a short 3), verification (k+1 = 5), single
     # steps, and rollbacks to an earlier position (the next call simply writes there again)
-    calls = [("run", 16, 0), ("run", 16, 16), ("run", 3, 32), ("run", 5, 35), ("run", 1, 38), ("run", 1, 39),
-             ("run", 5, 40), ("argmax", 5, 42), ("argmax", 1, 45), ("run", 1, 46), ("run", 1, 20),
-             ("run", 5, 21), ("argmax", 16, 26), ("run", 1, 42)]
+    calls = [
+        ("run", 16, 0),
+        ("run", 16, 16),
+        ("run", 3, 32),
+        ("run", 5, 35),
+        ("run", 1, 38),
+        ("run", 1, 39),
+        ("run", 5, 40),
+        ("argmax", 5, 42),
+        ("argmax", 1, 45),
+        ("run", 1, 46),
+        ("run", 1, 20),
+        ("run", 5, 21),
+        ("argmax", 16, 26),
+        ("run", 1, 42),
+    ]
     try:
         for method, t, pos in calls:
             x = ids[pos : pos + t]
@@ -631,8 +666,9 @@ def test_tree_calls_match_ort_cpu(monkeypatch, tree_bundle, tmp_path):
     try:
         assert trt.takes_trees and ref.takes_trees
         np.testing.assert_allclose(trt.run(ids[:16], 0), ref.run(ids[:16], 0), atol=1e-4, rtol=0)
-        np.testing.assert_allclose(trt.run_tree(ids[16:21], 16, mask), ref.run_tree(ids[16:21], 16, mask),
-                                   atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            trt.run_tree(ids[16:21], 16, mask), ref.run_tree(ids[16:21], 16, mask), atol=1e-4, rtol=0
+        )
         trt.keep_path(16, [0, 2, 4])
         ref.keep_path(16, [0, 2, 4])
         for t, pos in ((1, 19), (5, 20), (3, 25)):  # chains after the path: the kept slots are the ones read

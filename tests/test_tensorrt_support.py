@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specedge.cli.main import main
 from specedge import tensorrt_support as ts
+from specedge.cli.main import main
 from specedge.errors import UserError
 
 SUPPORTED = "10.3, 10.13, 10.14, 10.15, 10.16, 11.0, 11.1"
@@ -56,36 +56,52 @@ def test_table_key_facts():
 # ----------------------------------------------------------------------------- versions
 
 
-@pytest.mark.parametrize("text, line", [
-    ("10.3", "10.3"), ("10.3.0", "10.3"), ("10.3.0.30", "10.3"), (" 10.16 ", "10.16"), ("10.13.3.9", "10.13"),
-    ("10.8", "10.3"), ("10.14.1", "10.14"), ("11.1.0.4", "11.1"), ("12.0", "11.1"),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("10.3", "10.3"),
+        ("10.3.0", "10.3"),
+        ("10.3.0.30", "10.3"),
+        (" 10.16 ", "10.16"),
+        ("10.13.3.9", "10.13"),
+        ("10.8", "10.3"),
+        ("10.14.1", "10.14"),
+        ("11.1.0.4", "11.1"),
+        ("12.0", "11.1"),
+    ],
+)
 def test_parse_tensorrt_version(text, line):
     assert ts.parse_tensorrt_version(text) == line
 
 
 def test_version_note_says_when_another_line_is_used():
     assert ts.version_note("10.3.0.30") is None
-    assert ts.version_note("10.8") == ("TensorRT 10.8 is checked against TensorRT 10.3's parser, the newest line in "
-                                       "specedge's table at or below it")
-    assert ts.version_note("12.0") == ("TensorRT 12.0 is checked against TensorRT 11.1's parser, the newest line in "
-                                       "specedge's table")
+    assert ts.version_note("10.8") == (
+        "TensorRT 10.8 is checked against TensorRT 10.3's parser, the newest line in specedge's table at or below it"
+    )
+    assert ts.version_note("12.0") == (
+        "TensorRT 12.0 is checked against TensorRT 11.1's parser, the newest line in specedge's table"
+    )
 
 
 @pytest.mark.parametrize("text", ["", "abc", "10", "10.x", "v10.3", "10.3.0.30.1", "10.3-rc1", "10..3"])
 def test_parse_tensorrt_version_refuses_malformed(text):
     with pytest.raises(UserError) as e:
         ts.parse_tensorrt_version(text)
-    assert str(e.value) == (f"--tensorrt takes a TensorRT version such as 10.3 or 10.3.0.30, got {text!r}: "
-                            f"the supported versions are {SUPPORTED}")
+    assert str(e.value) == (
+        f"--tensorrt takes a TensorRT version such as 10.3 or 10.3.0.30, got {text!r}: "
+        f"the supported versions are {SUPPORTED}"
+    )
 
 
 @pytest.mark.parametrize("text", ["10.2", "10.0.1", "9.3", "8.6.1"])
 def test_parse_tensorrt_version_refuses_older_than_the_table(text):
     with pytest.raises(UserError) as e:
         ts.parse_tensorrt_version(text)
-    assert str(e.value) == (f"TensorRT {text} is older than 10.3, the oldest TensorRT specedge supports: "
-                            f"use --tensorrt with one of {SUPPORTED}")
+    assert str(e.value) == (
+        f"TensorRT {text} is older than 10.3, the oldest TensorRT specedge supports: "
+        f"use --tensorrt with one of {SUPPORTED}"
+    )
 
 
 def test_installed_line_takes_package_suffixes():
@@ -108,8 +124,10 @@ def _f(name, shape=(1, 4)):
 
 
 def test_graph_findings_names_each_node_with_its_version_and_flag():
-    nodes = [helper.make_node("RMSNormalization", ["x", "s"], ["y"], name="norm", axis=-1),
-             helper.make_node("Relu", ["y"], ["z"], name="relu")]
+    nodes = [
+        helper.make_node("RMSNormalization", ["x", "s"], ["y"], name="norm", axis=-1),
+        helper.make_node("Relu", ["y"], ["z"], name="relu"),
+    ]
     scale = helper.make_tensor("s", TensorProto.FLOAT, [4], [1.0] * 4)
     m = _model(nodes, [_f("x")], [_f("z")], opset=23, inits=[scale])
     assert ts.graph_findings(m, "10.3.0.30", "target/model.onnx") == [
@@ -121,24 +139,35 @@ def test_graph_findings_names_each_node_with_its_version_and_flag():
 
 
 def test_graph_findings_tensorscatter_avoided_by_delta_and_contrib_ops_by_no_version():
-    nodes = [helper.make_node("TensorScatter", ["c", "n", "p"], ["o"], name="kv", axis=-2),
-             helper.make_node("MatMulNBits", ["o", "w"], ["y"], name="q4", domain="com.microsoft")]
-    m = _model(nodes, [_f("c", (1, 1, 8, 4)), _f("n", (1, 1, 1, 4)),
-                       helper.make_tensor_value_info("p", TensorProto.INT64, [1])], [_f("y")], opset=20,
-               extra_opsets=["com.microsoft"])
+    nodes = [
+        helper.make_node("TensorScatter", ["c", "n", "p"], ["o"], name="kv", axis=-2),
+        helper.make_node("MatMulNBits", ["o", "w"], ["y"], name="q4", domain="com.microsoft"),
+    ]
+    m = _model(
+        nodes,
+        [_f("c", (1, 1, 8, 4)), _f("n", (1, 1, 1, 4)), helper.make_tensor_value_info("p", TensorProto.INT64, [1])],
+        [_f("y")],
+        opset=20,
+        extra_opsets=["com.microsoft"],
+    )
     got = ts.graph_findings(m, "10.16")
     assert [(f.node, f.op, f.domain, f.added_in, f.avoid_with) for f in got] == [
-        ("q4", "MatMulNBits", "com.microsoft", None, "--tensorrt 10.16")]
+        ("q4", "MatMulNBits", "com.microsoft", None, "--tensorrt 10.16")
+    ]
     got = ts.graph_findings(m, "10.3")
     assert [(f.op, f.added_in, f.avoid_with) for f in got] == [
-        ("TensorScatter", "10.15", "--kv-update delta"), ("MatMulNBits", None, "--tensorrt 10.3")]
+        ("TensorScatter", "10.15", "--kv-update delta"),
+        ("MatMulNBits", None, "--tensorrt 10.3"),
+    ]
 
 
 def _dq_model(dtype, opset, wshape=(4, 2), sshape=(4, 1), axis=1):
     w = helper.make_tensor("w", dtype, list(wshape), [1] * int(np.prod(wshape)))
     scale = helper.make_tensor("s", TensorProto.FLOAT, list(sshape), [0.5] * int(np.prod(sshape)))
-    nodes = [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=axis),
-             helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm")]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=axis),
+        helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm"),
+    ]
     return _model(nodes, [_f("x", (1, wshape[-2]))], [_f("y", (1, wshape[-1]))], opset=opset, inits=[w, scale])
 
 
@@ -159,32 +188,66 @@ def test_graph_findings_dequantize_types_and_forms():
     assert [(f.op, f.added_in) for f in got] == [("opset", "10.15"), ("DequantizeLinear(float4e2m1)", "10.13")]
     got = ts.graph_findings(_dq_model(TensorProto.UINT4, 21), "10.16")
     assert [(f.op, f.added_in) for f in got] == [("DequantizeLinear(uint4)", None)]
-    check = ts.BundleCheck(Path("b"), "11.1", "11.1", None,
-                           [ts.GraphCheck("draft", "draft/model.onnx", ts.graph_findings(_dq_model(TensorProto.INT8, 21), "11.1"))])
-    assert "DequantizeLinear(blocked int8, rank 2) (opset 21; built by no TensorRT in the table)" in ts.format_findings(check)
+    check = ts.BundleCheck(
+        Path("b"),
+        "11.1",
+        "11.1",
+        None,
+        [ts.GraphCheck("draft", "draft/model.onnx", ts.graph_findings(_dq_model(TensorProto.INT8, 21), "11.1"))],
+    )
+    assert "DequantizeLinear(blocked int8, rank 2) (opset 21; built by no TensorRT in the table)" in ts.format_findings(
+        check
+    )
 
 
 def test_graph_findings_looks_into_subgraphs_and_local_functions():
-    inner = helper.make_graph([helper.make_node("TensorScatter", ["c", "n", "p"], ["o"], name="inner_kv", axis=-2)],
-                              "then", [], [_f("o", (1, 1, 8, 4))])
+    inner = helper.make_graph(
+        [helper.make_node("TensorScatter", ["c", "n", "p"], ["o"], name="inner_kv", axis=-2)],
+        "then",
+        [],
+        [_f("o", (1, 1, 8, 4))],
+    )
     other = helper.make_graph([helper.make_node("Identity", ["c"], ["o2"], name="id")], "else", [], [_f("o2")])
-    fn = helper.make_function("local", "MyNorm", ["x", "s"], ["y"],
-                              [helper.make_node("RMSNormalization", ["x", "s"], ["y"], name="fn_norm")],
-                              [helper.make_opsetid("", 23)])
-    nodes = [helper.make_node("If", ["cond"], ["o"], name="if", then_branch=inner, else_branch=other),
-             helper.make_node("MyNorm", ["o", "s"], ["y"], name="call", domain="local")]
-    m = _model(nodes, [_f("c", (1, 1, 8, 4)), _f("n"), helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
-                       helper.make_tensor_value_info("p", TensorProto.INT64, [1]), _f("s", (4,))],
-               [_f("y")], opset=23, functions=[fn], extra_opsets=["local"])
+    fn = helper.make_function(
+        "local",
+        "MyNorm",
+        ["x", "s"],
+        ["y"],
+        [helper.make_node("RMSNormalization", ["x", "s"], ["y"], name="fn_norm")],
+        [helper.make_opsetid("", 23)],
+    )
+    nodes = [
+        helper.make_node("If", ["cond"], ["o"], name="if", then_branch=inner, else_branch=other),
+        helper.make_node("MyNorm", ["o", "s"], ["y"], name="call", domain="local"),
+    ]
+    m = _model(
+        nodes,
+        [
+            _f("c", (1, 1, 8, 4)),
+            _f("n"),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("p", TensorProto.INT64, [1]),
+            _f("s", (4,)),
+        ],
+        [_f("y")],
+        opset=23,
+        functions=[fn],
+        extra_opsets=["local"],
+    )
     got = ts.graph_findings(m, "10.14")
-    assert [(f.node, f.op) for f in got] == [("", "opset"), ("inner_kv", "TensorScatter"), ("fn_norm", "RMSNormalization")]
+    assert [(f.node, f.op) for f in got] == [
+        ("", "opset"),
+        ("inner_kv", "TensorScatter"),
+        ("fn_norm", "RMSNormalization"),
+    ]
 
 
 def test_graph_findings_reads_no_weights(tmp_path):
     w = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")  # raw data: written to the external file
     m = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [_f("x")], [_f("y")], inits=[w])
-    onnx.save_model(m, tmp_path / "model.onnx", save_as_external_data=True, location="model.onnx.data",
-                    size_threshold=0)
+    onnx.save_model(
+        m, tmp_path / "model.onnx", save_as_external_data=True, location="model.onnx.data", size_threshold=0
+    )
     (tmp_path / "model.onnx.data").unlink()  # a weight file it would have to open
     assert ts.graph_findings(tmp_path / "model.onnx", "10.3") == []
     assert ts.graph_findings(str(tmp_path / "model.onnx"), "10.3", "g.onnx") == []
@@ -230,7 +293,8 @@ def test_check_bundle_on_todays_fp32_scatter_bundle(fp32_scatter):
     assert ts.refusal(check) == (
         "TensorRT 10.3's ONNX parser cannot import this bundle (target/model.onnx uses opset 24 (from 10.15), "
         "RMSNormalization (from 10.15), TensorScatter (from 10.15)): export the bundle with "
-        "`export-models --tensorrt 10.3`")
+        "`export-models --tensorrt 10.3`"
+    )
     for version in ("10.13", "10.14"):
         assert not ts.check_bundle(fp32_scatter, version).ok
     for version in ("10.15", "10.16", "11.1"):
@@ -242,7 +306,8 @@ def test_parse_error_hint_names_every_operator_the_installed_tensorrt_lacks(fp32
     graph = fp32_scatter / "target" / "model.onnx"
     assert ts.parse_error_hint(graph, "10.3.0.30") == (
         " (TensorRT 10.3 does not import opset 24 (from 10.15), RMSNormalization (from 10.15), TensorScatter "
-        "(from 10.15): export with `export-models --tensorrt 10.3`)")
+        "(from 10.15): export with `export-models --tensorrt 10.3`)"
+    )
     assert ts.parse_error_hint(graph, "10.16.0.31") == ""
 
 
@@ -250,15 +315,23 @@ def test_inspect_tensorrt_exit_3_lists_nodes(fp32_scatter, capsys):
     capsys.readouterr()
     assert main(["inspect", str(fp32_scatter), "--tensorrt", "10.3"]) == 3
     out = capsys.readouterr().out
-    report = out[out.index("\ntensorrt check"):]
+    report = out[out.index("\ntensorrt check") :]
     assert "TensorRT 10.3: opsets 9..20" in report
     assert "target target/model.onnx: " in report and "TensorRT 10.3's parser would refuse it" in report
-    assert ("    opset 24 (TensorRT 10.3 documents 9..20; documented from TensorRT 10.15); "
-            "avoid with export-models --tensorrt 10.3\n") in report
-    assert re.search(r"    TensorScatter \(opset 24; imported from TensorRT 10\.15\); avoid with export-models "
-                     r"--kv-update delta x\d+: \S+", report)
-    assert re.search(r"    RMSNormalization \(opset 24; imported from TensorRT 10\.15\); avoid with export-models "
-                     r"--tensorrt 10\.3 x\d+: ", report)
+    assert (
+        "    opset 24 (TensorRT 10.3 documents 9..20; documented from TensorRT 10.15); "
+        "avoid with export-models --tensorrt 10.3\n"
+    ) in report
+    assert re.search(
+        r"    TensorScatter \(opset 24; imported from TensorRT 10\.15\); avoid with export-models "
+        r"--kv-update delta x\d+: \S+",
+        report,
+    )
+    assert re.search(
+        r"    RMSNormalization \(opset 24; imported from TensorRT 10\.15\); avoid with export-models "
+        r"--tensorrt 10\.3 x\d+: ",
+        report,
+    )
     assert report.rstrip().endswith("export the bundle with `export-models --tensorrt 10.3`")
     assert "tensorrt     exported for" not in out
 
@@ -267,7 +340,10 @@ def test_inspect_tensorrt_exit_0_when_every_graph_parses(fp32_scatter, capsys):
     capsys.readouterr()
     assert main(["inspect", str(fp32_scatter), "--tensorrt", "10.16.0"]) == 0
     out = capsys.readouterr().out
-    assert "TensorRT 10.16 (asked for 10.16.0): opsets 9..24\n  target target/model.onnx: parses\n  all graphs parse" in out
+    assert (
+        "TensorRT 10.16 (asked for 10.16.0): opsets 9..24\n  target target/model.onnx: parses\n  all graphs parse"
+        in out
+    )
     assert main(["inspect", str(fp32_scatter)]) == 0  # no check asked: no exit 3
     assert "tensorrt check" not in capsys.readouterr().out
 
@@ -297,8 +373,10 @@ def test_inspect_tensorrt_no_graph_offered(fp32_scatter, tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", str(b), "--tensorrt", "10.16"]) == 3
     out = capsys.readouterr().out
-    assert "  would not parse: this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): " \
-           "export it with `export-models --tensorrt 10.16`" in out
+    assert (
+        "  would not parse: this bundle offers TensorRT no graph (its graphs are for ONNX Runtime only): "
+        "export it with `export-models --tensorrt 10.16`" in out
+    )
     assert main(["inspect", str(b), "--json", "--tensorrt", "10.16"]) == 3
     c = json.loads(capsys.readouterr().out)["tensorrt_check"]
     assert c["ok"] is False and c["graphs"] == []
@@ -314,12 +392,21 @@ def test_inspect_shows_the_manifests_tensorrt(fp32_scatter, tmp_path, capsys):
     assert obj["tensorrt"] == "10.16" and obj["tensorrt_check"]["exported_for"] == "10.16"
 
 
-@pytest.mark.parametrize("value, message", [
-    ("abc", f"error: --tensorrt takes a TensorRT version such as 10.3 or 10.3.0.30, got 'abc': "
-            f"the supported versions are {SUPPORTED}\n"),
-    ("8.6", f"error: TensorRT 8.6 is older than 10.3, the oldest TensorRT specedge supports: "
-            f"use --tensorrt with one of {SUPPORTED}\n"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            "abc",
+            f"error: --tensorrt takes a TensorRT version such as 10.3 or 10.3.0.30, got 'abc': "
+            f"the supported versions are {SUPPORTED}\n",
+        ),
+        (
+            "8.6",
+            f"error: TensorRT 8.6 is older than 10.3, the oldest TensorRT specedge supports: "
+            f"use --tensorrt with one of {SUPPORTED}\n",
+        ),
+    ],
+)
 def test_inspect_tensorrt_bad_version(fp32_scatter, capsys, value, message):
     capsys.readouterr()
     assert main(["inspect", str(fp32_scatter), "--tensorrt", value]) == 2

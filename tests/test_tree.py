@@ -229,19 +229,26 @@ def test_mask_depths_and_prefix_tree():
     assert tree.tokens == [1, 5, 9, 4, 7] and tree.parents == [-1, 0, 1, 1, 0]
     assert tree.depths() == [0, 1, 2, 2, 1]
     m = tree.ancestor_mask()
-    assert m.tolist() == [[True, False, False, False, False], [True, True, False, False, False],
-                          [True, True, True, False, False], [True, True, False, True, False],
-                          [True, False, False, False, True]]
+    assert m.tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+        [True, True, True, False, False],
+        [True, True, False, True, False],
+        [True, False, False, False, True],
+    ]
     chain = Tree([1, 2, 3], [-1, 0, 1])
     assert np.array_equal(chain.ancestor_mask(), np.tril(np.ones((3, 3), bool)))
 
 
-@pytest.mark.parametrize("tokens,parents,msg", [
-    ([], [], "at least its root"),
-    ([1, 2], [-1], "one parent per token"),
-    ([1, 2], [0, 0], "parent must be -1"),
-    ([1, 2, 3], [-1, 2, 0], "earlier node"),
-])
+@pytest.mark.parametrize(
+    "tokens,parents,msg",
+    [
+        ([], [], "at least its root"),
+        ([1, 2], [-1], "one parent per token"),
+        ([1, 2], [0, 0], "parent must be -1"),
+        ([1, 2, 3], [-1, 2, 0], "earlier node"),
+    ],
+)
 def test_bad_trees_are_refused(tokens, parents, msg):
     with pytest.raises(ValueError, match=msg):
         Tree(tokens, parents)
@@ -396,8 +403,11 @@ def chain_tree_outcomes(monkeypatch, target, draft, k, nodes, params, q_rows="ke
         if q_rows == "dropped":  # the sampled line tested as point masses: exact, but accepted less
             tree = Tree(tree.tokens, tree.parents, [None] * len(tree))
         elif q_rows == "on siblings":  # a bug: siblings tested as if drawn from their line's q
-            tree = Tree(tree.tokens, tree.parents, [tree.q[i] if i <= k else tree.q[tree.parents[i] + 1]
-                                                    for i in range(len(tree))])
+            tree = Tree(
+                tree.tokens,
+                tree.parents,
+                [tree.q[i] if i <= k else tree.q[tree.parents[i] + 1] for i in range(len(tree))],
+            )
         if w > 0:
             for seq, p in tree_outcomes(tree, target).items():
                 total[seq] += w * p

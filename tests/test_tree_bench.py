@@ -14,17 +14,32 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tree_bench.py"
 def bench(bundle, *args):
     # code and chat: the tiny byte-level tokenizer makes the grounded and summarization prompts
     # longer than the tiny model's 512 positions
-    return subprocess.run([sys.executable, str(SCRIPT), str(bundle), "--prompts-per-category", "1", "--categories", "code,chat",
-                           "--max-new-tokens", "12", "--threads", "1", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(bundle),
+            "--prompts-per-category",
+            "1",
+            "--categories",
+            "code,chat",
+            "--max-new-tokens",
+            "12",
+            "--threads",
+            "1",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def check_rows(res, temperature, seed, guard):
     assert res["prompts"] == 2 and res["temperature"] == temperature
     assert res["seed"] == seed and res["guard"] is guard
     rows = res["configurations"]
-    assert set(rows) == {"target-only (tree graph)", "chain (ngram)", "tree (ngram)", "chain (model)",
-                         "tree (model)"}
+    assert set(rows) == {"target-only (tree graph)", "chain (ngram)", "tree (ngram)", "chain (model)", "tree (model)"}
     for name, row in rows.items():
         # greedy: every configuration's output is target-only's; sampled outputs differ legitimately
         assert row["mismatches"] == (None if temperature else 0), name
@@ -62,4 +77,5 @@ def test_tree_bench_refuses_a_negative_temperature(tiny_bundle_factory):
     p = bench(tiny_bundle_factory(family="llama", draft="self", max_seq=512, tree=True), "--categories", "code,poetry")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: unknown category 'poetry'; categories: code, chat, grounded, summarization"]
+        "error: unknown category 'poetry'; categories: code, chat, grounded, summarization"
+    ]

@@ -16,9 +16,23 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tree_exactness.py"
 def exactness(bundle, *args):
     # code and chat: the tiny byte-level tokenizer makes the other categories' prompts longer
     # than the tiny model's 512 positions
-    return subprocess.run([sys.executable, str(SCRIPT), str(bundle), "--categories", "code,chat",
-                           "--max-new-tokens", "24", "--threads", "1", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(bundle),
+            "--categories",
+            "code,chat",
+            "--max-new-tokens",
+            "24",
+            "--threads",
+            "1",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_fp32_trees_equal_target_only(tiny_bundle_factory):
@@ -40,8 +54,9 @@ def test_padded_int4_target_is_measured_despite_the_refusal(tiny_bundle_factory)
     from specedge.runtime.api import load
     from specedge.runtime.generator import inexact_tree_refusal
 
-    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=512, tree=True,
-                                 int4_kernel="matmulnbits")
+    bundle = tiny_bundle_factory(
+        family="llama", precision="int4", draft="ngram", max_seq=512, tree=True, int4_kernel="matmulnbits"
+    )
     with load(bundle, threads=1, verify="size") as pipe:
         with pytest.raises(ValueError) as refused:
             pipe.generate("hello", max_new_tokens=4, tree=True)
@@ -61,7 +76,8 @@ def test_bad_arguments_are_one_sentence(tiny_bundle_factory):
     p = exactness(bundle, "--categories", "poetry")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "error: unknown category 'poetry'; categories: code, chat, grounded, summarization"]
+        "error: unknown category 'poetry'; categories: code, chat, grounded, summarization"
+    ]
     p = exactness(bundle, "--max-new-tokens", 0)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: --max-new-tokens must be >= 1, got 0"]

@@ -37,10 +37,16 @@ def root_path(parents, leaf):
     return path[::-1]
 
 
-@pytest.mark.parametrize("family,flavour,kv_mode", [
-    ("llama", "ort", "scatter"), ("mistral", "ort", "scatter"), ("gemma3", "ort", "scatter"),
-    ("phi3", "portable", "scatter"), ("qwen3", "portable", "delta"),
-])
+@pytest.mark.parametrize(
+    "family,flavour,kv_mode",
+    [
+        ("llama", "ort", "scatter"),
+        ("mistral", "ort", "scatter"),
+        ("gemma3", "ort", "scatter"),
+        ("phi3", "portable", "scatter"),
+        ("qwen3", "portable", "delta"),
+    ],
+)
 def test_tree_rows_equal_root_path_chains(tmp_path, family, flavour, kv_mode):
     cfg = tiny_config(family)
     cfg = getattr(cfg, "text_config", cfg)
@@ -58,8 +64,7 @@ def test_tree_rows_equal_root_path_chains(tmp_path, family, flavour, kv_mode):
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def run(ids, pos, mask, kv):
-        feeds = {"input_ids": np.array([ids], np.int64), "position": np.array([pos], np.int64),
-                 "tree_mask": mask[None]}
+        feeds = {"input_ids": np.array([ids], np.int64), "position": np.array([pos], np.int64), "tree_mask": mask[None]}
         for i in range(layers):
             feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = kv[2 * i], kv[2 * i + 1]
         out = sess.run(None, feeds)
@@ -67,7 +72,7 @@ def test_tree_rows_equal_root_path_chains(tmp_path, family, flavour, kv_mode):
             if kv_mode == "scatter":
                 kv[i][...] = out[1 + i]
             else:
-                kv[i][:, :, pos:pos + len(ids)] = out[1 + i]
+                kv[i][:, :, pos : pos + len(ids)] = out[1 + i]
         return out[0][0]
 
     kv0 = [np.zeros((1, heads, MAX_SEQ, dim), np.float32) for _ in range(2 * layers)]
@@ -76,7 +81,6 @@ def test_tree_rows_equal_root_path_chains(tmp_path, family, flavour, kv_mode):
     tree_rows = run(TOKENS, 20, ancestor_mask(PARENTS), [x.copy() for x in kv0])
     for leaf in range(len(TOKENS)):
         nodes = root_path(PARENTS, leaf)
-        chain = run([TOKENS[i] for i in nodes], 20, np.tril(np.ones((len(nodes),) * 2, bool)),
-                    [x.copy() for x in kv0])
+        chain = run([TOKENS[i] for i in nodes], 20, np.tril(np.ones((len(nodes),) * 2, bool)), [x.copy() for x in kv0])
         for depth, node in enumerate(nodes):
             np.testing.assert_allclose(tree_rows[node], chain[depth], atol=1e-5, rtol=0)

@@ -56,7 +56,9 @@ def test_a_bad_tree_flag_is_refused(bundles, tmp_path):
     raw = json.loads((bad / MANIFEST_NAME).read_text())
     raw["models"]["target"]["graphs"][0]["tree"] = "yes"
     (bad / MANIFEST_NAME).write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match="the manifest's 'tree' in models.target.graphs must be true or false, got 'yes'"):
+    with pytest.raises(
+        BundleError, match="the manifest's 'tree' in models.target.graphs must be true or false, got 'yes'"
+    ):
         load_manifest(bad, verify="size")
 
 
@@ -175,12 +177,28 @@ def test_tree_sampling_end_to_end_is_reproducible_and_refused_without_tree_graph
         plain.generate(token_ids=REPEATS, max_new_tokens=4, tree=True)
     # the CLI in a subprocess: an in-process `generate` would make ONNX Runtime's shared pool for
     # every later test of the session
-    r = subprocess.run([sys.executable, "-m", "specedge", "generate", str(tiny_bundle_factory(
-        family="llama", draft="ngram", max_seq=128)), "hi", "--tree", "--max-new-tokens", "2", "--draft", "ngram"],
-        capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge",
+            "generate",
+            str(tiny_bundle_factory(family="llama", draft="ngram", max_seq=128)),
+            "hi",
+            "--tree",
+            "--max-new-tokens",
+            "2",
+            "--draft",
+            "ngram",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == ("error: tree verification needs a target graph that takes trees: "
-                                                 "export the bundle with --tree")
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: tree verification needs a target graph that takes trees: export the bundle with --tree"
+    )
 
 
 @pytest.mark.parametrize("kv_mode", ["scatter", "delta"])
@@ -202,8 +220,12 @@ def test_self_draft_tree_is_the_greedy_chain_plus_ranked_siblings(tiny_bundle_fa
     from specedge.runtime.api import load
     from specedge.runtime.sampling import SamplingParams
 
-    pipe = load(tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True), threads=1,
-                verify="size", draft="model")
+    pipe = load(
+        tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True),
+        threads=1,
+        verify="size",
+        draft="model",
+    )
     drafter = pipe.generator.drafter
     chain = drafter.propose(REPEATS, 4, SamplingParams()).tokens
     tree = drafter.propose_tree(REPEATS, 4, 9, SamplingParams())
@@ -236,8 +258,12 @@ def test_sampled_trees_are_judged_against_their_chain(tiny_bundle_factory):
     so a tree that loses to its chain under sampling is turned off as a greedy one is."""
     from specedge.runtime.api import load
 
-    pipe = load(tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True), threads=1,
-                verify="size", draft="model")
+    pipe = load(
+        tiny_bundle_factory(family="llama", draft="self", max_seq=128, tree=True),
+        threads=1,
+        verify="size",
+        draft="model",
+    )
     r = pipe.generate(token_ids=REPEATS, max_new_tokens=40, temperature=0.8, seed=5, tree=True)
     assert r.stats["tree_rounds"] > 0 and isinstance(r.stats["trees_off"], bool) and len(r.token_ids) == 40
 
@@ -251,9 +277,21 @@ def head_tree_bundle(tiny_bundle_factory, tmp_path_factory):
 
     dst = tmp_path_factory.mktemp("headtree") / "bundle"
     shutil.copytree(tiny_bundle_factory("llama", features=True, tree=True), dst)
-    train_draft(dst, TrainOptions(budget="3k", draft_vocab=48, seq_len=32, batch=2, answer_tokens=16, max_prompts=4,
-                                  doc_tokens=600, threads=1, checkpoint_every_s=0.0,
-                                  checkpoint=str(tmp_path_factory.mktemp("headtree_ck"))))
+    train_draft(
+        dst,
+        TrainOptions(
+            budget="3k",
+            draft_vocab=48,
+            seq_len=32,
+            batch=2,
+            answer_tokens=16,
+            max_prompts=4,
+            doc_tokens=600,
+            threads=1,
+            checkpoint_every_s=0.0,
+            checkpoint=str(tmp_path_factory.mktemp("headtree_ck")),
+        ),
+    )
     return dst
 
 
@@ -316,12 +354,13 @@ def test_gpu_path_copies_move_the_same_slots_as_numpy(max_seq, batch, path):
     assert len(copies) == len(moves) * (1 if cache.dense else cache.num_tensors)
     for c in copies:
         for r in range(c.height):
-            arena[c.dst_offset + r * c.dpitch: c.dst_offset + r * c.dpitch + c.width] = \
-                arena[c.src_offset + r * c.spitch: c.src_offset + r * c.spitch + c.width]
+            arena[c.dst_offset + r * c.dpitch : c.dst_offset + r * c.dpitch + c.width] = arena[
+                c.src_offset + r * c.spitch : c.src_offset + r * c.spitch + c.width
+            ]
     np.testing.assert_array_equal(cache.tensors(arena.view(np.float16)), want)
     pad = np.ones(cache.total_bytes, bool)
     for j in range(cache.num_tensors):
-        pad[j * cache.tensor_stride: j * cache.tensor_stride + cache.tensor_bytes] = False
+        pad[j * cache.tensor_stride : j * cache.tensor_stride + cache.tensor_bytes] = False
     assert (arena[pad] == 0xAB).all()
     with pytest.raises(ValueError, match="is not a move back inside a cache of"):
         path_copies(cache, max_seq - 2, [(3, 1)])
@@ -338,16 +377,20 @@ def test_tree_refused_on_a_backend_without_tree_calls_names_the_backend_not_the_
     backend.name = "tensorrt"
     with pytest.raises(ValueError) as e:
         pipe.generate(token_ids=REPEATS, max_new_tokens=4, tree=True)
-    assert str(e.value) == ("tree verification is not available on the tensorrt backend, although the bundle's "
-                            "target graph takes trees: use the ort-cpu or torch backend, or leave tree off")
+    assert str(e.value) == (
+        "tree verification is not available on the tensorrt backend, although the bundle's "
+        "target graph takes trees: use the ort-cpu or torch backend, or leave tree off"
+    )
     assert "export the bundle with --tree" not in str(e.value)
     # chains still run on it
     assert len(pipe.generate(token_ids=REPEATS, max_new_tokens=4).token_ids) == 4
 
 
-INEXACT_INT4 = ("tree verification would not be exact on this int4 target: ONNX Runtime's attention orders a tree "
-                "node's sums differently from a chain's, enough to change its picks; leave tree off, or re-export "
-                "with --int4-kernel specedge (batch-invariant kernels, exact trees)")
+INEXACT_INT4 = (
+    "tree verification would not be exact on this int4 target: ONNX Runtime's attention orders a tree "
+    "node's sums differently from a chain's, enough to change its picks; leave tree off, or re-export "
+    "with --int4-kernel specedge (batch-invariant kernels, exact trees)"
+)
 
 
 def test_trees_are_refused_where_single_token_steps_are_padded(tiny_bundle_factory):
@@ -358,8 +401,9 @@ def test_trees_are_refused_where_single_token_steps_are_padded(tiny_bundle_facto
     with tree=True, and a pipeline loaded with padding turned off on purpose, are not refused."""
     from specedge.runtime.api import load
 
-    bundle = tiny_bundle_factory(family="llama", precision="int4", draft="ngram", max_seq=128, tree=True,
-                                 int4_kernel="matmulnbits")
+    bundle = tiny_bundle_factory(
+        family="llama", precision="int4", draft="ngram", max_seq=128, tree=True, int4_kernel="matmulnbits"
+    )
     pipe = load(bundle, threads=1, verify="size")
     assert pipe.describe()["target"].get("invariant_steps") is True
     with pytest.raises(ValueError) as e:

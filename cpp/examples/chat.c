@@ -122,8 +122,7 @@ static void print_stats(specedge_model* m, const specedge_result* r) {
     fprintf(stderr, " | %s draft | acceptance %.2f | %.2f tokens/target call | k %d", specedge_drafter_kind(m),
             st.acceptance_rate, st.mean_accepted, st.k);
     if (st.k_final != st.k) fprintf(stderr, "->%d", st.k_final);
-    fprintf(stderr, " | draft %.2fs / verify %.2fs / other %.2fs", st.time_draft_s, st.time_verify_s,
-            st.time_other_s);
+    fprintf(stderr, " | draft %.2fs / verify %.2fs / other %.2fs", st.time_draft_s, st.time_verify_s, st.time_other_s);
     if (st.fallbacks)
       fprintf(stderr, " | %d fallback(s) to target-only (%lld tokens)", st.fallbacks, (long long)st.fallback_tokens);
   } else {
@@ -235,8 +234,8 @@ int main(int argc, char** argv) {
     size_t n_ids = 0;
     int32_t* ids = fit_history(model, &h, n_system, &n_ids);
     specedge_result* r = NULL;
-    specedge_status s = ids ? specedge_generate_tokens(model, ids, n_ids, &gp, on_token, NULL, &r)
-                            : SPECEDGE_ERR_INVALID_ARGUMENT;
+    specedge_status s =
+        ids ? specedge_generate_tokens(model, ids, n_ids, &gp, on_token, NULL, &r) : SPECEDGE_ERR_INVALID_ARGUMENT;
     free(ids);
     if (s != SPECEDGE_OK) {
       fprintf(stderr, "error: %s\n", specedge_last_error());

@@ -43,13 +43,34 @@ inline void check(specedge_status s) {
 class OpenOptions {
  public:
   OpenOptions() { specedge_open_options_init(&o_); }
-  OpenOptions& backend(std::string b) { backend_ = std::move(b); return *this; }
-  OpenOptions& threads(int n) { o_.threads = n; return *this; }
-  OpenOptions& spec_tokens(int k) { o_.spec_tokens = k; return *this; }
-  OpenOptions& draft(std::string d) { draft_ = std::move(d); return *this; }
-  OpenOptions& verify(std::string v) { verify_ = std::move(v); return *this; }
-  OpenOptions& allow_spinning(int v) { o_.allow_spinning = v; return *this; }
-  OpenOptions& warmup(bool w) { o_.warmup = w ? 1 : 0; return *this; }
+  OpenOptions& backend(std::string b) {
+    backend_ = std::move(b);
+    return *this;
+  }
+  OpenOptions& threads(int n) {
+    o_.threads = n;
+    return *this;
+  }
+  OpenOptions& spec_tokens(int k) {
+    o_.spec_tokens = k;
+    return *this;
+  }
+  OpenOptions& draft(std::string d) {
+    draft_ = std::move(d);
+    return *this;
+  }
+  OpenOptions& verify(std::string v) {
+    verify_ = std::move(v);
+    return *this;
+  }
+  OpenOptions& allow_spinning(int v) {
+    o_.allow_spinning = v;
+    return *this;
+  }
+  OpenOptions& warmup(bool w) {
+    o_.warmup = w ? 1 : 0;
+    return *this;
+  }
   const specedge_open_options* get() const {
     o_.backend = backend_.empty() ? nullptr : backend_.c_str();
     o_.draft = draft_.empty() ? nullptr : draft_.c_str();

@@ -62,7 +62,8 @@ struct GqaKernel {
     if (Attr<float>(ki, "softcap", 0.f) != 0.f)
       ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: softcap is not supported", ORT_INVALID_ARGUMENT);
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
-      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: num_heads must be a multiple of kv_num_heads", ORT_INVALID_ARGUMENT);
+      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: num_heads must be a multiple of kv_num_heads",
+                        ORT_INVALID_ARGUMENT);
   }
 
   template <typename T>
@@ -82,8 +83,9 @@ struct GqaKernel {
     const std::vector<int64_t> qs = query.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> ps = past_k.GetTensorTypeAndShapeInfo().GetShape();
     if (qs.size() != 3 || ps.size() != 4 || ps[1] != kv_heads)
-      ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: query must be [B, T, hidden] and past_key [B, kv_heads, S, D]",
-                        ORT_INVALID_ARGUMENT);
+      ORT_CXX_API_THROW(
+          "ai.specedge.GroupQueryAttention: query must be [B, T, hidden] and past_key [B, kv_heads, S, D]",
+          ORT_INVALID_ARGUMENT);
     const int64_t b_n = qs[0], t_n = qs[1], slots = ps[2], d = ps[3];
     const bool packed = !key;
     if (d % kLanes != 0)
@@ -95,7 +97,8 @@ struct GqaKernel {
     auto refuse = [](const char* what) {
       ORT_CXX_API_THROW(std::string("ai.specedge.GroupQueryAttention: ") + what, ORT_INVALID_ARGUMENT);
     };
-    if (ps[0] != b_n || shape(past_v) != ps) refuse("past_key and past_value must both be [B, kv_heads, S, D] for the query's B");
+    if (ps[0] != b_n || shape(past_v) != ps)
+      refuse("past_key and past_value must both be [B, kv_heads, S, D] for the query's B");
     if (!packed) {
       const std::vector<int64_t> want{b_n, t_n, kv_heads * d};
       if (!value || shape(key) != want || shape(value) != want) refuse("key and value must be [B, T, kv_heads * D]");
@@ -126,9 +129,11 @@ struct GqaKernel {
     const float *cos_p = nullptr, *sin_p = nullptr;
     if (rotary) {
       if (!cos || !sin)
-        ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: do_rotary needs cos_cache and sin_cache", ORT_INVALID_ARGUMENT);
+        ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: do_rotary needs cos_cache and sin_cache",
+                          ORT_INVALID_ARGUMENT);
       half = cos.GetTensorTypeAndShapeInfo().GetShape()[1];
-      if (2 * half > d) ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: rotary wider than a head", ORT_INVALID_ARGUMENT);
+      if (2 * half > d)
+        ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: rotary wider than a head", ORT_INVALID_ARGUMENT);
       cos_p = cos.GetTensorData<float>();
       sin_p = sin.GetTensorData<float>();
     }
@@ -151,7 +156,8 @@ struct GqaKernel {
         const int64_t tok = b * t_n + t, slot = position + t;
         const int64_t rpos = pos_ids ? pos_ids[tok] : slot;
         if (rotary && (rpos < 0 || rpos >= rot_rows))
-          ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: position outside the rotary tables", ORT_INVALID_ARGUMENT);
+          ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: position outside the rotary tables",
+                            ORT_INVALID_ARGUMENT);
         for (int64_t h = 0; h < heads; ++h) {
           float* q = qr.data() + (tok * heads + h) * d;
           std::memcpy(q, q_in + tok * stride + h * d, d * sizeof(float));
@@ -174,11 +180,13 @@ struct GqaKernel {
           const float* row_bias = nullptr;
           if (bias_p) {
             if (bias_w < slot + 1)
-              ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: attention_bias narrower than the context", ORT_INVALID_ARGUMENT);
+              ORT_CXX_API_THROW("ai.specedge.GroupQueryAttention: attention_bias narrower than the context",
+                                ORT_INVALID_ARGUMENT);
             row_bias = bias_p + tok * bias_w;  // [B, 1, T, total]
           }
           task.rows.push_back(AttnRow{qr.data() + (tok * heads + h) * d, kc + (b * kv_heads + g) * slots * d,
-                                  vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo, slot});
+                                      vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo,
+                                      slot});
         }
       }
     }

@@ -80,7 +80,8 @@ SPECEDGE_AVX512 inline float DotAvx512(const float* a, const float* b, int64_t d
 
 SPECEDGE_AVX512 inline __m512 ExpAvx512(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
   r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
   __m512 p = _mm512_set1_ps(kP[0]);
@@ -146,7 +147,8 @@ SPECEDGE_AVX2 inline float DotAvx2(const float* a, const float* b, int64_t d) {
 
 SPECEDGE_AVX2 inline __m256 ExpAvx2(__m256 x) {
   const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
   r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
   __m256 p = _mm256_set1_ps(kP[0]);
@@ -169,8 +171,7 @@ SPECEDGE_AVX2 void AttendAvx2(const Row& r, int64_t d, float scale, std::vector<
   }
   const __m256 vmx = _mm256_set1_ps(mx);
   int64_t s = 0;
-  for (; s + 8 <= n; s += 8)
-    _mm256_storeu_ps(e.data() + s, ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(e.data() + s), vmx)));
+  for (; s + 8 <= n; s += 8) _mm256_storeu_ps(e.data() + s, ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(e.data() + s), vmx)));
   for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
   float sum = 0.f;
   for (s = 0; s < n; ++s) sum = sum + e[s];
@@ -193,7 +194,6 @@ SPECEDGE_AVX2 void AttendAvx2(const Row& r, int64_t d, float scale, std::vector<
   }
 }
 #endif
-
 
 #ifdef SPECEDGE_OPS_NEON
 // The AVX-512 path's arithmetic on 4 lanes: the 16 dot-product lanes as four registers, the exp
@@ -268,6 +268,5 @@ void RotateHalf(float* x, const float* cos, const float* sin, int64_t half) {
     x[i + half] = b * cos[i] + a * sin[i];
   }
 }
-
 
 }  // namespace specedge_ops

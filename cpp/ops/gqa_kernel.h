@@ -12,9 +12,9 @@ namespace specedge_ops {
 
 constexpr int kAttnLanes = 16;  // the head size must be a multiple of it
 
-struct AttnRow {  // one (batch, head, query row) to attend
-  const float* q;     // [D], rotated
-  const float* k;     // cache of its kv head [S, D]
+struct AttnRow {   // one (batch, head, query row) to attend
+  const float* q;  // [D], rotated
+  const float* k;  // cache of its kv head [S, D]
   const float* v;
   const float* bias;  // [total] or nullptr
   float* out;         // [D]

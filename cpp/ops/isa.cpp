@@ -56,10 +56,14 @@ Isa ActiveIsa() {
 
 const char* IsaName(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return "avx512vnni";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kNeonDot: return "neondot";
-    default: return "portable";
+    case Isa::kAvx512:
+      return "avx512vnni";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kNeonDot:
+      return "neondot";
+    default:
+      return "portable";
   }
 }
 

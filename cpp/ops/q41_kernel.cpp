@@ -29,7 +29,10 @@ float HalfToFloat(uint16_t h) {
       bits = sign;
     } else {  // subnormal: normalise
       int e = -1;
-      do { ++e; man <<= 1; } while ((man & 0x400) == 0);
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400) == 0);
       bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3FF) << 13;
     }
   } else if (exp == 31) {
@@ -178,8 +181,8 @@ SPECEDGE_AVX512 inline void TileAvx512(const Job& j, int64_t g0, int64_t r0) {
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * j.nb + b;
         const __m512 s = _mm512_set1_ps(j.act->sum[rb]);
-        acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(j.act->scale[rb])),
-                                    _mm512_cvtepi32_ps(dot[r][g]), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(j.act->scale[rb])), _mm512_cvtepi32_ps(dot[r][g]),
+                                    acc[r][g]);
         acc[r][g] = _mm512_fmadd_ps(m, s, acc[r][g]);
         acc[r][g] = _mm512_fmadd_ps(d8, s, acc[r][g]);
       }
@@ -301,7 +304,8 @@ SPECEDGE_AVX2 inline void TileAvx2(const Job& j, int64_t g0, int64_t r0) {
           const int64_t rb = (r0 + r) * j.nb + b;
           const __m256 s = _mm256_set1_ps(j.act->sum[rb]);
           __m256& a = acc[r][g][half];
-          a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(j.act->scale[rb])), _mm256_cvtepi32_ps(dot[r][g][half]), a);
+          a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(j.act->scale[rb])), _mm256_cvtepi32_ps(dot[r][g][half]),
+                              a);
           a = _mm256_fmadd_ps(m, s, a);
           a = _mm256_fmadd_ps(d8, s, a);
         }
@@ -330,7 +334,6 @@ void TaskAvx2(void* data, size_t task) {
 }
 
 #endif
-
 
 #ifdef SPECEDGE_OPS_NEON
 // QuantizeAvx512's arithmetic on 4 lanes (the same bits): max |a|, the pairwise block sum,
@@ -404,8 +407,10 @@ SPECEDGE_DOTPROD inline void TileNeon(const Job& j, int64_t g, int64_t r0) {
       }
     }
     for (int c = 0; c < 4; ++c) {
-      const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(blk + 256) + 4 * c)));
-      const float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(blk + 288) + 4 * c)));
+      const float32x4_t d =
+          vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(blk + 256) + 4 * c)));
+      const float32x4_t m =
+          vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(blk + 288) + 4 * c)));
       const float32x4_t d8 = vmulq_n_f32(d, 8.f);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * j.nb + b;
@@ -452,13 +457,17 @@ size_t Q41Tasks(int64_t n) { return static_cast<size_t>((n / kRows + kGroupsPerT
 void Q41Task(void* job, size_t task) {
   switch (static_cast<const Job*>(job)->isa) {
 #ifdef SPECEDGE_OPS_X86
-    case Isa::kAvx512: return TaskAvx512(job, task);
-    case Isa::kAvx2: return TaskAvx2(job, task);
+    case Isa::kAvx512:
+      return TaskAvx512(job, task);
+    case Isa::kAvx2:
+      return TaskAvx2(job, task);
 #endif
 #ifdef SPECEDGE_OPS_NEON
-    case Isa::kNeonDot: return TaskNeon(job, task);
+    case Isa::kNeonDot:
+      return TaskNeon(job, task);
 #endif
-    default: return TaskPortable(job, task);
+    default:
+      return TaskPortable(job, task);
   }
 }
 

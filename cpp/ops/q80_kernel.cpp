@@ -117,8 +117,8 @@ SPECEDGE_AVX2 void TileAvx2(const Job& j, int64_t g, int64_t r0) {
       const __m256 sw = _mm256_loadu_ps(Scales(blk) + 8 * half);
       for (int r = 0; r < R; ++r) {
         const int64_t rb = (r0 + r) * j.nb + b;
-        const __m256i dot = _mm256_sub_epi32(_mm256_permute4x64_epi64(sum[r], 0xD8),
-                                             _mm256_set1_epi32(128 * j.act->qsum[rb]));
+        const __m256i dot =
+            _mm256_sub_epi32(_mm256_permute4x64_epi64(sum[r], 0xD8), _mm256_set1_epi32(128 * j.act->qsum[rb]));
         const __m256 s = _mm256_mul_ps(sw, _mm256_set1_ps(j.act->scale[rb]));
         acc[r][half] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), acc[r][half]);
       }

@@ -11,9 +11,9 @@
 
 namespace specedge_ops {
 
-constexpr int64_t kQ80K = 32;        // values per block
-constexpr int64_t kQ80Rows = 16;     // output rows per group
-constexpr int64_t kQ80Block = 576;   // packed bytes per group and block: 512 codes, 16 fp32 scales
+constexpr int64_t kQ80K = 32;       // values per block
+constexpr int64_t kQ80Rows = 16;    // output rows per group
+constexpr int64_t kQ80Block = 576;  // packed bytes per group and block: 512 codes, 16 fp32 scales
 
 // MatMulNBits' 8-bit weights (B [N, K/32, 32] codes u, w = (u - 128)·scale; scales [N, K/32]),
 // packed once per session as [N/16, K/32, 576]: byte 64i + 4r + c holds u[16g + r, 32b + 4i + c]

@@ -3,10 +3,10 @@
 //
 // ai.specedge.MatMulQ41(A [..., K] float, W uint8 [N/16, K/32, 320]) -> Y [..., N]
 //
-// A times a GGUF Q4_1 weight, w[n, 32b + j] = d[n, b]·q[n, 32b + j] + m[n, b] (q in 0..15; d, m fp16). ONNX Runtime's MatMulNBits cannot hold m (a uint8
-// zero point cannot, a float one runs a 12x slower path), so the exported graph otherwise adds a
-// block-sum correction of four nodes per weight; this kernel reads d, m and the codes together
-// (0.625 bytes per weight, the GGUF's own size) and needs no correction (docs/design.md "The specedge int4 kernel").
+// A times a GGUF Q4_1 weight, w[n, 32b + j] = d[n, b]·q[n, 32b + j] + m[n, b] (q in 0..15; d, m fp16). ONNX Runtime's
+// MatMulNBits cannot hold m (a uint8 zero point cannot, a float one runs a 12x slower path), so the exported graph
+// otherwise adds a block-sum correction of four nodes per weight; this kernel reads d, m and the codes together (0.625
+// bytes per weight, the GGUF's own size) and needs no correction (docs/design.md "The specedge int4 kernel").
 //
 // Arithmetic, the same for every row whatever the number of rows (batch invariance, which exact
 // speculation needs): A is quantized per block of 32 to int8 like MatMulNBits' accuracy level 4
@@ -75,8 +75,7 @@ struct Q80Kernel {
     int b_const = 0, s_const = 0;
     const Ort::ConstValue b = ki.GetTensorConstantInput(1, &b_const);
     const Ort::ConstValue s = ki.GetTensorConstantInput(2, &s_const);
-    if (!b_const || !s_const)
-      ORT_CXX_API_THROW("MatMulQ80: B and scales must be initializers", ORT_INVALID_ARGUMENT);
+    if (!b_const || !s_const) ORT_CXX_API_THROW("MatMulQ80: B and scales must be initializers", ORT_INVALID_ARGUMENT);
     const std::vector<int64_t> bs = b.GetTensorTypeAndShapeInfo().GetShape();
     if (bs.size() != 3 || bs[2] != kQ80K || bs[0] % kQ80Rows != 0 ||
         static_cast<int64_t>(s.GetTensorTypeAndShapeInfo().GetElementCount()) != bs[0] * bs[1])
@@ -129,7 +128,7 @@ __attribute__((visibility("default"))) const char* specedge_ops_isa() {
 }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
-                                                                                const OrtApiBase* api_base) {
+                                                                                 const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
   if (api == nullptr) return nullptr;  // cannot even report: an ONNX Runtime older than these headers
   Ort::InitApi(api);

@@ -62,7 +62,7 @@ class Backend {
   // false when the graph returns none or the backend cannot. Off by default, so other drafters pay nothing.
   virtual bool keep_features() { return false; }
   virtual const float* features() const { return nullptr; }  // [max_seq, feature_dim]; nullptr unless kept
-  virtual int feature_dim() const { return 0; }                // 0 unless keep_features()
+  virtual int feature_dim() const { return 0; }              // 0 unless keep_features()
 
  protected:
   Backend(const Manifest& m, const ModelSpec& spec)

@@ -20,12 +20,12 @@ enum Kind { kModel, kTraining, kFunction, kGraph, kNode, kAttribute, kSparse, kT
 
 Kind child_kind(Kind parent, uint64_t field, bool* found) {
   static const std::map<std::pair<int, uint64_t>, Kind> table = {
-      {{kModel, 7}, kGraph},      {{kModel, 20}, kTraining},  {{kModel, 25}, kFunction},
-      {{kTraining, 1}, kGraph},   {{kTraining, 2}, kGraph},   {{kFunction, 7}, kNode},
-      {{kFunction, 11}, kAttribute}, {{kGraph, 1}, kNode},    {{kGraph, 5}, kTensor},
-      {{kGraph, 15}, kSparse},    {{kNode, 5}, kAttribute},   {{kAttribute, 5}, kTensor},
-      {{kAttribute, 6}, kGraph},  {{kAttribute, 10}, kTensor}, {{kAttribute, 11}, kGraph},
-      {{kAttribute, 22}, kSparse}, {{kAttribute, 23}, kSparse}, {{kSparse, 1}, kTensor},
+      {{kModel, 7}, kGraph},         {{kModel, 20}, kTraining},   {{kModel, 25}, kFunction},
+      {{kTraining, 1}, kGraph},      {{kTraining, 2}, kGraph},    {{kFunction, 7}, kNode},
+      {{kFunction, 11}, kAttribute}, {{kGraph, 1}, kNode},        {{kGraph, 5}, kTensor},
+      {{kGraph, 15}, kSparse},       {{kNode, 5}, kAttribute},    {{kAttribute, 5}, kTensor},
+      {{kAttribute, 6}, kGraph},     {{kAttribute, 10}, kTensor}, {{kAttribute, 11}, kGraph},
+      {{kAttribute, 22}, kSparse},   {{kAttribute, 23}, kSparse}, {{kSparse, 1}, kTensor},
       {{kSparse, 2}, kTensor}};
   auto it = table.find({parent, field});
   *found = it != table.end();
@@ -132,7 +132,8 @@ std::vector<std::string> external_locations(const std::string& b) {
     Item it = stack.back();
     stack.pop_back();
     if (it.depth > kMaxNesting)
-      throw std::invalid_argument("it nests subgraphs more than " + std::to_string(kMaxNesting) + " protobuf levels deep");
+      throw std::invalid_argument("it nests subgraphs more than " + std::to_string(kMaxNesting) +
+                                  " protobuf levels deep");
     if (it.kind == kTensor) {
       std::string loc;
       if (tensor_location(b, it.start, it.end, &loc) && std::find(found.begin(), found.end(), loc) == found.end())

@@ -16,13 +16,16 @@ class CacheTracker {
   CacheTracker(Backend* b, int chunk) : backend_(b), chunk_(chunk) {}
   int position() const { return int(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
-  void reset() { tokens_.clear(); exact_ = 0; }
+  void reset() {
+    tokens_.clear();
+    exact_ = 0;
+  }
   void rollback(int position);
   // Keep the longest whole-chunk prefix shared with `prompt` (all of it but its last token when
   // keep_last): a chunk's slots are only reused when a prefill wrote them in that same chunking.
   int reuse(const std::vector<int32_t>& prompt, bool keep_last = true);
-  const float* feed(const int32_t* ids, int n);            // one call: logits [n, V]
-  const float* feed_chunked(const int32_t* ids, int n);    // last row's logits [V]
+  const float* feed(const int32_t* ids, int n);          // one call: logits [n, V]
+  const float* feed_chunked(const int32_t* ids, int n);  // last row's logits [V]
   // Record that slots [position, position + n) now hold `ids`, written by someone else (copied K/V).
   void adopt(const int32_t* ids, int n) { tokens_.insert(tokens_.end(), ids, ids + n); }
   Backend* backend() const { return backend_; }

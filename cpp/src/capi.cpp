@@ -39,8 +39,9 @@ class Turn {
  public:
   explicit Turn(specedge_model* m) : m_(m) {
     if (m_->owner.load() == std::this_thread::get_id())
-      fail_arg("the model is busy: a generation on this handle called back into it from its token callback "
-               "(finish that generation first; open one handle per concurrent request)");
+      fail_arg(
+          "the model is busy: a generation on this handle called back into it from its token callback "
+          "(finish that generation first; open one handle per concurrent request)");
     m_->busy.lock();
     m_->owner.store(std::this_thread::get_id());
   }
@@ -149,8 +150,7 @@ specedge_status run(specedge_model* model, const std::vector<int32_t>* ids, cons
       prompt_ids = model->engine->encode(prompt);
     }
     TokenCallback f;
-    if (cb)
-      f = [&](int32_t tok, const std::string& text) { return cb(user, tok, text.c_str(), text.size()) == 0; };
+    if (cb) f = [&](int32_t tok, const std::string& text) { return cb(user, tok, text.c_str(), text.size()) == 0; };
     auto r = std::make_unique<specedge_result>();
     Turn turn(model);
     r->r = model->engine->generate(prompt_ids, cfg, f);
@@ -320,12 +320,18 @@ const char* specedge_last_error(void) { return g_error.c_str(); }
 
 const char* specedge_status_name(specedge_status s) {
   switch (s) {
-    case SPECEDGE_OK: return "ok";
-    case SPECEDGE_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case SPECEDGE_ERR_BUNDLE: return "bad bundle";
-    case SPECEDGE_ERR_BACKEND: return "backend error";
-    case SPECEDGE_ERR_IO: return "I/O error";
-    case SPECEDGE_ERR_INTERNAL: return "internal error";
+    case SPECEDGE_OK:
+      return "ok";
+    case SPECEDGE_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case SPECEDGE_ERR_BUNDLE:
+      return "bad bundle";
+    case SPECEDGE_ERR_BACKEND:
+      return "backend error";
+    case SPECEDGE_ERR_IO:
+      return "I/O error";
+    case SPECEDGE_ERR_INTERNAL:
+      return "internal error";
   }
   return "unknown status";
 }

@@ -73,9 +73,9 @@ Engine::Engine(const std::string& bundle, const EngineOptions& opts) {
   target_ = make_backend(m_, m_.target, bo);
   vocab_ = int(std::min<int64_t>(m_.tokenizer_vocab_size, target_->vocab_size()));
   tcache_ = std::make_unique<CacheTracker>(target_.get(), m_.prefill_chunk);
-  tcache_->set_invariant_steps(wants_invariant_steps(m_.target.precision) &&
-                               !batch_invariant_here(target_->graph() ? *target_->graph() : m_.target.graph_for(bo.backend),
-                                                     *target_));
+  tcache_->set_invariant_steps(
+      wants_invariant_steps(m_.target.precision) &&
+      !batch_invariant_here(target_->graph() ? *target_->graph() : m_.target.graph_for(bo.backend), *target_));
   std::unique_ptr<Drafter> drafter = make_drafter(draft, bo);
   spec_tokens_ = opts.spec_tokens ? opts.spec_tokens : m_.spec_tokens;
   check_call_size(*target_, spec_tokens_);

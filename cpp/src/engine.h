@@ -22,10 +22,10 @@ namespace specedge {
 
 struct EngineOptions {
   BackendOptions backend;
-  int spec_tokens = 0;        // 0 = bundle's
-  std::string draft;          // "", "model", "ngram", "head" (the bundle's trained draft head; on ort-cpu beside any target)
+  int spec_tokens = 0;  // 0 = bundle's
+  std::string draft;    // "", "model", "ngram", "head" (the bundle's trained draft head; on ort-cpu beside any target)
   std::string verify = "full";
-  int allow_spinning = -1;    // -1 auto
+  int allow_spinning = -1;  // -1 auto
   bool warmup = true;
 };
 

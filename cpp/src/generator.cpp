@@ -14,7 +14,8 @@ void check_call_size(const Backend& target, int k) {
   if (k + 1 > cap)
     fail_arg("spec_tokens (k) " + std::to_string(k) + " needs " + std::to_string(k + 1) +
              " tokens per verification call, but the target's " + target.name() + " engine takes at most " +
-             std::to_string(cap) + " (use k <= " + std::to_string(cap - 1) + ", or rebuild the engines for a larger k)");
+             std::to_string(cap) + " (use k <= " + std::to_string(cap - 1) +
+             ", or rebuild the engines for a larger k)");
 }
 
 // One request's running state: what was committed, its text, the policy, the counts and timings.

@@ -71,12 +71,12 @@ class Generator {
   // `target`: the target's cache (its backend the target); `drafter` may be null (target only);
   // `vocab`: ids that may be generated; `static_costs`: the costs a seeded sampling run decides
   // with, so the same seed gives the same output whatever the machine's timing noise.
-  Generator(const Manifest& m, const Tokenizer& tok, CacheTracker& target, std::unique_ptr<Drafter> drafter,
-            int vocab, int spec_tokens, CostModel static_costs);
+  Generator(const Manifest& m, const Tokenizer& tok, CacheTracker& target, std::unique_ptr<Drafter> drafter, int vocab,
+            int spec_tokens, CostModel static_costs);
   ~Generator();
   GenResult run(const std::vector<int32_t>& prompt, const GenConfig& cfg, const TokenCallback& cb);
-  void reset();                           // forget every cache's content (after a warm-up)
-  CostModel& costs() { return costs_; }   // measured at load, refined while generating
+  void reset();                          // forget every cache's content (after a warm-up)
+  CostModel& costs() { return costs_; }  // measured at load, refined while generating
   Drafter* drafter() const { return drafter_.get(); }
   // Put another drafter in (a wrapper around the one taken out, say); returns the one it replaces.
   std::unique_ptr<Drafter> replace_drafter(std::unique_ptr<Drafter> d);

@@ -21,8 +21,9 @@ bool batch_invariant_here(const GraphSpec& g, Backend& target) {
   const std::vector<float> row(single, single + v);
   const float* pair = target.run(two, 2, 0);
   if (std::memcmp(row.data(), pair, v * sizeof(float)) == 0) return true;
-  std::fprintf(stderr, "specedge: warning: the target graph is marked batch-invariant, but on this machine a "
-                       "single-token call's row differs from a verification row: single-token steps run as 2 tokens\n");
+  std::fprintf(stderr,
+               "specedge: warning: the target graph is marked batch-invariant, but on this machine a "
+               "single-token call's row differs from a verification row: single-token steps run as 2 tokens\n");
   return false;
 }
 

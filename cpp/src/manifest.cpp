@@ -22,11 +22,16 @@ constexpr uintmax_t kMaxManifestBytes = uintmax_t(64) << 20;  // real manifests 
 
 const char* type_name(json::value_t t) {
   switch (t) {
-    case json::value_t::string: return "str";
-    case json::value_t::object: return "dict";
-    case json::value_t::array: return "list";
-    case json::value_t::boolean: return "bool";
-    default: return "int";
+    case json::value_t::string:
+      return "str";
+    case json::value_t::object:
+      return "dict";
+    case json::value_t::array:
+      return "list";
+    case json::value_t::boolean:
+      return "bool";
+    default:
+      return "int";
   }
 }
 
@@ -102,11 +107,12 @@ void features(const json& d, const std::string& where, ModelSpec& m) {
   if (!f.is_object()) fail_bundle("the manifest's 'features' in " + where + " must be an object");
   const json& layers = req(f, "layers", json::value_t::array, where + ".features");
   bool ok = !layers.empty();
-  for (const json& i : layers) ok = ok && i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < m.num_layers;
+  for (const json& i : layers)
+    ok = ok && i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < m.num_layers;
   if (!ok) fail_bundle("the manifest's features.layers in " + where + " must list layers of the model");
   for (const json& i : layers) m.feature_layers.push_back(int(i.get<int64_t>()));
-  m.features_dim = int(bounded(req_int(f, "dim", where + ".features"), 1, kMaxHeads * kMaxHeadDim * int64_t(layers.size()),
-                               where + " features.dim"));
+  m.features_dim = int(bounded(req_int(f, "dim", where + ".features"), 1,
+                               kMaxHeads * kMaxHeadDim * int64_t(layers.size()), where + " features.dim"));
 }
 
 // A draft head's `extra`: the width of its features input, its vocabulary map file and the
@@ -114,7 +120,8 @@ void features(const json& d, const std::string& where, ModelSpec& m) {
 void head_extra(const json& d, ModelSpec& m) {
   const json extra = d.contains("extra") && d.at("extra").is_object() ? d.at("extra") : json::object();
   if (!extra.contains("feature_dim") || !extra["feature_dim"].is_number_integer() ||
-      extra["feature_dim"].get<int64_t>() < 1 || extra["feature_dim"].get<int64_t>() > kMaxHeads * kMaxHeadDim * kMaxLayers)
+      extra["feature_dim"].get<int64_t>() < 1 ||
+      extra["feature_dim"].get<int64_t>() > kMaxHeads * kMaxHeadDim * kMaxLayers)
     fail_bundle("the manifest's draft head has no valid extra.feature_dim");
   m.feature_dim = int(extra["feature_dim"].get<int64_t>());
   if (m.hidden_size < 1) fail_bundle("the manifest's draft head has no hidden_size");
@@ -152,7 +159,8 @@ ModelSpec model(const json& d, const std::string& role) {
     fail_bundle("the manifest's " + role + " model has unknown kind '" + m.kind + "'");
   m.precision = req_str(d, "precision", where);
   if (!one_of(m.precision, kPrecisions))
-    fail_bundle("the manifest's " + role + " precision '" + m.precision + "' is not one of fp32, fp16, bf16, int8, int4");
+    fail_bundle("the manifest's " + role + " precision '" + m.precision +
+                "' is not one of fp32, fp16, bf16, int8, int4");
   m.family = req_str(d, "family", where);
   m.kv_dtype = req_str(d, "kv_dtype", where);
   m.num_layers = int(bounded(req_int(d, "num_layers", where), 1, kMaxLayers, role + " num_layers"));
@@ -162,8 +170,10 @@ ModelSpec model(const json& d, const std::string& role) {
   m.weight_bytes = opt_int(d, "weight_bytes");
   m.hidden_size = int(std::clamp<int64_t>(opt_int(d, "hidden_size"), 0, kMaxHeads * kMaxHeadDim));
   for (const json& t : req(d, "inputs", json::value_t::array, where)) m.inputs.push_back(tensor(t, where + ".inputs"));
-  for (const json& t : req(d, "outputs", json::value_t::array, where)) m.outputs.push_back(tensor(t, where + ".outputs"));
-  if (!one_of(m.kv_dtype, kKvDtypes)) fail_bundle("the manifest's " + role + " kv_dtype '" + m.kv_dtype + "' is not supported");
+  for (const json& t : req(d, "outputs", json::value_t::array, where))
+    m.outputs.push_back(tensor(t, where + ".outputs"));
+  if (!one_of(m.kv_dtype, kKvDtypes))
+    fail_bundle("the manifest's " + role + " kv_dtype '" + m.kv_dtype + "' is not supported");
   features(d, where, m);
   if (role == "head") head_extra(d, m);
   const json& graphs = req(d, "graphs", json::value_t::array, where);
@@ -175,13 +185,15 @@ ModelSpec model(const json& d, const std::string& role) {
     for (const json& b : req(g, "backends", json::value_t::array, where + ".graphs"))
       gs.backends.push_back(b.is_string() ? b.get<std::string>() : b.dump());
     if (g.contains("external_data")) {
-      if (!g["external_data"].is_array()) fail_bundle("the manifest's external_data in " + where + ".graphs must be a list");
+      if (!g["external_data"].is_array())
+        fail_bundle("the manifest's external_data in " + where + ".graphs must be a list");
       for (const json& x : g["external_data"]) {
         if (!x.is_string()) fail_bundle("the manifest names an empty or non-text file path: " + x.dump());
         gs.external_data.push_back(x.get<std::string>());
       }
     }
-    for (auto [name, flag] : {std::pair<const char*, bool*>{"tree", &gs.tree}, {"batch_invariant", &gs.batch_invariant}}) {
+    for (auto [name, flag] :
+         {std::pair<const char*, bool*>{"tree", &gs.tree}, {"batch_invariant", &gs.batch_invariant}}) {
       if (!g.contains(name)) continue;
       if (!g[name].is_boolean())
         fail_bundle(std::string("the manifest's '") + name + "' in " + where + ".graphs must be true or false, got " +
@@ -191,13 +203,16 @@ ModelSpec model(const json& d, const std::string& role) {
     if (g.contains("custom_ops")) {
       const json& ops = g["custom_ops"];
       if (!ops.is_array())
-        fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " + ops.dump());
+        fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " +
+                    ops.dump());
       for (const json& x : ops) {
         if (!x.is_string())
-          fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " + ops.dump());
+          fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs must be a list of library names, got " +
+                      ops.dump());
         if (x.get<std::string>() != "specedge_ops")
-          fail_bundle("the manifest's 'custom_ops' in " + where + ".graphs names '" + x.get<std::string>() +
-                      "', which this specedge does not provide (it has 'specedge_ops'): the bundle needs a newer specedge");
+          fail_bundle(
+              "the manifest's 'custom_ops' in " + where + ".graphs names '" + x.get<std::string>() +
+              "', which this specedge does not provide (it has 'specedge_ops'): the bundle needs a newer specedge");
         gs.custom_ops.push_back(x.get<std::string>());
       }
     }
@@ -307,14 +322,17 @@ Manifest parse_manifest(const std::string& text, const std::string& root) {
   m.tokenizer_vocab_size = bounded(req_int(tok, "vocab_size", "tokenizer"), 2, kMaxVocab, "tokenizer.vocab_size");
   if (tok.contains("add_bos")) {
     const json& a = tok["add_bos"];
-    m.add_bos = a.is_boolean() ? a.get<bool>() : (a.is_number() ? a.get<double>() != 0 : (a.is_string() && !a.get<std::string>().empty()));
+    m.add_bos = a.is_boolean()
+                    ? a.get<bool>()
+                    : (a.is_number() ? a.get<double>() != 0 : (a.is_string() && !a.get<std::string>().empty()));
   }
   for (const json& f : req(tok, "files", json::value_t::array, "tokenizer")) {
     if (!f.is_string()) fail_bundle("the manifest names an empty or non-text file path: " + f.dump());
     m.tokenizer_files.push_back(f.get<std::string>());
   }
   if (tok.contains("chat_template") && !tok["chat_template"].is_null()) {
-    if (!tok["chat_template"].is_string()) fail_bundle("the manifest's tokenizer.chat_template must be a file path or null");
+    if (!tok["chat_template"].is_string())
+      fail_bundle("the manifest's tokenizer.chat_template must be a file path or null");
     std::string ct = tok["chat_template"];
     if (!ct.empty()) m.chat_template = ct;
   }
@@ -343,7 +361,8 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   } catch (const Error& e) {
     std::string msg = e.what();
     if (msg.rfind("the manifest is not valid JSON", 0) == 0)
-      fail_bundle(mpath.string() + " is not valid JSON" + msg.substr(std::string("the manifest is not valid JSON").size()));
+      fail_bundle(mpath.string() + " is not valid JSON" +
+                  msg.substr(std::string("the manifest is not valid JSON").size()));
     throw;
   }
   std::vector<std::string> referenced = m.tokenizer_files;
@@ -365,12 +384,12 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
   for (const auto& kv : m.files) {
     fs::file_status st = fs::status(resolve_inside(bundle, kv.first), ec);
     if (ec || st.type() == fs::file_type::not_found || st.type() == fs::file_type::regular) continue;
-    const char* kind = st.type() == fs::file_type::directory ? "a folder"
-                       : st.type() == fs::file_type::fifo    ? "a named pipe"
-                       : st.type() == fs::file_type::socket  ? "a socket"
+    const char* kind = st.type() == fs::file_type::directory   ? "a folder"
+                       : st.type() == fs::file_type::fifo      ? "a named pipe"
+                       : st.type() == fs::file_type::socket    ? "a socket"
                        : st.type() == fs::file_type::character ? "a character device"
-                       : st.type() == fs::file_type::block   ? "a block device"
-                                                             : "not a file";
+                       : st.type() == fs::file_type::block     ? "a block device"
+                                                               : "not a file";
     fail_bundle("the bundle's file '" + kv.first + "' is " + kind + ", not a regular file: refused before opening it");
   }
   if (verify != "none") {
@@ -392,8 +411,9 @@ Manifest load_manifest(const std::string& bundle, const std::string& verify) {
                 std::to_string(usable) + " ids the target and the tokenizer share");
   // a draft head trained for another target (its fingerprint differs) is refused (check_head_matches)
   if (m.has_head && m.head.target_fingerprint != target_fingerprint(m))
-    fail_bundle("the bundle's draft head was trained for another target (its target checksum differs): train it "
-                "again with `specedge train-draft`");
+    fail_bundle(
+        "the bundle's draft head was trained for another target (its target checksum differs): train it "
+        "again with `specedge train-draft`");
   return m;
 }
 

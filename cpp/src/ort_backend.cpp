@@ -38,9 +38,18 @@ Ort::Env& env(const BackendOptions& opts, PoolKey* global) {
 }
 
 ONNXTensorElementDataType element_type(const std::string& dtype, size_t* bytes) {
-  if (dtype == "float32") { *bytes = 4; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-  if (dtype == "float16") { *bytes = 2; return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
-  if (dtype == "bfloat16") { *bytes = 2; return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
+  if (dtype == "float32") {
+    *bytes = 4;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  if (dtype == "float16") {
+    *bytes = 2;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+  if (dtype == "bfloat16") {
+    *bytes = 2;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
   fail_bundle("unsupported KV dtype '" + dtype + "'");
 }
 
@@ -160,10 +169,12 @@ struct OrtBackend::Impl {
     if (head) {
       bind_in("features", in_feat.data(), size_t(B) * t * F * 4, {B, t, F}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
       bind_in("hidden", in_hidden.data(), size_t(B) * t * HH * 4, {B, t, HH}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-      bind_out("hidden_out", out_hidden.data(), size_t(B) * t * HH * 4, {B, t, HH}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+      bind_out("hidden_out", out_hidden.data(), size_t(B) * t * HH * 4, {B, t, HH},
+               ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
     }
     if (keep_feat)
-      bind_out(kFeaturesOutput, feat_out.data(), size_t(B) * t * TF * 4, {B, t, TF}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+      bind_out(kFeaturesOutput, feat_out.data(), size_t(B) * t * TF * 4, {B, t, TF},
+               ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
     size_t delta_elems = size_t(B) * H * t * D;
     for (int kind = 0; kind < 2; ++kind) {
       const char* kname = kind ? "value" : "key";
@@ -198,9 +209,10 @@ void warn_if_portable(const std::string& path) {
     using IsaFn = const char* (*)();
     auto fn = reinterpret_cast<IsaFn>(dlsym(lib, "specedge_ops_isa"));
     if (fn && std::string(fn()) == "portable")
-      std::fprintf(stderr, "specedge: warning: specedge's CPU kernels run their portable path on this CPU (it has no "
-                           "AVX2): a step takes about 10x as long as with AVX2 or AVX-512; re-export the bundle without "
-                           "--int4-kernel specedge for ONNX Runtime's kernels\n");
+      std::fprintf(stderr,
+                   "specedge: warning: specedge's CPU kernels run their portable path on this CPU (it has no "
+                   "AVX2): a step takes about 10x as long as with AVX2 or AVX-512; re-export the bundle without "
+                   "--int4-kernel specedge for ONNX Runtime's kernels\n");
     dlclose(lib);
   });
 }
@@ -250,7 +262,8 @@ std::string find_ops_library(const std::string& role, const std::string& graph) 
       warn_if_portable(p);
       return p;
     }
-  fail_backend("the " + role + " graph '" + graph + "' uses specedge's CPU kernels, but libspecedge_ops.so was not found" +
+  fail_backend("the " + role + " graph '" + graph +
+               "' uses specedge's CPU kernels, but libspecedge_ops.so was not found" +
                (tried.empty() ? std::string() : " (looked at " + tried[0] + ")") +
                ": build it with the C++ runtime (cmake --build), set SPECEDGE_OPS_LIB to its path, or re-export the "
                "bundle without --int4-kernel specedge");
@@ -294,8 +307,10 @@ const GraphSpec& choose_int4_graph(const ModelSpec& spec, const std::string& bac
   }
   static std::once_flag once;
   std::call_once(once, [&] {
-    std::fprintf(stderr, "specedge: note: int4 graphs run on ONNX Runtime's MatMulNBits: %s (exact either way; "
-                         "specedge's kernels are faster where they run)\n", no.c_str());
+    std::fprintf(stderr,
+                 "specedge: note: int4 graphs run on ONNX Runtime's MatMulNBits: %s (exact either way; "
+                 "specedge's kernels are faster where they run)\n",
+                 no.c_str());
   });
   if (why) *why = no;
   return *plain;
@@ -360,8 +375,10 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   // Check the graph's names against the contract (docs/design.md).
   std::vector<std::string> got_in, got_out;
   Ort::AllocatorWithDefaultOptions alloc;
-  for (size_t i = 0; i < s.session->GetInputCount(); ++i) got_in.push_back(s.session->GetInputNameAllocated(i, alloc).get());
-  for (size_t i = 0; i < s.session->GetOutputCount(); ++i) got_out.push_back(s.session->GetOutputNameAllocated(i, alloc).get());
+  for (size_t i = 0; i < s.session->GetInputCount(); ++i)
+    got_in.push_back(s.session->GetInputNameAllocated(i, alloc).get());
+  for (size_t i = 0; i < s.session->GetOutputCount(); ++i)
+    got_out.push_back(s.session->GetOutputNameAllocated(i, alloc).get());
   std::vector<std::string> want_in{"input_ids", "position"}, want_out{"logits"};
   if (s.tree) want_in.push_back("tree_mask");
   if (s.head) {
@@ -385,7 +402,8 @@ OrtBackend::OrtBackend(const Manifest& m, const ModelSpec& spec, const BackendOp
   for (const auto& n : got_in)
     if (!has(want_in, n)) fail_bundle("the " + spec.role + " graph has an unexpected input '" + n + "'");
   for (const auto& n : want_out)
-    if (!has(got_out, n)) fail_bundle("the " + spec.role + " graph lacks output '" + n + "' that the manifest promises");
+    if (!has(got_out, n))
+      fail_bundle("the " + spec.role + " graph lacks output '" + n + "' that the manifest promises");
   for (const auto& n : got_out)
     if (!has(want_out, n)) s.extra_outputs.push_back(n);
   // sizes come from a checked manifest, but guard the multiplication anyway
@@ -497,7 +515,8 @@ void OrtBackend::keep_path(int position, const std::vector<int>& path) {
   if (s.keep_feat) {
     float* rows = s.feat_store.data();
     for (const auto& [src, dst] : moves)
-      std::memcpy(rows + size_t(position + dst) * s.TF, rows + size_t(position + src) * s.TF, size_t(s.TF) * sizeof(float));
+      std::memcpy(rows + size_t(position + dst) * s.TF, rows + size_t(position + src) * s.TF,
+                  size_t(s.TF) * sizeof(float));
   }
 }
 
@@ -514,10 +533,14 @@ const float* OrtBackend::run_head(const int32_t* ids, int t, int position, const
   for (int b = 0; b < s.B; ++b) {
     float* f = s.in_feat.data() + size_t(b) * t * s.F;
     float* h = s.in_hidden.data() + size_t(b) * t * s.HH;
-    if (features) std::memcpy(f, features, size_t(t) * s.F * sizeof(float));
-    else std::fill(f, f + size_t(t) * s.F, 0.f);
-    if (hidden) std::memcpy(h, hidden, size_t(t) * s.HH * sizeof(float));
-    else std::fill(h, h + size_t(t) * s.HH, 0.f);
+    if (features)
+      std::memcpy(f, features, size_t(t) * s.F * sizeof(float));
+    else
+      std::fill(f, f + size_t(t) * s.F, 0.f);
+    if (hidden)
+      std::memcpy(h, hidden, size_t(t) * s.HH * sizeof(float));
+    else
+      std::fill(h, h + size_t(t) * s.HH, 0.f);
   }
   const float* logits = run(ids, t, position);
   if (hidden_out) *hidden_out = s.out_hidden.data();

@@ -43,8 +43,15 @@ void CostModel::observe_target(int t, double s) {
 void CostModel::observe_draft(double s) { draft = ema(draft, s); }
 
 SpecController::SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive, int k_max, bool trees)
-    : k_start(k), k_(k), costs_(costs), guard_(guard), learn_(learn), adaptive_(adaptive), trees_(trees),
-      k_max_(std::max(k_max, k)), k_seen_(k) {
+    : k_start(k),
+      k_(k),
+      costs_(costs),
+      guard_(guard),
+      learn_(learn),
+      adaptive_(adaptive),
+      trees_(trees),
+      k_max_(std::max(k_max, k)),
+      k_seen_(k) {
   if (guard_ && learn_) {
     // an earlier request found this draft cannot pay: go on with its fallback
     if (costs_->carry_backoff > 0) backoff_ = costs_->carry_backoff;
@@ -98,9 +105,7 @@ double SpecController::step_cost(int t) const {
   return costs_->target_cost(t) * load_scale();
 }
 
-double SpecController::draft_cost() const {
-  return local_draft >= 0 ? local_draft : costs_->draft * load_scale();
-}
+double SpecController::draft_cost() const { return local_draft >= 0 ? local_draft : costs_->draft * load_scale(); }
 
 int SpecController::call_size(int k) const {
   if (!use_tree) return k + 1;

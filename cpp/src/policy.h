@@ -13,22 +13,22 @@
 namespace specedge {
 
 namespace policy {
-constexpr double kEmaWeight = 0.2;        // weight of a new cost measurement in the moving average
-constexpr double kSpikeClamp = 2.0;       // a measurement counts at most this many times the estimate
-constexpr double kPriorAccepted = 2.0;    // prior of the acceptance estimate: alpha = 2/3
+constexpr double kEmaWeight = 0.2;      // weight of a new cost measurement in the moving average
+constexpr double kSpikeClamp = 2.0;     // a measurement counts at most this many times the estimate
+constexpr double kPriorAccepted = 2.0;  // prior of the acceptance estimate: alpha = 2/3
 constexpr double kPriorRejected = 1.0;
-constexpr double kDecay = 0.9;            // per-round decay of acceptance counts and of the window
-constexpr int kWindow = 48;               // rounds kept for the counterfactual E(k)
-constexpr int kMinRounds = 4;             // rounds at a k before the guard judges it
-constexpr double kKeep = 1.0;             // keep k while its expected speed-up is at least this
-constexpr double kShrinkMin = 1.0;        // a smaller k is taken only if it pays at all
-constexpr int kBackoffStart = 16;         // target-only tokens after a fallback, doubling ...
-constexpr int kBackoffMax = 256;          // ... up to this
-constexpr double kLocalWeight = 0.25;     // weight of a new measurement in the request's own step times
-                                          // (unclamped: their mean, spikes included, is what it pays)
-constexpr int kProbeRounds = 16;          // rounds without a 1-token step after which one is taken
-constexpr int kTreeRetryStart = 32;       // chain rounds, across requests, before trees are tried again, doubling ...
-constexpr int kTreeRetryMax = 512;        // ... up to this
+constexpr double kDecay = 0.9;         // per-round decay of acceptance counts and of the window
+constexpr int kWindow = 48;            // rounds kept for the counterfactual E(k)
+constexpr int kMinRounds = 4;          // rounds at a k before the guard judges it
+constexpr double kKeep = 1.0;          // keep k while its expected speed-up is at least this
+constexpr double kShrinkMin = 1.0;     // a smaller k is taken only if it pays at all
+constexpr int kBackoffStart = 16;      // target-only tokens after a fallback, doubling ...
+constexpr int kBackoffMax = 256;       // ... up to this
+constexpr double kLocalWeight = 0.25;  // weight of a new measurement in the request's own step times
+                                       // (unclamped: their mean, spikes included, is what it pays)
+constexpr int kProbeRounds = 16;       // rounds without a 1-token step after which one is taken
+constexpr int kTreeRetryStart = 32;    // chain rounds, across requests, before trees are tried again, doubling ...
+constexpr int kTreeRetryMax = 512;     // ... up to this
 }  // namespace policy
 
 // Expected tokens per round with k drafts and per-token acceptance alpha (Leviathan et al.).
@@ -62,15 +62,15 @@ class SpecController {
  public:
   // trees: the request asked for trees; only its rounds count down a carried tree verdict
   // (policy.py SpecController.trees)
-  SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false,
-                 int k_max = kMaxSpecTokens, bool trees = true);
+  SpecController(int k, CostModel* costs, bool guard, bool learn, bool adaptive = false, int k_max = kMaxSpecTokens,
+                 bool trees = true);
   int next_k() const { return fallback_left_ > 0 || probe_due() ? 0 : k_; }
   void record_plain(int n_tokens, double seconds);
   // A tree round (policy.py record_round's call/depth/chain_accepted) also passes its call size
   // (nodes, root included), its depth (draft steps) and the drafts its first line
   // alone would have had accepted; -1 = a chain's (drafted + 1, drafted, none).
-  void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted, int call = -1,
-                    int depth = -1, int chain_accepted = -1);
+  void record_round(int k, int n_accepted, double draft_s, double verify_s, int drafted, int call = -1, int depth = -1,
+                    int chain_accepted = -1);
   // Tokens in the target call of a round with k draft steps: the last tree's size while this
   // request verifies trees of that depth, else k + 1.
   int call_size(int k) const;
@@ -86,12 +86,12 @@ class SpecController {
   int k_start, k_, fallbacks = 0, shrinks = 0, probes = 0;
   int64_t fallback_tokens = 0;
   std::map<int, int64_t> k_histogram;
-  std::map<int, double> local;  // this request's own target step times, T -> seconds
+  std::map<int, double> local;   // this request's own target step times, T -> seconds
   std::map<int, int> tree_call;  // k -> tokens in the last tree call with k draft steps
   bool use_tree = true;          // trees (when asked for) still pay at least what the chain would
   int tree_rounds = 0;           // tree rounds judged against their chain (greedy and sampled)
   double tree_gain = 0, chain_gain = 0, gain_weight = 0;  // decayed tokens per round, both ways
-  double local_draft = -1.0;    // its draft seconds per token; < 0 before one is measured
+  double local_draft = -1.0;                              // its draft seconds per token; < 0 before one is measured
 
  private:
   CostModel* costs_;

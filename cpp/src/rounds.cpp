@@ -59,7 +59,7 @@ Round speculative_round(TargetView& target, Drafter& drafter, const std::vector<
     return plain;
   }
   CacheTracker& cache = *target.cache;
-  const int position = cache.position();  // == tokens.size() - 1: the pending token is not in the cache
+  const int position = cache.position();     // == tokens.size() - 1: the pending token is not in the cache
   std::vector<int32_t> feed{tokens.back()};  // row i of the target's output: the token after draft[:i]
   feed.insert(feed.end(), draft.tokens.begin(), draft.tokens.end());
   Round r;

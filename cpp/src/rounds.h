@@ -16,7 +16,7 @@ namespace specedge {
 struct TargetView {
   CacheTracker* cache;
   int vocab;
-  std::vector<double> p_row;  // scratch for sampling a row
+  std::vector<double> p_row;                                          // scratch for sampling a row
   int32_t pick(const float* row, const SamplingParams& p, Rng& rng);  // argmax, or a sample
 };
 

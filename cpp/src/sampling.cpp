@@ -28,7 +28,8 @@ int argmax(const float* x, int n) {
 void probs_from_logits(const float* logits, int n, const SamplingParams& p, std::vector<double>& out) {
   out.assign(size_t(n), 0.0);
   for (int i = 0; i < n; ++i)
-    if (std::isnan(logits[i]) || (std::isinf(logits[i]) && logits[i] > 0)) fail_backend("the model produced NaN or +inf logits");
+    if (std::isnan(logits[i]) || (std::isinf(logits[i]) && logits[i] > 0))
+      fail_backend("the model produced NaN or +inf logits");
   if (p.greedy()) {
     out[size_t(argmax(logits, n))] = 1.0;
     return;
@@ -49,11 +50,17 @@ void probs_from_logits(const float* logits, int n, const SamplingParams& p, std:
       count += keep[size_t(i)];
     }
     for (int i = 0; i < n && count < p.top_k; ++i)
-      if (z[size_t(i)] == kth) { keep[size_t(i)] = 1; ++count; }
+      if (z[size_t(i)] == kth) {
+        keep[size_t(i)] = 1;
+        ++count;
+      }
   }
   double total = 0;
   for (int i = 0; i < n; ++i)
-    if (keep[size_t(i)]) { out[size_t(i)] = std::exp(z[size_t(i)]); total += out[size_t(i)]; }
+    if (keep[size_t(i)]) {
+      out[size_t(i)] = std::exp(z[size_t(i)]);
+      total += out[size_t(i)];
+    }
   for (double& v : out) v /= total;
   if (p.top_p < 1.0) {
     std::vector<int> order;
@@ -64,7 +71,10 @@ void probs_from_logits(const float* logits, int n, const SamplingParams& p, std:
     size_t n_keep = 0;
     for (int id : order) {
       cum += out[size_t(id)];
-      if (cum < p.top_p) ++n_keep; else break;
+      if (cum < p.top_p)
+        ++n_keep;
+      else
+        break;
     }
     n_keep = std::min(n_keep + 1, order.size());
     double kept = 0;
@@ -116,7 +126,8 @@ std::vector<int32_t> verify_sampling(const std::vector<int32_t>& draft, const st
     fail_arg("draft probabilities must be [k, V] = [" + std::to_string(k) + ", " + std::to_string(V) + "], got " +
              std::to_string(q_all->size()) + " values");
   for (int32_t x : draft)
-    if (x < 0 || x >= V) fail_arg("draft token " + std::to_string(x) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (x < 0 || x >= V)
+      fail_arg("draft token " + std::to_string(x) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   std::vector<int32_t> out;
   std::vector<double> residual(v_n);
   for (size_t i = 0; i < k; ++i) {

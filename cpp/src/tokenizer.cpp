@@ -50,8 +50,7 @@ bool is_number(uint32_t cp) {
 }
 bool is_whitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 }  // namespace unicode
 
@@ -81,17 +80,24 @@ void append(std::string& out, uint32_t cp) {
 static size_t seq_len(const unsigned char* s, size_t n, size_t i, uint32_t* cp, size_t* sub) {
   unsigned char c = s[i];
   *sub = 1;
-  if (c < 0x80) { *cp = c; return 1; }
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  }
   size_t len;
   uint32_t v;
   unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) { len = 2; v = c & 0x1F; }
-  else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3; v = c & 0x0F;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    v = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    v = c & 0x0F;
     if (c == 0xE0) lo = 0xA0;
     if (c == 0xED) hi = 0x9F;
   } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4; v = c & 0x07;
+    len = 4;
+    v = c & 0x07;
     if (c == 0xF0) lo = 0x90;
     if (c == 0xF4) hi = 0x8F;
   } else {
@@ -178,9 +184,11 @@ const ByteMap& byte_map() {
 // The pre-tokenizer regexes we implement by hand (tokenizers' own, byte for byte).
 const char* kGpt2Regex = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 const char* kLlama3Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const char* kQwen2Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 enum class RegexKind { Gpt2, Llama3 };
 
@@ -483,7 +491,9 @@ struct PreTokenizer {
           size_t j = i + 1;
           bool dig = cps[i] < 0x80 ? (cps[i] >= '0' && cps[i] <= '9') : unicode::is_number(cps[i]);
           if (!meta_split)  // individual_digits == false: runs of digits
-            while (j < cps.size() && dig == (cps[j] < 0x80 ? (cps[j] >= '0' && cps[j] <= '9') : unicode::is_number(cps[j])) && (!dig || true))
+            while (j < cps.size() &&
+                   dig == (cps[j] < 0x80 ? (cps[j] >= '0' && cps[j] <= '9') : unicode::is_number(cps[j])) &&
+                   (!dig || true))
               ++j;
           m.emplace_back(i, j, dig);
           i = j;
@@ -524,7 +534,8 @@ PreTokenizer parse_pretokenizer(const json& j) {
   } else if (p.type == "Split") {
     const json& pat = j.at("pattern");
     p.behavior = parse_behavior(j.value("behavior", "Isolated"));
-    if (j.value("invert", false)) fail_bundle("the tokenizer uses an inverted Split pre-tokenizer, which is not supported");
+    if (j.value("invert", false))
+      fail_bundle("the tokenizer uses an inverted Split pre-tokenizer, which is not supported");
     if (pat.contains("String")) {
       p.split_string_pat = pat["String"].get<std::string>();
     } else if (pat.contains("Regex")) {
@@ -564,9 +575,9 @@ PreTokenizer parse_pretokenizer(const json& j) {
 
 struct Decoder {
   std::string type;
-  std::string pattern, content;  // Replace
-  std::string strip_content;     // Strip
-  int start = 0, stop = 0;       // Strip
+  std::string pattern, content;                                     // Replace
+  std::string strip_content;                                        // Strip
+  int start = 0, stop = 0;                                          // Strip
   std::string replacement = kMetaspace, prepend_scheme = "always";  // Metaspace
   std::vector<Decoder> seq;
 
@@ -582,7 +593,10 @@ struct Decoder {
         bool ok = utf8::decode(t, cps);
         for (uint32_t c : cps) {
           auto it = bm.cp_to_byte.find(c);
-          if (it == bm.cp_to_byte.end()) { ok = false; break; }
+          if (it == bm.cp_to_byte.end()) {
+            ok = false;
+            break;
+          }
           tb.push_back(char(it->second));
         }
         bytes += ok ? tb : t;
@@ -635,7 +649,10 @@ struct Decoder {
         size_t a = 0, b = cps.size();
         while (a < b && int(a) < start && cps[a] == c) ++a;
         size_t cut = 0;
-        while (b > a && int(cut) < stop && cps[b - 1] == c) { --b; ++cut; }
+        while (b > a && int(cut) < stop && cps[b - 1] == c) {
+          --b;
+          ++cut;
+        }
         std::string s;
         for (size_t k = a; k < b; ++k) utf8::append(s, cps[k]);
         t = s;
@@ -701,7 +718,7 @@ struct TrieNode {
 struct Tokenizer::Impl {
   // model
   std::unordered_map<std::string, int32_t> vocab;
-  std::vector<std::string> id_to_tok;  // model tokens by id (may have holes: empty)
+  std::vector<std::string> id_to_tok;                                // model tokens by id (may have holes: empty)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a,b) -> (rank, new id)
   std::optional<int32_t> unk_id;
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
@@ -717,7 +734,7 @@ struct Tokenizer::Impl {
   std::vector<TrieNode> trie_raw, trie_norm;  // non-normalized / normalized added tokens
   int64_t vocab_size = 0;
 
-  void read_merges(const json& list);      // model.merges: ranks by position, first wins
+  void read_merges(const json& list);        // model.merges: ranks by position, first wins
   void read_added_tokens(const json& list);  // added_tokens, matched before the model (tries)
   static void trie_insert(std::vector<TrieNode>& trie, const std::string& s, int idx) {
     if (trie.empty()) trie.emplace_back();
@@ -820,15 +837,21 @@ struct Tokenizer::Impl {
     while (i < word.size()) {
       size_t len = 1;
       unsigned char c = (unsigned char)word[i];
-      if (c >= 0xF0) len = 4;
-      else if (c >= 0xE0) len = 3;
-      else if (c >= 0xC0) len = 2;
+      if (c >= 0xF0)
+        len = 4;
+      else if (c >= 0xE0)
+        len = 3;
+      else if (c >= 0xC0)
+        len = 2;
       len = std::min(len, word.size() - i);
       std::string ch = word.substr(i, len);
       i += len;
       auto it = vocab.find(ch);
       if (it != vocab.end()) {
-        if (pending_unk >= 0) { add(pending_unk); pending_unk = -1; }
+        if (pending_unk >= 0) {
+          add(pending_unk);
+          pending_unk = -1;
+        }
         add(it->second);
         continue;
       }
@@ -946,8 +969,12 @@ void Tokenizer::Impl::read_merges(const json& list) {
 
 void Tokenizer::Impl::read_added_tokens(const json& list) {
   for (const json& a : list) {
-    AddedToken at{a.at("content").get<std::string>(), int32_t(a.at("id").get<int64_t>()), a.value("special", false),
-                  a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
+    AddedToken at{a.at("content").get<std::string>(),
+                  int32_t(a.at("id").get<int64_t>()),
+                  a.value("special", false),
+                  a.value("lstrip", false),
+                  a.value("rstrip", false),
+                  a.value("single_word", false),
                   a.value("normalized", !a.value("special", false))};
     if (at.id < 0 || at.id >= 50000000) fail_bundle("the tokenizer has an added token with an invalid id");
     if (at.content.empty()) continue;

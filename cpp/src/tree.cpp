@@ -49,7 +49,8 @@ Tree Tree::from_paths(int32_t root, const std::vector<std::vector<int32_t>>& pat
 
 Tree Tree::prefix(int nodes) const {
   size_t n = std::min(size_t(std::max(1, nodes)), tokens.size());
-  Tree t(std::vector<int32_t>(tokens.begin(), tokens.begin() + long(n)), std::vector<int>(parents.begin(), parents.begin() + long(n)));
+  Tree t(std::vector<int32_t>(tokens.begin(), tokens.begin() + long(n)),
+         std::vector<int>(parents.begin(), parents.begin() + long(n)));
   if (!q.empty()) t.q.assign(q.begin(), q.begin() + long(n));
   return t;
 }
@@ -77,7 +78,8 @@ std::vector<uint8_t> Tree::ancestor_mask() const {
 
 // ---------------------------------------------------------------------------- verification
 
-std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree& tree, const std::vector<int32_t>& best) {
+std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree& tree,
+                                                                     const std::vector<int32_t>& best) {
   if (int(best.size()) != tree.size())
     fail_arg("need one argmax per tree node (" + std::to_string(tree.size()) + "), got " + std::to_string(best.size()));
   std::vector<int> path{0};
@@ -158,13 +160,15 @@ void sibling_rule(const double* p, int V, const std::vector<int32_t>& tokens, co
   }
 }
 
-std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_sampling(const Tree& tree, const std::vector<double>& p_rows,
-                                                                       int V, Rng& rng) {
+std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_sampling(const Tree& tree,
+                                                                       const std::vector<double>& p_rows, int V,
+                                                                       Rng& rng) {
   if (V < 1 || p_rows.size() != size_t(tree.size()) * size_t(V))
     fail_arg("target_probs must be [" + std::to_string(tree.size()) + ", V] (one row per tree node)");
   for (size_t i = 1; i < tree.tokens.size(); ++i)
     if (tree.tokens[i] < 0 || tree.tokens[i] >= V)
-      fail_arg("draft token " + std::to_string(tree.tokens[i]) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+      fail_arg("draft token " + std::to_string(tree.tokens[i]) + " is outside the vocabulary [0, " + std::to_string(V) +
+               ")");
   std::vector<int> path{0};
   std::vector<int32_t> out;
   std::vector<double> accept, residual;
@@ -342,11 +346,12 @@ void Backend::keep_path(int /*position*/, const std::vector<int>& /*path*/) {
 }
 
 std::string inexact_tree_refusal(const std::string& precision) {
-  std::string fix = precision == "int4" ? ", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
-                                        : "";
+  std::string fix =
+      precision == "int4" ? ", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)" : "";
   return "tree verification would not be exact on this " + precision +
          " target: ONNX Runtime's attention orders a tree node's sums differently from a chain's, enough to change "
-         "its picks; leave tree off" + fix;
+         "its picks; leave tree off" +
+         fix;
 }
 
 }  // namespace specedge

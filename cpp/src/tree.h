@@ -45,7 +45,8 @@ struct Tree {
 // (accepted path of node ids from the root, tokens to emit): the longest root path whose every
 // token is the target's argmax after its parent, then the target's token there (first matching
 // child on duplicates). best: one argmax per node.
-std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree& tree, const std::vector<int32_t>& best);
+std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_greedy(const Tree& tree,
+                                                                     const std::vector<int32_t>& best);
 // Drafts the tree's first line (each node's first child) alone would have had accepted, greedily.
 int chain_accepted(const Tree& tree, const std::vector<int32_t>& best, int limit = -1);
 // The recursive rejection over one node's children against p (size V): a[i] the probability of
@@ -55,8 +56,9 @@ void sibling_rule(const double* p, int V, const std::vector<int32_t>& tokens, co
                   std::vector<double>& accept, std::vector<double>& residual);
 // Exact tree sampling: p_rows [T, V] (probs_from_logits of each node's row). One uniform per child
 // tested and one per emitted sample, as tree.py.
-std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_sampling(const Tree& tree, const std::vector<double>& p_rows,
-                                                                       int V, Rng& rng);
+std::pair<std::vector<int>, std::vector<int32_t>> verify_tree_sampling(const Tree& tree,
+                                                                       const std::vector<double>& p_rows, int V,
+                                                                       Rng& rng);
 // (source, destination) offsets that put the accepted path in slots 0..len-1: only nodes out of
 // place, in increasing order (copying one slot at a time in this order never overwrites a later source).
 std::vector<std::pair<int, int>> compaction_moves(const std::vector<int>& path);

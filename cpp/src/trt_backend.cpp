@@ -42,9 +42,7 @@ std::string first_line(const std::string& s) {
 
 std::string mib(size_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB"; }
 
-std::string cuda_error(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
+std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
 // Every CUDA call goes through here: a failure is one sentence naming the call and CUDA's error.
 void cuda_check(cudaError_t e, const char* what) {
@@ -61,11 +59,16 @@ class Logger : public nvinfer1::ILogger {
     const char* env = std::getenv("SPECEDGE_TRT_LOG");
     std::string v = env ? env : "";
     explicit_ = !v.empty();
-    if (v == "none") level_ = -1;
-    else if (v == "error") level_ = int(Severity::kERROR);
-    else if (v == "info") level_ = int(Severity::kINFO);
-    else if (v == "verbose") level_ = int(Severity::kVERBOSE);
-    else level_ = int(Severity::kWARNING);
+    if (v == "none")
+      level_ = -1;
+    else if (v == "error")
+      level_ = int(Severity::kERROR);
+    else if (v == "info")
+      level_ = int(Severity::kINFO);
+    else if (v == "verbose")
+      level_ = int(Severity::kVERBOSE);
+    else
+      level_ = int(Severity::kWARNING);
   }
 
   void log(Severity severity, const char* msg) noexcept override {
@@ -94,11 +97,16 @@ class Logger : public nvinfer1::ILogger {
  private:
   static const char* name(Severity s) {
     switch (s) {
-      case Severity::kINTERNAL_ERROR: return "internal error";
-      case Severity::kERROR: return "error";
-      case Severity::kWARNING: return "warning";
-      case Severity::kINFO: return "info";
-      default: return "verbose";
+      case Severity::kINTERNAL_ERROR:
+        return "internal error";
+      case Severity::kERROR:
+        return "error";
+      case Severity::kWARNING:
+        return "warning";
+      case Severity::kINFO:
+        return "info";
+      default:
+        return "verbose";
     }
   }
   std::mutex mu_;
@@ -183,17 +191,28 @@ struct GraphExec {
 
 const char* dtype_name(DataType t) {
   switch (t) {
-    case DataType::kFLOAT: return "float32";
-    case DataType::kHALF: return "float16";
-    case DataType::kBF16: return "bfloat16";
-    case DataType::kINT64: return "int64";
-    case DataType::kINT32: return "int32";
-    case DataType::kINT8: return "int8";
-    case DataType::kUINT8: return "uint8";
-    case DataType::kBOOL: return "bool";
-    case DataType::kFP8: return "fp8";
-    case DataType::kINT4: return "int4";
-    default: return "another type";
+    case DataType::kFLOAT:
+      return "float32";
+    case DataType::kHALF:
+      return "float16";
+    case DataType::kBF16:
+      return "bfloat16";
+    case DataType::kINT64:
+      return "int64";
+    case DataType::kINT32:
+      return "int32";
+    case DataType::kINT8:
+      return "int8";
+    case DataType::kUINT8:
+      return "uint8";
+    case DataType::kBOOL:
+      return "bool";
+    case DataType::kFP8:
+      return "fp8";
+    case DataType::kINT4:
+      return "int4";
+    default:
+      return "another type";
   }
 }
 
@@ -201,16 +220,21 @@ const char* dtype_name(DataType t) {
 size_t dtype_size(DataType t) {
   switch (t) {
     case DataType::kFLOAT:
-    case DataType::kINT32: return 4;
+    case DataType::kINT32:
+      return 4;
     case DataType::kHALF:
-    case DataType::kBF16: return 2;
-    case DataType::kINT64: return 8;
+    case DataType::kBF16:
+      return 2;
+    case DataType::kINT64:
+      return 8;
     case DataType::kINT8:
     case DataType::kUINT8:
     case DataType::kBOOL:
     case DataType::kFP8:
-    case DataType::kINT4: return 1;
-    default: return 8;
+    case DataType::kINT4:
+      return 1;
+    default:
+      return 8;
   }
 }
 
@@ -294,13 +318,20 @@ struct TrtBackend::Impl {
 
   uint8_t* base(trt::Buffer b) {
     switch (b) {
-      case trt::Buffer::InputIds: return ids.u8();
-      case trt::Buffer::Position: return pos.u8();
-      case trt::Buffer::TreeMask: return mask.u8();
-      case trt::Buffer::Logits: return logits.u8();
-      case trt::Buffer::Cache: return kv.u8();
-      case trt::Buffer::Delta: return delta.u8();
-      case trt::Buffer::Argmax: return argmax.u8();
+      case trt::Buffer::InputIds:
+        return ids.u8();
+      case trt::Buffer::Position:
+        return pos.u8();
+      case trt::Buffer::TreeMask:
+        return mask.u8();
+      case trt::Buffer::Logits:
+        return logits.u8();
+      case trt::Buffer::Cache:
+        return kv.u8();
+      case trt::Buffer::Delta:
+        return delta.u8();
+      case trt::Buffer::Argmax:
+        return argmax.u8();
     }
     return nullptr;
   }
@@ -360,8 +391,10 @@ struct TrtBackend::Impl {
       if (why.empty() && graph) {
         cudaGraphExec_t exec = nullptr;
         e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
-        if (e != cudaSuccess) why = "cudaGraphInstantiate: " + cuda_error(e);
-        else c.graph.g = exec;
+        if (e != cudaSuccess)
+          why = "cudaGraphInstantiate: " + cuda_error(e);
+        else
+          c.graph.g = exec;
       } else if (why.empty()) {
         why = "the capture recorded no graph";
       }
@@ -451,8 +484,10 @@ std::vector<std::string> TrtBackend::Impl::check_io(std::vector<std::string>* wa
     const char* name = eng.getIOTensorName(i);
     if (!name) continue;
     nvinfer1::TensorIOMode mode = eng.getTensorIOMode(name);
-    if (mode == nvinfer1::TensorIOMode::kINPUT) ins.emplace_back(name);
-    else if (mode == nvinfer1::TensorIOMode::kOUTPUT) outs.emplace_back(name);
+    if (mode == nvinfer1::TensorIOMode::kINPUT)
+      ins.emplace_back(name);
+    else if (mode == nvinfer1::TensorIOMode::kOUTPUT)
+      outs.emplace_back(name);
   }
   trt::expected_names(*spec, kv_mode, &want_in, want_out, tree);
   std::string problem = trt::check_graph_names(role, want_in, *want_out, ins, outs);
@@ -470,14 +505,15 @@ std::vector<std::string> TrtBackend::Impl::check_io(std::vector<std::string>* wa
     const auto& b = p1[i];
     DataType got = eng.getTensorDataType(b.name.c_str());
     if (std::string(dtype_name(got)) != b.dtype)
-      fail_bundle("the " + role + " engine's '" + b.name + "' is " + dtype_name(got) + ", the bundle says " +
-                  b.dtype + " — " + rebuild());
+      fail_bundle("the " + role + " engine's '" + b.name + "' is " + dtype_name(got) + ", the bundle says " + b.dtype +
+                  " — " + rebuild());
     nvinfer1::Dims d = eng.getTensorShape(b.name.c_str());
     std::vector<int64_t> want = b.shape;
     for (size_t k = 0; k < want.size(); ++k)
       if (p2[i].shape[k] != want[k]) want[k] = -1;  // the T dimension
     bool ok = d.nbDims == int(want.size());
-    for (int k = 0; ok && k < d.nbDims; ++k) ok = want[size_t(k)] < 0 ? (d.d[k] == -1 || d.d[k] >= 1) : d.d[k] == want[size_t(k)];
+    for (int k = 0; ok && k < d.nbDims; ++k)
+      ok = want[size_t(k)] < 0 ? (d.d[k] == -1 || d.d[k] >= 1) : d.d[k] == want[size_t(k)];
     if (!ok)
       fail_bundle("the " + role + " engine's '" + b.name + "' has shape " + dims_string(d) + ", the bundle says " +
                   shape_string(want) + " — " + rebuild());
@@ -490,8 +526,10 @@ void TrtBackend::Impl::check_profiles(const trt::PlanInfo& info, const std::stri
   nvinfer1::ICudaEngine& eng = *engine;
   profiles = info.profiles;
   if (eng.getNbOptimizationProfiles() != int(profiles.size()))
-    fail_bundle(plan_path + " has " + std::to_string(eng.getNbOptimizationProfiles()) + " optimization profiles, its "
-                "plan.json " + std::to_string(profiles.size()) + " — " + rebuild());
+    fail_bundle(plan_path + " has " + std::to_string(eng.getNbOptimizationProfiles()) +
+                " optimization profiles, its "
+                "plan.json " +
+                std::to_string(profiles.size()) + " — " + rebuild());
   for (size_t i = 0; i < profiles.size(); ++i) {
     const auto& p = profiles[i];
     nvinfer1::Dims lo = eng.getProfileShape("input_ids", int32_t(i), nvinfer1::OptProfileSelector::kMIN);
@@ -507,8 +545,8 @@ void TrtBackend::Impl::check_profiles(const trt::PlanInfo& info, const std::stri
 // Every buffer, allocated once, for the largest T of any profile.
 void TrtBackend::Impl::allocate() {
   cache = trt::KVLayout::for_cache(*spec, S, B);
-  double kv_bytes = 2.0 * spec->num_layers * B * spec->num_kv_heads * double(S) * spec->head_dim *
-                    double(cache.itemsize);
+  double kv_bytes =
+      2.0 * spec->num_layers * B * spec->num_kv_heads * double(S) * spec->head_dim * double(cache.itemsize);
   if (kv_bytes > double(int64_t(1) << 40)) fail_bundle("the " + role + " KV cache would need more than 1 TiB");
   cuda_check(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   kv.alloc(cache.total_bytes(), "the " + role + " KV cache");
@@ -662,7 +700,8 @@ const float* TrtBackend::call(const int32_t* ids, int t, int position, const uin
     if (s.tree)
       for (int i = 0; i < t; ++i)
         for (int j = 0; j < t; ++j)
-          mh[size_t(b) * tt + size_t(i) * size_t(t) + size_t(j)] = mask ? mask[size_t(i) * size_t(t) + size_t(j)] != 0 : j <= i;
+          mh[size_t(b) * tt + size_t(i) * size_t(t) + size_t(j)] =
+              mask ? mask[size_t(i) * size_t(t) + size_t(j)] != 0 : j <= i;
   }
   cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
   Impl::Ctx& c = s.contexts[size_t(pi)];
@@ -680,9 +719,9 @@ const float* TrtBackend::call(const int32_t* ids, int t, int position, const uin
                                    cp.width, cp.height, cudaMemcpyDeviceToDevice, s.stream.s),
                  "cudaMemcpy2DAsync (new KV entries into the cache)");
   }
-  cuda_check(cudaMemcpyAsync(s.logits_host.p, s.logits.p, 4 * size_t(t) * size_t(s.V), cudaMemcpyDeviceToHost,
-                             s.stream.s),
-             "cudaMemcpyAsync (logits to the host)");
+  cuda_check(
+      cudaMemcpyAsync(s.logits_host.p, s.logits.p, 4 * size_t(t) * size_t(s.V), cudaMemcpyDeviceToHost, s.stream.s),
+      "cudaMemcpyAsync (logits to the host)");
   if (s.keep_feat)  // [B, t, TF] fp32: batch row 0 is the first t rows
     cuda_check(cudaMemcpyAsync(s.feat_host.p, s.extras[kFeaturesOutput].p, 4 * size_t(t) * size_t(s.TF),
                                cudaMemcpyDeviceToHost, s.stream.s),
@@ -731,8 +770,8 @@ bool TrtBackend::copy_kv_from(const Backend& other, int start, int end) {
   // the other backend's run() synchronized its stream before returning: its cache is complete
   cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
   for (const trt::Copy2D& cp : trt::slot_copies(s.cache, start, end))
-    cuda_check(cudaMemcpy2DAsync(s.kv.u8() + cp.dst_offset, cp.dpitch, src.kv.u8() + cp.src_offset, cp.spitch,
-                                 cp.width, cp.height, cudaMemcpyDeviceToDevice, s.stream.s),
+    cuda_check(cudaMemcpy2DAsync(s.kv.u8() + cp.dst_offset, cp.dpitch, src.kv.u8() + cp.src_offset, cp.spitch, cp.width,
+                                 cp.height, cudaMemcpyDeviceToDevice, s.stream.s),
                "cudaMemcpy2DAsync (the target's K/V into the draft's cache)");
   return true;
 }

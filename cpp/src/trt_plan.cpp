@@ -214,7 +214,8 @@ PlanInfo parse_plan_info(const std::string& text, const std::string& where) {
   p.onnx_sha256 = str_field(obj, "onnx_sha256", where);
   if (obj.contains("extra_outputs") && !obj["extra_outputs"].is_null()) {
     if (!obj["extra_outputs"].is_array()) malformed(where, "has a malformed 'extra_outputs'");
-    for (const json& x : obj["extra_outputs"]) p.extra_outputs.push_back(x.is_string() ? x.get<std::string>() : x.dump());
+    for (const json& x : obj["extra_outputs"])
+      p.extra_outputs.push_back(x.is_string() ? x.get<std::string>() : x.dump());
   }
   if (obj.contains("created_by") && obj["created_by"].is_string()) p.created_by = obj["created_by"];
   if (obj.contains("created_at") && obj["created_at"].is_string()) p.created_at = obj["created_at"];
@@ -253,8 +254,8 @@ void check_compatible(const PlanInfo& info, const std::string& gpu_name, const s
     fail_bundle(mismatch_message(info, gpu_name, cc, trt_version, bundle));
 }
 
-void check_against_manifest(const PlanInfo& info, const Manifest& m, const ModelSpec& spec, const std::string& onnx_path,
-                            const std::string& bundle) {
+void check_against_manifest(const PlanInfo& info, const Manifest& m, const ModelSpec& spec,
+                            const std::string& onnx_path, const std::string& bundle) {
   std::string rebuild = "rebuild with `specedge build-engines " + bundle + "`";
   if (info.role != spec.role)
     fail_bundle("the " + spec.role + " engine's plan.json describes the " + info.role + " model — " + rebuild);
@@ -295,14 +296,15 @@ std::string no_engine_message(const std::string& bundle_root, const std::string&
 void check_kv_mode_supported(const std::string& kv_mode, const std::string& trt_version) {
   std::vector<int> v = parse_version(trt_version);
   v.resize(2, 0);
-  if (v[0] < 10)
-    fail_backend("specedge needs TensorRT 10 or newer; this machine has TensorRT " + trt_version);
+  if (v[0] < 10) fail_backend("specedge needs TensorRT 10 or newer; this machine has TensorRT " + trt_version);
   if (kv_mode == "scatter" && (v[0] < kScatterMinMajor || (v[0] == kScatterMinMajor && v[1] < kScatterMinMinor)))
-    fail_bundle("this bundle updates the KV cache in place (kv mode 'scatter', ONNX TensorScatter), which TensorRT "
-                "supports from " + std::to_string(kScatterMinMajor) + "." + std::to_string(kScatterMinMinor) +
-                "; this machine has TensorRT " + short_version(trt_version) +
-                " — export a delta-mode bundle with `export-models --kv-update delta` (for JetPack 6 / TensorRT "
-                "10.3) or install TensorRT >= 10.15");
+    fail_bundle(
+        "this bundle updates the KV cache in place (kv mode 'scatter', ONNX TensorScatter), which TensorRT "
+        "supports from " +
+        std::to_string(kScatterMinMajor) + "." + std::to_string(kScatterMinMinor) + "; this machine has TensorRT " +
+        short_version(trt_version) +
+        " — export a delta-mode bundle with `export-models --kv-update delta` (for JetPack 6 / TensorRT "
+        "10.3) or install TensorRT >= 10.15");
 }
 
 // ------------------------------------------------------------------ profiles
@@ -314,8 +316,8 @@ int select_profile(const std::vector<Profile>& profiles, int t) {
     if (profiles[i].covers(t)) return int(i);
   int top = 0;
   for (const auto& p : profiles) top = std::max(top, p.t_max);
-  fail_arg("no optimization profile covers T = " + std::to_string(t) + " (the engine was built for T <= " +
-           std::to_string(top) + ")");
+  fail_arg("no optimization profile covers T = " + std::to_string(t) +
+           " (the engine was built for T <= " + std::to_string(top) + ")");
 }
 
 // ------------------------------------------------------------------ buffers and bindings
@@ -347,13 +349,20 @@ size_t KVLayout::offset(int kind, int layer) const {
 
 const char* buffer_name(Buffer b) {
   switch (b) {
-    case Buffer::InputIds: return "input_ids";
-    case Buffer::Position: return "position";
-    case Buffer::TreeMask: return "tree_mask";
-    case Buffer::Logits: return "logits";
-    case Buffer::Cache: return "cache";
-    case Buffer::Delta: return "delta";
-    case Buffer::Argmax: return "argmax";
+    case Buffer::InputIds:
+      return "input_ids";
+    case Buffer::Position:
+      return "position";
+    case Buffer::TreeMask:
+      return "tree_mask";
+    case Buffer::Logits:
+      return "logits";
+    case Buffer::Cache:
+      return "cache";
+    case Buffer::Delta:
+      return "delta";
+    case Buffer::Argmax:
+      return "argmax";
   }
   return "?";
 }
@@ -374,8 +383,8 @@ void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vect
   }
 }
 
-std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t, int batch,
-                                        bool argmax, bool tree) {
+std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t,
+                                        int batch, bool argmax, bool tree) {
   if (kv_mode != "scatter" && kv_mode != "delta") fail_bundle("unknown kv mode '" + kv_mode + "'");
   if (t < 1) fail_arg("T must be >= 1, got " + std::to_string(t));
   KVLayout cache = KVLayout::for_cache(spec, max_seq, batch), delta = KVLayout::for_delta(spec, t, batch);
@@ -386,8 +395,12 @@ std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string
   if (tree) out.push_back({"tree_mask", true, Buffer::TreeMask, 0, {B, T, T}, "bool"});
   for (int i = 0; i < spec.num_layers; ++i)
     for (int kind = 0; kind < 2; ++kind)
-      out.push_back({std::string(kind ? "past_value." : "past_key.") + std::to_string(i), true, Buffer::Cache,
-                     cache.offset(kind, i), {B, H, S, D}, spec.kv_dtype});
+      out.push_back({std::string(kind ? "past_value." : "past_key.") + std::to_string(i),
+                     true,
+                     Buffer::Cache,
+                     cache.offset(kind, i),
+                     {B, H, S, D},
+                     spec.kv_dtype});
   out.push_back({"logits", false, Buffer::Logits, 0, {B, T, spec.vocab_size}, "float32"});
   for (int i = 0; i < spec.num_layers; ++i)
     for (int kind = 0; kind < 2; ++kind) {

@@ -84,8 +84,8 @@ std::string mismatch_message(const PlanInfo& info, const std::string& gpu_name, 
 void check_compatible(const PlanInfo& info, const std::string& gpu_name, const std::string& cc,
                       const std::string& trt_version, const std::string& bundle);
 // The plan must come from this bundle's graph (role, kv mode, max_seq, batch, ONNX path and checksum).
-void check_against_manifest(const PlanInfo& info, const Manifest& m, const ModelSpec& spec, const std::string& onnx_path,
-                            const std::string& bundle);
+void check_against_manifest(const PlanInfo& info, const Manifest& m, const ModelSpec& spec,
+                            const std::string& onnx_path, const std::string& bundle);
 // The message for a bundle without a plan for this device: a plan built for another device is named if there is
 // one (engines/*/<role>.plan.json), else "build one with `specedge build-engines BUNDLE`".
 std::string no_engine_message(const std::string& bundle_root, const std::string& role, const std::string& gpu_name,
@@ -132,8 +132,8 @@ struct TensorBinding {
   std::string name;
   bool input = false;
   Buffer buffer = Buffer::InputIds;
-  size_t offset = 0;             // bytes into the buffer (the arenas); 0 otherwise
-  std::vector<int64_t> shape;    // resolved for this T
+  size_t offset = 0;           // bytes into the buffer (the arenas); 0 otherwise
+  std::vector<int64_t> shape;  // resolved for this T
   std::string dtype;
 };
 
@@ -143,8 +143,8 @@ void expected_names(const ModelSpec& spec, const std::string& kv_mode, std::vect
                     std::vector<std::string>* outputs, bool tree = false);
 // Every tensor of the contract for a call with T = t, mapped to its buffer. Scatter mode binds present_* to the
 // very addresses of past_* (in-place update); delta mode binds new_* into the delta arena laid out for this T.
-std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t, int batch,
-                                        bool argmax, bool tree = false);
+std::vector<TensorBinding> binding_plan(const ModelSpec& spec, const std::string& kv_mode, int max_seq, int t,
+                                        int batch, bool argmax, bool tree = false);
 // "" when an engine's I/O follows the contract, else the sentence (extra outputs are allowed: argmax, named
 // hidden states; missing or extra inputs and missing outputs are not).
 std::string check_graph_names(const std::string& role, const std::vector<std::string>& want_in,

@@ -39,18 +39,36 @@ TEST_CASE("sha256 known vectors") {
 
 namespace {
 json minimal_manifest() {
-  json model = {{"kind", "model"}, {"family", "llama"}, {"precision", "fp32"}, {"kv_dtype", "float32"},
-                {"num_layers", 1}, {"num_kv_heads", 1}, {"head_dim", 4}, {"vocab_size", 10},
-                {"graphs", json::array({{{"flavour", "ort"}, {"path", "target/model.onnx"}, {"backends", {"ort-cpu"}}, {"external_data", json::array()}}})},
+  json model = {{"kind", "model"},
+                {"family", "llama"},
+                {"precision", "fp32"},
+                {"kv_dtype", "float32"},
+                {"num_layers", 1},
+                {"num_kv_heads", 1},
+                {"head_dim", 4},
+                {"vocab_size", 10},
+                {"graphs", json::array({{{"flavour", "ort"},
+                                         {"path", "target/model.onnx"},
+                                         {"backends", {"ort-cpu"}},
+                                         {"external_data", json::array()}}})},
                 {"inputs", json::array({{{"name", "input_ids"}, {"dtype", "int64"}, {"shape", {1, "T"}}}})},
                 {"outputs", json::array()}};
-  return {{"schema_version", 1}, {"max_seq", 32}, {"batch", 1}, {"kv_mode", "scatter"},
+  return {{"schema_version", 1},
+          {"max_seq", 32},
+          {"batch", 1},
+          {"kv_mode", "scatter"},
           {"spec", {{"k", 4}, {"prefill_chunk", 16}}},
-          {"tokenizer", {{"vocab_size", 10}, {"eos_token_ids", {2}}, {"bos_token_id", 1}, {"add_bos", false},
-                         {"files", {"tokenizer.json"}}, {"chat_template", nullptr}}},
+          {"tokenizer",
+           {{"vocab_size", 10},
+            {"eos_token_ids", {2}},
+            {"bos_token_id", 1},
+            {"add_bos", false},
+            {"files", {"tokenizer.json"}},
+            {"chat_template", nullptr}}},
           {"models", {{"target", model}, {"draft", {{"kind", "ngram"}}}}},
-          {"files", {{"tokenizer.json", {{"sha256", sha256_hex("{}")}, {"bytes", 2}}},
-                     {"target/model.onnx", {{"sha256", sha256_hex("onnx")}, {"bytes", 4}}}}}};
+          {"files",
+           {{"tokenizer.json", {{"sha256", sha256_hex("{}")}, {"bytes", 2}}},
+            {"target/model.onnx", {{"sha256", sha256_hex("onnx")}, {"bytes", 4}}}}}};
 }
 
 std::string bundle_error(const json& m) {
@@ -66,7 +84,8 @@ std::string bundle_error(const json& m) {
 struct TempBundle {
   fs::path dir;
   explicit TempBundle(const json& m) {
-    dir = fs::temp_directory_path() / ("specedge_test_" + std::to_string(std::rand()) + std::to_string(long(this) & 0xffff));
+    dir = fs::temp_directory_path() /
+          ("specedge_test_" + std::to_string(std::rand()) + std::to_string(long(this) & 0xffff));
     fs::create_directories(dir / "target");
     std::ofstream(dir / "tokenizer.json") << "{}";
     std::ofstream(dir / "target" / "model.onnx") << "onnx";
@@ -107,8 +126,7 @@ TEST_CASE("manifest: schema 2 (features, a draft head) reads, and schema 1 still
   head["hidden_size"] = 4;
   head["vocab_size"] = 6;
   head["graphs"][0]["path"] = "head-1/model.onnx";
-  head["extra"] = {{"feature_dim", 12}, {"draft_vocab_file", "head-1/draft_vocab.json"},
-                   {"target_fingerprint", "ab"}};
+  head["extra"] = {{"feature_dim", 12}, {"draft_vocab_file", "head-1/draft_vocab.json"}, {"target_fingerprint", "ab"}};
   m["models"]["target"]["features"] = {{"layers", {0, 0, 0}}, {"dim", 12}};
   m["models"]["head"] = head;
   Manifest p = parse_manifest(m.dump());

@@ -35,11 +35,11 @@ std::string tiny_bundle(const char* name) {
   fs::path p = fs::path(root) / name;
   return fs::exists(p / "manifest.json") ? p.string() : "";
 }
-#define NEED_TINY(var, name)                                                               \
-  std::string var = tiny_bundle(name);                                                     \
-  if (var.empty()) {                                                                       \
+#define NEED_TINY(var, name)                                                                \
+  std::string var = tiny_bundle(name);                                                      \
+  if (var.empty()) {                                                                        \
     WARN("skipped: SPECEDGE_TINY_BUNDLES/" name " not set up (tests/test_cpp.py sets it)"); \
-    return;                                                                                \
+    return;                                                                                 \
   }
 
 EngineOptions head_options() {
@@ -283,7 +283,7 @@ TEST_CASE("head drafter: a tree is its greedy chain plus ranked runner-ups in it
     CHECK(t->children(i).empty());
     CHECK(t->tokens[size_t(i)] != t->tokens[size_t(t->parents[size_t(i)] + 1)]);
   }
-  CHECK(t->q.empty());  // greedy: point masses
+  CHECK(t->q.empty());                                             // greedy: point masses
   CHECK(h.propose_tree(history, 4, 3, greedy, rng)->size() == 3);  // cut to the nodes asked for
   CHECK(!h.propose_tree(history, 4, 1, greedy, rng));
   CHECK(!h.propose_tree(history, 0, 8, greedy, rng));
@@ -372,8 +372,10 @@ TEST_CASE("head drafter: every tree of a recorded Python trace", "[.][head_tree_
       return want[round++][3].get<int>();
     };
     w.on_tree = [&](const std::vector<int32_t>& h, const Tree* t) {
-      if (t) got.emplace_back(h, t->tokens, t->parents);
-      else got.emplace_back(h, std::vector<int32_t>{}, std::vector<int>{});
+      if (t)
+        got.emplace_back(h, t->tokens, t->parents);
+      else
+        got.emplace_back(h, std::vector<int32_t>{}, std::vector<int>{});
     };
     GenConfig g;
     g.max_new_tokens = run["max_new_tokens"].get<int>();
@@ -442,5 +444,6 @@ TEST_CASE("head drafter: through the C API (draft \"head\")") {
   m = nullptr;
   CHECK(specedge_open(plain.c_str(), &co, &m) == SPECEDGE_ERR_INVALID_ARGUMENT);
   CHECK(m == nullptr);
-  CHECK(std::string(specedge_last_error()) == "this bundle has no draft head: train one with `specedge train-draft BUNDLE`");
+  CHECK(std::string(specedge_last_error()) ==
+        "this bundle has no draft head: train one with `specedge train-draft BUNDLE`");
 }

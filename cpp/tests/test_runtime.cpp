@@ -24,11 +24,11 @@ std::string tiny(const char* name) {
   fs::path p = fs::path(root) / name;
   return fs::exists(p / "manifest.json") ? p.string() : "";
 }
-#define NEED_BUNDLE(var, name)                                                             \
-  std::string var = tiny(name);                                                            \
-  if (var.empty()) {                                                                       \
+#define NEED_BUNDLE(var, name)                                                              \
+  std::string var = tiny(name);                                                             \
+  if (var.empty()) {                                                                        \
     WARN("skipped: SPECEDGE_TINY_BUNDLES/" name " not set up (tests/test_cpp.py sets it)"); \
-    return;                                                                                \
+    return;                                                                                 \
   }
 
 specedge::Model open(const std::string& b, const char* draft = nullptr) {

@@ -14,18 +14,24 @@ namespace {
 json byte_level() {
   json vocab = json::object();
   int id = 0;
-  for (const char* t : {"h", "e", "l", "o", "w", "r", "d", "\xC4\xA0", "!", "he", "ll", "llo", "hello", "\xC4\xA0w",
-                        "\xC4\xA0wor", "or", "\xC4\xA0world", "<|s|>", "<|e|>", "\xC4\xA0worl"})
+  for (const char* t :
+       {"h",     "e",           "l",   "o",     "w",         "r",           "d",  "\xC4\xA0",      "!",
+        "he",    "ll",          "llo", "hello", "\xC4\xA0w", "\xC4\xA0wor", "or", "\xC4\xA0world", "<|s|>",
+        "<|e|>", "\xC4\xA0worl"})
     vocab[t] = id++;
-  return {{"version", "1.0"},
-          {"added_tokens", {{{"id", 17}, {"content", "<|s|>"}, {"special", true}, {"normalized", false}},
-                            {{"id", 18}, {"content", "<|e|>"}, {"special", true}, {"normalized", false}}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model",
-           {{"type", "BPE"}, {"vocab", vocab},
-            {"merges", {"h e", "l l", "ll o", "he llo", "\xC4\xA0 w", "o r", "\xC4\xA0w or", "\xC4\xA0wor l", "\xC4\xA0worl d"}}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", 17}, {"content", "<|s|>"}, {"special", true}, {"normalized", false}},
+        {{"id", 18}, {"content", "<|e|>"}, {"special", true}, {"normalized", false}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges",
+         {"h e", "l l", "ll o", "he llo", "\xC4\xA0 w", "o r", "\xC4\xA0w or", "\xC4\xA0wor l", "\xC4\xA0worl d"}}}}};
 }
 
 // SentencePiece-style: metaspace, byte fallback.
@@ -37,17 +43,35 @@ json metaspace() {
     vocab[name] = 3 + b;
   }
   int id = 259;
-  for (const char* t : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "\xE2\x96\x81" "ab", "ab"}) vocab[t] = id++;
-  return {{"added_tokens", {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
-                            {{"id", 1}, {"content", "<s>"}, {"special", true}},
-                            {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
-          {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}, {"split", true}}},
-          {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-                                                         {{"type", "ByteFallback"}}, {{"type", "Fuse"}},
-                                                         {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"byte_fallback", true}, {"unk_token", "<unk>"},
-                     {"merges", json::array({json::array({"\xE2\x96\x81", "a"}), json::array({"a", "b"}),
-                                             json::array({"\xE2\x96\x81" "a", "b"})})}}}};
+  for (const char* t : {"\xE2\x96\x81", "a", "b",
+                        "\xE2\x96\x81"
+                        "a",
+                        "\xE2\x96\x81"
+                        "ab",
+                        "ab"})
+    vocab[t] = id++;
+  return {{"added_tokens",
+           {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+            {{"id", 1}, {"content", "<s>"}, {"special", true}},
+            {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
+          {"pre_tokenizer",
+           {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}, {"split", true}}},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders",
+             {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", vocab},
+            {"byte_fallback", true},
+            {"unk_token", "<unk>"},
+            {"merges", json::array({json::array({"\xE2\x96\x81", "a"}), json::array({"a", "b"}),
+                                    json::array({"\xE2\x96\x81"
+                                                 "a",
+                                                 "b"})})}}}};
 }
 }  // namespace
 
@@ -58,9 +82,9 @@ TEST_CASE("byte-level BPE: merges by rank, added tokens, decoding") {
   CHECK(t.encode("<|s|>hello<|e|>") == std::vector<int32_t>{17, 12, 18});
   CHECK(t.encode("hello world!") == std::vector<int32_t>{12, 16, 8});
   CHECK(t.decode({12, 16}) == "hello world");
-  CHECK(t.decode({17, 12, 18}) == "hello");                 // special tokens skipped
+  CHECK(t.decode({17, 12, 18}) == "hello");  // special tokens skipped
   CHECK(t.decode({17, 12, 18}, false) == "<|s|>hello<|e|>");
-  CHECK(t.decode({12, 9999, -1}) == "hello");               // unknown ids are dropped
+  CHECK(t.decode({12, 9999, -1}) == "hello");  // unknown ids are dropped
   CHECK(t.vocab_size() == 20);
   CHECK(t.is_special(17));
   CHECK(!t.is_special(12));
@@ -98,8 +122,11 @@ TEST_CASE("streaming decoder emits complete characters only") {
 }
 
 TEST_CASE("utf8 helpers") {
-  CHECK(utf8::lossy("a\xFF" "b") == "a\xEF\xBF\xBD" "b");
-  CHECK(utf8::lossy("\xE2\x82") == "\xEF\xBF\xBD");  // truncated sequence: one replacement
+  CHECK(utf8::lossy("a\xFF"
+                    "b") ==
+        "a\xEF\xBF\xBD"
+        "b");
+  CHECK(utf8::lossy("\xE2\x82") == "\xEF\xBF\xBD");                              // truncated sequence: one replacement
   CHECK(utf8::lossy("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   CHECK(utf8::valid("\xF0\x9F\x99\x82"));
   CHECK(!utf8::valid("\xC0\xAF"));

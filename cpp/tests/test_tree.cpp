@@ -333,7 +333,8 @@ double check_joint(Mode mode, int kids, const std::vector<int>& grand, bool zero
       if (mode == Mode::Point) {  // each fixed tree is exact by itself
         for (int x = 0; x < kV; ++x)
           for (int y = 0; y < kV; ++y)
-            worst = std::max(worst, std::abs(joint[size_t(x * kV + y)] - p_of({}, zeros)[size_t(x)] * p_of({x}, zeros)[size_t(y)]));
+            worst = std::max(
+                worst, std::abs(joint[size_t(x * kV + y)] - p_of({}, zeros)[size_t(x)] * p_of({x}, zeros)[size_t(y)]));
       } else {
         for (size_t j = 0; j < joint.size(); ++j) got[j] += w * joint[j];
         total_weight += w;
@@ -347,7 +348,8 @@ double check_joint(Mode mode, int kids, const std::vector<int>& grand, bool zero
     CHECK(std::abs(total_weight - 1.0) < 1e-9);
     for (int x = 0; x < kV; ++x)
       for (int y = 0; y < kV; ++y)
-        worst = std::max(worst, std::abs(got[size_t(x * kV + y)] - p_of({}, zeros)[size_t(x)] * p_of({x}, zeros)[size_t(y)]));
+        worst = std::max(worst,
+                         std::abs(got[size_t(x * kV + y)] - p_of({}, zeros)[size_t(x)] * p_of({x}, zeros)[size_t(y)]));
   }
   return worst;
 }

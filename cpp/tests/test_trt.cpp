@@ -49,10 +49,9 @@ json plan_json() {
               {"max_seq", 256},
               {"batch", 1},
               {"precision", "fp16"},
-              {"profiles",
-               json::array({{{"name", "decode"}, {"t_min", 1}, {"t_opt", 1}, {"t_max", 1}},
-                            {{"name", "verify"}, {"t_min", 5}, {"t_opt", 5}, {"t_max", 5}},
-                            {{"name", "prefill"}, {"t_min", 1}, {"t_opt", 64}, {"t_max", 64}}})},
+              {"profiles", json::array({{{"name", "decode"}, {"t_min", 1}, {"t_opt", 1}, {"t_max", 1}},
+                                        {{"name", "verify"}, {"t_min", 5}, {"t_opt", 5}, {"t_max", 5}},
+                                        {{"name", "prefill"}, {"t_min", 1}, {"t_opt", 64}, {"t_max", 64}}})},
               {"build_options", json::object()},
               {"onnx_path", "target/model.onnx"},
               {"onnx_sha256", std::string(64, 'b')},
@@ -207,12 +206,14 @@ TEST_CASE("trt: a missing plan says to run build-engines; one built elsewhere is
             "none.plan.json is missing — build engines with `specedge build-engines`"));
   CHECK(no_engine_message(bundle, "target", "NVIDIA H200", "9.0", "10.15.1") ==
         "the bundle has no TensorRT engine for this device (NVIDIA H200 sm_90 with TensorRT 10.15) — build one with "
-        "`specedge build-engines " + bundle + "`");
+        "`specedge build-engines " +
+            bundle + "`");
   write(d.path / "engines" / "orin-sm87" / "target.plan.json", plan_json().dump());
   write(d.path / "engines" / "broken-sm80" / "target.plan.json", "{not json");  // skipped
   CHECK(no_engine_message(bundle, "target", "NVIDIA H200", "9.0", "10.15.1") ==
         "engine built for Orin sm_87 with TensorRT 10.3; this device is NVIDIA H200 sm_90 with TensorRT 10.15 — "
-        "rebuild with `specedge build-engines " + bundle + "`");
+        "rebuild with `specedge build-engines " +
+            bundle + "`");
   // the draft has none anywhere
   CHECK(has(no_engine_message(bundle, "draft", "Orin", "8.7", "10.3.0"), "the bundle has no TensorRT engine"));
 }
@@ -293,11 +294,11 @@ TEST_CASE("trt: graph contract tensors map to the right buffers and offsets") {
   const int S = 16, B = 1, T = 3;
   KVLayout cache = KVLayout::for_cache(spec, S, B);
   CHECK(cache.tensor_bytes() == size_t(1 * 2 * 16 * 4 * 2));
-  CHECK(cache.dense());                                    // 256 bytes: no padding
+  CHECK(cache.dense());  // 256 bytes: no padding
   CHECK(cache.total_bytes() == 4 * cache.tensor_bytes());
   CHECK(cache.offset(0, 1) == cache.tensor_bytes());      // key.1
   CHECK(cache.offset(1, 0) == 2 * cache.tensor_bytes());  // value.0 after all keys
-  KVLayout odd = KVLayout::for_delta(spec, 3, B);          // 48 bytes per tensor, padded to 256
+  KVLayout odd = KVLayout::for_delta(spec, 3, B);         // 48 bytes per tensor, padded to 256
   CHECK(odd.tensor_bytes() == 48);
   CHECK(odd.tensor_stride() == 256);
   CHECK_FALSE(odd.dense());
@@ -310,8 +311,8 @@ TEST_CASE("trt: graph contract tensors map to the right buffers and offsets") {
   std::vector<std::string> names;
   for (const auto& b : scatter) names.push_back(b.name);
   CHECK(names == std::vector<std::string>{"input_ids", "position", "past_key.0", "past_value.0", "past_key.1",
-                                          "past_value.1", "logits", "present_key.0", "present_value.0",
-                                          "present_key.1", "present_value.1", "argmax"});
+                                          "past_value.1", "logits", "present_key.0", "present_value.0", "present_key.1",
+                                          "present_value.1", "argmax"});
   auto find = [](const std::vector<TensorBinding>& v, const std::string& n) {
     for (const auto& b : v)
       if (b.name == n) return b;
@@ -353,8 +354,8 @@ TEST_CASE("trt: graph contract tensors map to the right buffers and offsets") {
   // names from the manifest's model, and the check against an engine's I/O
   std::vector<std::string> in, out;
   expected_names(spec, "delta", &in, &out);
-  CHECK(in == std::vector<std::string>{"input_ids", "position", "past_key.0", "past_value.0", "past_key.1",
-                                       "past_value.1"});
+  CHECK(in ==
+        std::vector<std::string>{"input_ids", "position", "past_key.0", "past_value.0", "past_key.1", "past_value.1"});
   CHECK(out == std::vector<std::string>{"logits", "new_key.0", "new_value.0", "new_key.1", "new_value.1"});
   std::vector<std::string> got_out = out;
   got_out.push_back("argmax");
@@ -365,8 +366,9 @@ TEST_CASE("trt: graph contract tensors map to the right buffers and offsets") {
   CHECK(check_graph_names("target", in, out, in_missing, out) ==
         "the target graph does not follow the bundle's I/O contract (missing input(s) 'past_value.1'; unexpected "
         "input(s) 'attention_mask'); re-export the bundle with this version of specedge");
-  CHECK(has(check_graph_names("draft", in, out, in, {"logits"}), "missing output(s) 'new_key.0', 'new_value.0', "
-                                                                  "'new_key.1'"));
+  CHECK(has(check_graph_names("draft", in, out, in, {"logits"}),
+            "missing output(s) 'new_key.0', 'new_value.0', "
+            "'new_key.1'"));
 }
 
 namespace {
@@ -511,8 +513,9 @@ TEST_CASE("trt on a GPU (needs TensorRT + a CUDA GPU + SPECEDGE_TRT_BUNDLE): spe
   if (!tensorrt_compiled()) SPECEDGE_SKIP("needs TensorRT + a CUDA GPU: this library was built without TensorRT");
   const char* b = std::getenv("SPECEDGE_TRT_BUNDLE");
   if (!b || !*b)
-    SPECEDGE_SKIP("needs TensorRT + a CUDA GPU and SPECEDGE_TRT_BUNDLE=<bundle with engines built on this device "
-                  "by `specedge build-engines`>");
+    SPECEDGE_SKIP(
+        "needs TensorRT + a CUDA GPU and SPECEDGE_TRT_BUNDLE=<bundle with engines built on this device "
+        "by `specedge build-engines`>");
   specedge::Model m(b, specedge::OpenOptions().backend("tensorrt").warmup(true));
   specedge::GenParams gp;
   gp.max_new_tokens = 48;

@@ -71,11 +71,22 @@ def main() -> None:
             runs[k].append(run(c))
             print(k, runs[k][-1], flush=True)
     load1 = os.getloadavg()[0]
-    median = {k: {f: statistics.median(r.get(f) or 0.0 for r in v)
-                  for f in ("tokens_per_s", "first_text_s", "peak_rss_mib")} for k, v in runs.items()}
-    result = {"bundle": a.bundle, "prompt": a.prompt, "threads": a.threads, "max_new_tokens": a.max_new_tokens,
-              "greedy": True, "speculative": True, "load_avg_start": load0, "load_avg_end": load1,
-              "median": median, "runs": runs}
+    median = {
+        k: {f: statistics.median(r.get(f) or 0.0 for r in v) for f in ("tokens_per_s", "first_text_s", "peak_rss_mib")}
+        for k, v in runs.items()
+    }
+    result = {
+        "bundle": a.bundle,
+        "prompt": a.prompt,
+        "threads": a.threads,
+        "max_new_tokens": a.max_new_tokens,
+        "greedy": True,
+        "speculative": True,
+        "load_avg_start": load0,
+        "load_avg_end": load1,
+        "median": median,
+        "runs": runs,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(median, indent=2))
@@ -85,17 +96,20 @@ def main() -> None:
 
         n, py = median["native"], median["python"]
         rows = [
-            "| figure (median of %d runs each) | native `specedge_generate` | Python `specedge generate` | native ÷ Python |" % a.repeats,
+            "| figure (median of %d runs each) | native `specedge_generate` | Python `specedge generate` | native ÷ Python |"
+            % a.repeats,
             "|---|---:|---:|---:|",
             f"| decode tokens/s | {n['tokens_per_s']:.1f} | {py['tokens_per_s']:.1f} | {n['tokens_per_s'] / py['tokens_per_s']:.2f}× |",
             f"| process start → first text (s) | {n['first_text_s']:.2f} | {py['first_text_s']:.2f} | {n['first_text_s'] / py['first_text_s']:.2f}× |",
             f"| peak RSS (MiB) | {n['peak_rss_mib']:.0f} | {py['peak_rss_mib']:.0f} | {n['peak_rss_mib'] / py['peak_rss_mib']:.2f}× |",
         ]
         cmd = "python cpp/tools/bench_native_vs_python.py " + " ".join(sys.argv[1:])
-        body = (f"Prompt `{a.prompt}`, greedy, speculative (the bundle's drafter), {a.max_new_tokens} new tokens, "
-                f"{a.threads} threads, bundle `{Path(a.bundle).name}`; load average {load0:.2f} → {load1:.2f}. "
-                f"Command: `{cmd}` (JSON: `{Path(a.out).relative_to(REPO) if Path(a.out).is_relative_to(REPO) else a.out}`).\n\n"
-                + "\n".join(rows))
+        body = (
+            f"Prompt `{a.prompt}`, greedy, speculative (the bundle's drafter), {a.max_new_tokens} new tokens, "
+            f"{a.threads} threads, bundle `{Path(a.bundle).name}`; load average {load0:.2f} → {load1:.2f}. "
+            f"Command: `{cmd}` (JSON: `{Path(a.out).relative_to(REPO) if Path(a.out).is_relative_to(REPO) else a.out}`).\n\n"
+            + "\n".join(rows)
+        )
         replace_section(a.benchmarks_md, "native", body, heading="## Native (C++) vs Python runtime (issue 6)")
 
 

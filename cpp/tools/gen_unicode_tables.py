@@ -1,6 +1,7 @@
 """Write cpp/src/unicode_tables.inc: code point ranges of the Unicode general categories the
 tokenizer's pre-tokenizer regexes use (L = letters, N = numbers). Run with any Python 3; the
 checked-in file was made with Python 3.11 (Unicode 14.0). Usage: python gen_unicode_tables.py OUT"""
+
 import sys
 import unicodedata
 

@@ -20,7 +20,8 @@ namespace {
 const char* kUsage =
     "usage: specedge_generate BUNDLE PROMPT|- [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                         [--seed S] [--spec-tokens K] [--no-spec] [--adaptive-k] [--no-guard] [--tree]\n"
-    "                         [--draft model|ngram|head] [--stop STR]... [--threads N] [--backend auto|ort-cpu|tensorrt]\n"
+    "                         [--draft model|ngram|head] [--stop STR]... [--threads N] [--backend "
+    "auto|ort-cpu|tensorrt]\n"
     "                         [--verify full|size|none] [--chat] [--system TEXT] [--json] [--stats]\n"
     "Greedy by default (temperature 0): exactly the target's own output.\n";
 
@@ -59,9 +60,11 @@ long long to_int(const std::string& opt, const std::string& v) {
 
 // A seed: 0..SPECEDGE_SEED_MAX (the Python CLI's range and message).
 uint64_t to_seed(const std::string& opt, const std::string& v) {
-  const std::string range = opt + " must be an integer from 0 to " + std::to_string(SPECEDGE_SEED_MAX) + " (2^64-1), got " + v;
+  const std::string range =
+      opt + " must be an integer from 0 to " + std::to_string(SPECEDGE_SEED_MAX) + " (2^64-1), got " + v;
   if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
-    if (v.size() > 1 && v[0] == '-' && v.find_first_not_of("0123456789", 1) == std::string::npos) throw UsageError(range);
+    if (v.size() > 1 && v[0] == '-' && v.find_first_not_of("0123456789", 1) == std::string::npos)
+      throw UsageError(range);
     throw UsageError("argument " + opt + ": invalid int value: '" + v + "'");
   }
   errno = 0;
@@ -83,16 +86,29 @@ double to_float(const std::string& opt, const std::string& v) {
 nlohmann::json stats_json(const specedge_stats& s, const std::string& drafter) {
   nlohmann::json hist = nlohmann::json::array();
   for (int i = 0; i < s.n_accepted_histogram; ++i) hist.push_back(s.accepted_histogram[i]);
-  nlohmann::json st = {
-      {"tokens", s.tokens}, {"prompt_tokens", s.prompt_tokens}, {"tokens_per_s", s.tokens_per_s},
-      {"e2e_tokens_per_s", s.e2e_tokens_per_s}, {"ttft_s", s.ttft_s}, {"prefill_s", s.ttft_s},
-      {"decode_s", s.decode_s}, {"total_s", s.total_s}, {"time_draft_s", s.time_draft_s},
-      {"time_verify_s", s.time_verify_s}, {"time_other_s", s.time_other_s}, {"speculative", bool(s.speculative)},
-      {"drafter", s.speculative ? nlohmann::json(drafter) : nlohmann::json()},
-      {"acceptance_rate", s.acceptance_rate}, {"mean_accepted", s.mean_accepted}, {"accepted_histogram", hist},
-      {"target_calls", s.target_calls}, {"drafted", s.drafted}, {"accepted", s.accepted},
-      {"prefix_reused_tokens", s.prefix_reused_tokens}, {"k", s.k}, {"k_final", s.k_final},
-      {"fallbacks", s.fallbacks}};
+  nlohmann::json st = {{"tokens", s.tokens},
+                       {"prompt_tokens", s.prompt_tokens},
+                       {"tokens_per_s", s.tokens_per_s},
+                       {"e2e_tokens_per_s", s.e2e_tokens_per_s},
+                       {"ttft_s", s.ttft_s},
+                       {"prefill_s", s.ttft_s},
+                       {"decode_s", s.decode_s},
+                       {"total_s", s.total_s},
+                       {"time_draft_s", s.time_draft_s},
+                       {"time_verify_s", s.time_verify_s},
+                       {"time_other_s", s.time_other_s},
+                       {"speculative", bool(s.speculative)},
+                       {"drafter", s.speculative ? nlohmann::json(drafter) : nlohmann::json()},
+                       {"acceptance_rate", s.acceptance_rate},
+                       {"mean_accepted", s.mean_accepted},
+                       {"accepted_histogram", hist},
+                       {"target_calls", s.target_calls},
+                       {"drafted", s.drafted},
+                       {"accepted", s.accepted},
+                       {"prefix_reused_tokens", s.prefix_reused_tokens},
+                       {"k", s.k},
+                       {"k_final", s.k_final},
+                       {"fallbacks", s.fallbacks}};
   if (s.speculative) {
     nlohmann::json kh = nlohmann::json::object();
     for (int k = 0; k <= SPECEDGE_MAX_SPEC_TOKENS; ++k)
@@ -136,7 +152,8 @@ int main(int argc, char** argv) {
       } else if (a == "--max-new-tokens") {
         long long v = to_int(a, value());
         if (v < 1) throw UsageError("--max-new-tokens must be >= 1, got " + std::to_string(v));
-        if (v > 1 << 30) throw UsageError("--max-new-tokens must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
+        if (v > 1 << 30)
+          throw UsageError("--max-new-tokens must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
         gp.max_new_tokens = int(v);
       } else if (a == "--temperature") {
         gp.temperature = to_float(a, value());
@@ -145,23 +162,26 @@ int main(int argc, char** argv) {
       } else if (a == "--top-k") {
         long long v = to_int(a, value());
         if (v < 0) throw UsageError("--top-k must be >= 0 (0 disables it), got " + std::to_string(v));
-        if (v > 1 << 30) throw UsageError("--top-k must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
+        if (v > 1 << 30)
+          throw UsageError("--top-k must be <= " + std::to_string(1 << 30) + ", got " + std::to_string(v));
         gp.top_k = int(v);
       } else if (a == "--top-p") {
         gp.top_p = to_float(a, value());
-        if (!(gp.top_p > 0 && gp.top_p <= 1)) throw UsageError("--top-p must be in (0, 1], got " + std::string(argv[i]));
+        if (!(gp.top_p > 0 && gp.top_p <= 1))
+          throw UsageError("--top-p must be in (0, 1], got " + std::string(argv[i]));
       } else if (a == "--seed") {
         gp.seed = to_seed(a, value());
       } else if (a == "--spec-tokens") {
         long long v = to_int(a, value());
         if (v < 1 || v > SPECEDGE_MAX_SPEC_TOKENS)
-          throw UsageError("--spec-tokens must be between 1 and " + std::to_string(SPECEDGE_MAX_SPEC_TOKENS) + ", got " +
-                           std::to_string(v));
+          throw UsageError("--spec-tokens must be between 1 and " + std::to_string(SPECEDGE_MAX_SPEC_TOKENS) +
+                           ", got " + std::to_string(v));
         gp.spec_tokens = int(v);
       } else if (a == "--threads") {
         long long v = to_int(a, value());
         if (v < 1) throw UsageError("--threads must be >= 1, got " + std::to_string(v));
-        if (v > kMaxThreads) throw UsageError("--threads must be <= " + std::to_string(kMaxThreads) + ", got " + std::to_string(v));
+        if (v > kMaxThreads)
+          throw UsageError("--threads must be <= " + std::to_string(kMaxThreads) + ", got " + std::to_string(v));
         threads = int(v);
       } else if (a == "--no-spec") {
         gp.speculative = false;
@@ -185,7 +205,8 @@ int main(int argc, char** argv) {
         std::string b = value();
         // "tensorrt" is passed on: the library says whether it was built with TensorRT, and how to get it.
         if (b != "auto" && b != "ort-cpu" && b != "tensorrt")
-          throw UsageError("argument --backend: invalid choice: '" + b + "' (choose from 'auto', 'ort-cpu', 'tensorrt')");
+          throw UsageError("argument --backend: invalid choice: '" + b +
+                           "' (choose from 'auto', 'ort-cpu', 'tensorrt')");
         oo.backend(b);
       } else if (a == "--verify") {
         std::string v = value();
@@ -228,7 +249,9 @@ int main(int argc, char** argv) {
     specedge::Result r;
     if (json) {
       r = chat ? model.generate(model.tokenize(prompt, 0), gp) : model.generate(prompt, gp);
-      std::string doc = nlohmann::json{{"text", r.text}, {"token_ids", r.token_ids}, {"finish_reason", r.finish_reason},
+      std::string doc = nlohmann::json{{"text", r.text},
+                                       {"token_ids", r.token_ids},
+                                       {"finish_reason", r.finish_reason},
                                        {"stats", stats_json(r.stats, model.drafter_kind())}}
                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                         "\n";

@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
       dec.push_back(tok.decode(v));
     }
     std::ofstream out(argv[3]);
-    out << nlohmann::json{{"ids", ids}, {"decoded", dec}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    out << nlohmann::json{{"ids", ids}, {"decoded", dec}}.dump(-1, ' ', false,
+                                                               nlohmann::json::error_handler_t::replace);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -35,8 +35,9 @@ def plot_results(results: dict, out: str | os.PathLike, dpi: int = 110) -> Path:
             col = COLOURS.get(mode, None)
             base = find(summary, mode, 0, cat)
             if base and base["tokens_per_s"]["median"]:
-                ax.axhline(base["tokens_per_s"]["median"], color=col, ls="--", lw=1.2, alpha=0.8,
-                           label=f"{mode} target-only")
+                ax.axhline(
+                    base["tokens_per_s"]["median"], color=col, ls="--", lw=1.2, alpha=0.8, label=f"{mode} target-only"
+                )
             xs, ys, lo, hi, acc, mac = [], [], [], [], [], []
             for k in spec_ks:
                 r = find(summary, mode, k, cat)
@@ -52,8 +53,15 @@ def plot_results(results: dict, out: str | os.PathLike, dpi: int = 110) -> Path:
             if xs:
                 ax.errorbar(xs, ys, yerr=[lo, hi], color=col, marker="o", ms=4, capsize=3, label=f"{mode} speculative")
                 ax2.plot(xs, acc, color=col, marker="o", ms=4, label=f"{mode} acceptance")
-                ax2.plot(xs, [m / (k + 1) for m, k in zip(mac, xs)], color=col, marker="x", ms=4, ls=":",
-                         label=f"{mode} tokens per call / (k+1)")
+                ax2.plot(
+                    xs,
+                    [m / (k + 1) for m, k in zip(mac, xs)],
+                    color=col,
+                    marker="x",
+                    ms=4,
+                    ls=":",
+                    label=f"{mode} tokens per call / (k+1)",
+                )
         ax.set_title(cat)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -74,9 +82,11 @@ def plot_results(results: dict, out: str | os.PathLike, dpi: int = 110) -> Path:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
     b = results.get("bundle", {})
     cfg = results.get("config", {})
-    title = (f"specedge bench — {Path(str(b.get('path', ''))).name}: target {b.get('target', {}).get('precision')}, "
-             f"draft {b.get('draft', {}).get('kind')} {b.get('draft', {}).get('precision') or ''}, "
-             f"{cfg.get('max_new_tokens')} new tokens, threads {cfg.get('threads') or 'default'}")
+    title = (
+        f"specedge bench — {Path(str(b.get('path', ''))).name}: target {b.get('target', {}).get('precision')}, "
+        f"draft {b.get('draft', {}).get('kind')} {b.get('draft', {}).get('precision') or ''}, "
+        f"{cfg.get('max_new_tokens')} new tokens, threads {cfg.get('threads') or 'default'}"
+    )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 0.95))
     out = Path(out)

@@ -118,9 +118,16 @@ def load_prompts(path: str | os.PathLike | None = None) -> list[dict]:
         if item.get("category") not in CATEGORIES:
             raise ValueError(f"prompt '{pid}' has unknown category {item.get('category')!r}")
         msgs = item.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) and m["content"]
-            for m in msgs
+        if (
+            not isinstance(msgs, list)
+            or not msgs
+            or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                and m["content"]
+                for m in msgs
+            )
         ):
             raise ValueError(f"prompt '{pid}' must have non-empty chat messages")
         out.append({"id": pid, "category": item["category"], "messages": msgs})
@@ -141,8 +148,9 @@ def parse_categories(text: str | None) -> list[str] | None:
     return cats
 
 
-def select_prompts(prompts: Sequence[dict], per_category: int | None = None,
-                   categories: Sequence[str] | None = None) -> list[dict]:
+def select_prompts(
+    prompts: Sequence[dict], per_category: int | None = None, categories: Sequence[str] | None = None
+) -> list[dict]:
     """The first `per_category` prompts of each category (all when None), in suite order."""
     counts: dict[str, int] = {}
     out = []
@@ -190,7 +198,9 @@ class BenchConfig:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.max_new_tokens < 2:
-            raise ValueError(f"max-new-tokens must be >= 2 (tokens/s is measured after the first), got {self.max_new_tokens}")
+            raise ValueError(
+                f"max-new-tokens must be >= 2 (tokens/s is measured after the first), got {self.max_new_tokens}"
+            )
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"unknown mode {m!r}; modes: {', '.join(MODES)}")
@@ -312,8 +322,15 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 def _load_pipeline(bundle, cfg: BenchConfig, draft: str | None, verify: str):
     from ..runtime.api import load
 
-    return load(bundle, backend=cfg.backend, threads=cfg.threads, draft=draft, verify=verify,
-                shared_pool=cfg.shared_pool, draft_kv=cfg.draft_kv)
+    return load(
+        bundle,
+        backend=cfg.backend,
+        threads=cfg.threads,
+        draft=draft,
+        verify=verify,
+        shared_pool=cfg.shared_pool,
+        draft_kv=cfg.draft_kv,
+    )
 
 
 def _encode(pipe, prompt: dict, max_new_tokens: int) -> tuple[list[int], bool]:
@@ -380,8 +397,15 @@ def _record(res, *, mode, k, repeat, prompt, seed, n_prompt, truncated, peak) ->
     }
 
 
-def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = True, command: list[str] | None = None,
-              prompts: Sequence[dict] | None = None, log: Callable[[str], None] | None = None) -> dict:
+def run_bench(
+    bundle: str | os.PathLike,
+    cfg: BenchConfig,
+    *,
+    progress: bool = True,
+    command: list[str] | None = None,
+    prompts: Sequence[dict] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Run the sweep and return the results dict (see the module docstring)."""
     from tqdm import tqdm
 
@@ -431,8 +455,17 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
                         seed = cfg.seed_for(mode, rep, i)
                         rss.reset()
                         res = _generate(pipe, ids, cfg, mode, k, seed, cfg.max_new_tokens)
-                        rec = _record(res, mode=mode, k=k, repeat=rep, prompt=p, seed=seed, n_prompt=len(ids),
-                                      truncated=truncated, peak=rss.peak_mb())
+                        rec = _record(
+                            res,
+                            mode=mode,
+                            k=k,
+                            repeat=rep,
+                            prompt=p,
+                            seed=seed,
+                            n_prompt=len(ids),
+                            truncated=truncated,
+                            peak=rss.peak_mb(),
+                        )
                         if mode == "greedy":
                             out = [int(t) for t in res.token_ids]
                             if k == 0 and rep == 0:
@@ -479,15 +512,23 @@ def run_bench(bundle: str | os.PathLike, cfg: BenchConfig, *, progress: bool = T
         "machine": machine,
         "bundle": {
             "path": str(bundle),
-            "target": {"precision": t.precision, "weight_bytes": t.weight_bytes, "num_params": t.num_params,
-                       "family": t.family},
+            "target": {
+                "precision": t.precision,
+                "weight_bytes": t.weight_bytes,
+                "num_params": t.num_params,
+                "family": t.family,
+            },
             "draft": {"kind": draft, "precision": d.precision if draft == "model" else None, "weight_bytes": w_draft},
             "max_seq": manifest.max_seq,
             "k_manifest": manifest.spec_tokens,
             "runtime": describe,
         },
-        "config": {**_config_json(cfg), "draft": draft, "prompts": [p["id"] for p in suite],
-                   "categories": sorted({p["category"] for p in suite}, key=CATEGORIES.index)},
+        "config": {
+            **_config_json(cfg),
+            "draft": draft,
+            "prompts": [p["id"] for p in suite],
+            "categories": sorted({p["category"] for p in suite}, key=CATEGORIES.index),
+        },
         "runs": runs,
     }
     results["summary"] = summarize_runs(runs, t.weight_bytes, w_draft)
@@ -564,7 +605,9 @@ def summarize_runs(runs: Sequence[dict], target_weight_bytes: float, draft_weigh
         for cat in cats:
             base = None
             for k in ks:
-                group = [r for r in runs if r["mode"] == mode and r["k"] == k and (cat == "all" or r["category"] == cat)]
+                group = [
+                    r for r in runs if r["mode"] == mode and r["k"] == k and (cat == "all" or r["category"] == cat)
+                ]
                 if not group:
                     continue
                 rec = {"mode": mode, "k": k, "category": cat}
@@ -607,25 +650,37 @@ def choose_k(summary: Sequence[dict]) -> dict:
             if r is not None and r["speedup"] is not None:
                 per[m] = r["speedup"]
         if per:
-            scores[k] = {"score": S.geometric_mean(per.values()), "speedup": per,
-                         "acceptance_rate": {m: (find(summary, m, k) or {}).get("acceptance_rate") for m in per}}
+            scores[k] = {
+                "score": S.geometric_mean(per.values()),
+                "speedup": per,
+                "acceptance_rate": {m: (find(summary, m, k) or {}).get("acceptance_rate") for m in per},
+            }
     if not scores:
-        return {"k": None, "score": None, "scores": {}, "reason": "no speculative k with a target-only baseline was measured"}
+        return {
+            "k": None,
+            "score": None,
+            "scores": {},
+            "reason": "no speculative k with a target-only baseline was measured",
+        }
     ranked = sorted(scores, key=lambda k: scores[k]["score"] or 0.0, reverse=True)
     best = ranked[0]
     sc = scores[best]
     parts = ", ".join(f"{m} {v:.2f}x" for m, v in sc["speedup"].items())
     acc = ", ".join(f"{m} {v:.0%}" for m, v in sc["acceptance_rate"].items() if v is not None)
     if (sc["score"] or 0.0) <= 1.0:
-        reason = (f"no k beats target-only decoding (best: k={best} at {parts} of target-only speed); "
-                  "leave speculation to the runtime's guard or use a better draft")
+        reason = (
+            f"no k beats target-only decoding (best: k={best} at {parts} of target-only speed); "
+            "leave speculation to the runtime's guard or use a better draft"
+        )
         return {"k": None, "best_k": best, "score": sc["score"], "scores": _jsonable(scores), "reason": reason}
     runner_up = ""
     if len(ranked) > 1:
         r2 = ranked[1]
         runner_up = f"; next best k={r2} at {scores[r2]['score']:.2f}x"
-    reason = (f"k={best} is fastest overall: {parts} target-only tokens/s (geometric mean "
-              f"{sc['score']:.2f}x), acceptance {acc}{runner_up}")
+    reason = (
+        f"k={best} is fastest overall: {parts} target-only tokens/s (geometric mean "
+        f"{sc['score']:.2f}x), acceptance {acc}{runner_up}"
+    )
     return {"k": best, "score": sc["score"], "scores": _jsonable(scores), "reason": reason}
 
 
@@ -675,19 +730,57 @@ def _need(obj, key, typ, where):
 
 
 _STAT_KEYS = ("median", "q1", "q3", "iqr", "min", "max", "n")
-_RUN_KEYS = ("mode", "k", "repeat", "prompt", "category", "tokens", "tokens_per_s", "ttft_s", "decode_s", "drafted",
-             "accepted", "target_calls", "histogram", "finish_reason", "peak_rss_mb")
-_SUMMARY_KEYS = ("mode", "k", "category", "runs", "tokens_per_s", "tokens_per_s_prompt", "ttft_s", "speedup",
-                 "acceptance_rate", "mean_accepted", "histogram", "bytes_per_token", "bandwidth_gb_s", "peak_rss_mb",
-                 "time_split", "greedy_exact")
+_RUN_KEYS = (
+    "mode",
+    "k",
+    "repeat",
+    "prompt",
+    "category",
+    "tokens",
+    "tokens_per_s",
+    "ttft_s",
+    "decode_s",
+    "drafted",
+    "accepted",
+    "target_calls",
+    "histogram",
+    "finish_reason",
+    "peak_rss_mb",
+)
+_SUMMARY_KEYS = (
+    "mode",
+    "k",
+    "category",
+    "runs",
+    "tokens_per_s",
+    "tokens_per_s_prompt",
+    "ttft_s",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted",
+    "histogram",
+    "bytes_per_token",
+    "bandwidth_gb_s",
+    "peak_rss_mb",
+    "time_split",
+    "greedy_exact",
+)
 
 
 def validate_results(obj) -> None:
     """Raise ValueError when `obj` does not follow the results schema (module docstring)."""
     if _need(obj, "schema", str, "the results") != SCHEMA:
         raise ValueError(f"results: schema is {obj['schema']!r}, expected {SCHEMA!r}")
-    for key, typ in (("created", str), ("machine", dict), ("bundle", dict), ("config", dict), ("runs", list),
-                     ("summary", list), ("best", dict), ("tune", dict)):
+    for key, typ in (
+        ("created", str),
+        ("machine", dict),
+        ("bundle", dict),
+        ("config", dict),
+        ("runs", list),
+        ("summary", list),
+        ("best", dict),
+        ("tune", dict),
+    ):
         _need(obj, key, typ, "the results")
     for key in ("ks", "repeats", "max_new_tokens", "modes", "prompts", "categories", "draft"):
         _need(obj["config"], key, None, "config")
@@ -727,8 +820,10 @@ def format_table(results: dict) -> str:
     tokens/s."""
     summary = results["summary"]
     cats = [c for c in results["config"]["categories"]]
-    head = f"{'mode':<8} {'k':>2} {'tok/s':>8} {'IQR':>7} {'speedup':>7} {'accept':>7} {'tok/call':>8} {'TTFT s':>7} {'GB/s':>6} {'RSS MB':>7}  " + \
-        " ".join(f"{_SHORT.get(c, c)[:9]:>9}" for c in cats)
+    head = (
+        f"{'mode':<8} {'k':>2} {'tok/s':>8} {'IQR':>7} {'speedup':>7} {'accept':>7} {'tok/call':>8} {'TTFT s':>7} {'GB/s':>6} {'RSS MB':>7}  "
+        + " ".join(f"{_SHORT.get(c, c)[:9]:>9}" for c in cats)
+    )
     lines = [head, "-" * len(head)]
     for r in summary:
         if r["category"] != "all":
@@ -745,6 +840,7 @@ def format_table(results: dict) -> str:
         lines.append(
             f"{r['mode']:<8} {r['k']:>2} {f(t['median'], '8.2f')} {f(t['iqr'], '7.2f')} {f(r['speedup'], '6.2f')}x "
             f"{f(r['acceptance_rate'] if r['k'] else None, '7.1%')} {f(r['mean_accepted'] if r['k'] else 1.0, '8.2f')} "
-            f"{f(r['ttft_s']['median'], '7.3f')} {f(r['bandwidth_gb_s'], '6.2f')} {f(r['peak_rss_mb'], '7.0f')}  " + " ".join(per)
+            f"{f(r['ttft_s']['median'], '7.3f')} {f(r['bandwidth_gb_s'], '6.2f')} {f(r['peak_rss_mb'], '7.0f')}  "
+            + " ".join(per)
         )
     return "\n".join(lines)

@@ -170,8 +170,9 @@ def spec_bytes_per_token(target_bytes: float, draft_bytes: float, k: int, mean_a
     return (float(target_bytes) + k * float(draft_bytes)) / float(mean_accepted)
 
 
-def bytes_per_token(target_bytes: float, draft_bytes: float, target_passes: int, draft_passes: int,
-                    decode_tokens: int) -> float | None:
+def bytes_per_token(
+    target_bytes: float, draft_bytes: float, target_passes: int, draft_passes: int, decode_tokens: int
+) -> float | None:
     """Exact count: (W_t * target passes + W_d * draft passes) / decode tokens; None without tokens."""
     if decode_tokens <= 0:
         return None

@@ -46,38 +46,78 @@ def register(subparsers) -> argparse.ArgumentParser:
         "OUT/bench.json and OUT/bench.png.",
     )
     p.add_argument("bundle", help="bundle folder")
-    p.add_argument("--k", type=_int_list, default=None, metavar="LIST",
-                   help="k values to sweep, e.g. 0,1,2,4 (0 = target only; default 0..8, --quick: 0,1,2,4)")
+    p.add_argument(
+        "--k",
+        type=_int_list,
+        default=None,
+        metavar="LIST",
+        help="k values to sweep, e.g. 0,1,2,4 (0 = target only; default 0..8, --quick: 0,1,2,4)",
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed repeats of every prompt (default 3, --quick: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per generation (default 128, --quick: 64)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="new tokens per generation (default 128, --quick: 64)"
+    )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per ONNX Runtime session")
-    p.add_argument("--draft-kv", choices=("auto", "own"), default="auto",
-                   help="auto: a self-draft takes the target's K/V for the prompt (default); own: it prefills itself")
-    p.add_argument("--no-shared-pool", action="store_true",
-                   help="a thread pool per ONNX Runtime session, spinning off when a draft runs (the library's "
-                        "default) instead of one process-wide spinning pool (the CLI's)")
-    p.add_argument("--draft", choices=("model", "ngram", "head"), default=None,
-                   help="drafter: the bundle's draft model, prompt lookup or its trained draft head "
-                   "(default: the bundle's own kind)")
+    p.add_argument(
+        "--draft-kv",
+        choices=("auto", "own"),
+        default="auto",
+        help="auto: a self-draft takes the target's K/V for the prompt (default); own: it prefills itself",
+    )
+    p.add_argument(
+        "--no-shared-pool",
+        action="store_true",
+        help="a thread pool per ONNX Runtime session, spinning off when a draft runs (the library's "
+        "default) instead of one process-wide spinning pool (the CLI's)",
+    )
+    p.add_argument(
+        "--draft",
+        choices=("model", "ngram", "head"),
+        default=None,
+        help="drafter: the bundle's draft model, prompt lookup or its trained draft head "
+        "(default: the bundle's own kind)",
+    )
     p.add_argument("--backend", default="auto", help="runtime backend (auto, ort-cpu, ort-cuda, ...)")
-    p.add_argument("--modes", type=_str_list, default=None, metavar="LIST",
-                   help="greedy,sampled (default both)")
-    p.add_argument("--prompts-per-category", type=int, default=None, metavar="N",
-                   help="use the first N prompts of each category (default all 5, --quick: 2)")
-    p.add_argument("--categories", type=_str_list, default=None, metavar="LIST",
-                   help="only these categories (code,chat,grounded,summarization)")
+    p.add_argument("--modes", type=_str_list, default=None, metavar="LIST", help="greedy,sampled (default both)")
+    p.add_argument(
+        "--prompts-per-category",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use the first N prompts of each category (default all 5, --quick: 2)",
+    )
+    p.add_argument(
+        "--categories",
+        type=_str_list,
+        default=None,
+        metavar="LIST",
+        help="only these categories (code,chat,grounded,summarization)",
+    )
     p.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs (default 0)")
-    p.add_argument("--guard", action="store_true",
-                   help="keep the runtime's speculation guard on (default off: each k is measured as itself)")
-    p.add_argument("--tree", action="store_true",
-                   help="verify a tree of drafts per target call instead of a chain (a bundle exported with --tree, "
-                   "or --backend torch)")
-    p.add_argument("--quick", action="store_true", help="short run: k 0,1,2,4, 1 repeat, 64 tokens, 2 prompts per category")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder for bench.json and bench.png (default ./specedge-bench/<bundle>_<drafter> in the "
-                   "current folder)")
-    p.add_argument("--tune", action="store_true",
-                   help="write the best k into the bundle's manifest (atomically) and say why")
+    p.add_argument(
+        "--guard",
+        action="store_true",
+        help="keep the runtime's speculation guard on (default off: each k is measured as itself)",
+    )
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="verify a tree of drafts per target call instead of a chain (a bundle exported with --tree, "
+        "or --backend torch)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="short run: k 0,1,2,4, 1 repeat, 64 tokens, 2 prompts per category"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output folder for bench.json and bench.png (default ./specedge-bench/<bundle>_<drafter> in the "
+        "current folder)",
+    )
+    p.add_argument(
+        "--tune", action="store_true", help="write the best k into the bundle's manifest (atomically) and say why"
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -88,8 +128,12 @@ def _config(args):
     from ..bench.runner import BenchConfig
 
     kw = dict(
-        ks=args.k, repeats=args.repeats, max_new_tokens=args.max_new_tokens, modes=args.modes,
-        per_category=args.prompts_per_category, categories=args.categories,
+        ks=args.k,
+        repeats=args.repeats,
+        max_new_tokens=args.max_new_tokens,
+        modes=args.modes,
+        per_category=args.prompts_per_category,
+        categories=args.categories,
     )
     if args.quick:
         cfg = BenchConfig.quick_defaults(**kw)
@@ -144,8 +188,10 @@ def run(args) -> int:
         can_plot = True
     except ImportError:
         can_plot = False
-        print("warning: matplotlib is not installed, so no plot will be written (pip install 'specedge[bench]')",
-              file=sys.stderr)
+        print(
+            "warning: matplotlib is not installed, so no plot will be written (pip install 'specedge[bench]')",
+            file=sys.stderr,
+        )
 
     from ..bench.runner import format_table, run_bench, tune_manifest, validate_results
 
@@ -154,8 +200,16 @@ def run(args) -> int:
     tune = results["tune"]
     if args.tune:
         if tune.get("k") is not None:
-            prev = tune_manifest(bundle, tune["k"], {"score": tune["score"], "reason": tune["reason"],
-                                                    "drafter": drafter, "results": str(out / "bench.json")})
+            prev = tune_manifest(
+                bundle,
+                tune["k"],
+                {
+                    "score": tune["score"],
+                    "reason": tune["reason"],
+                    "drafter": drafter,
+                    "results": str(out / "bench.json"),
+                },
+            )
             tune["written"] = True
             tune["previous_k"] = prev
             load_manifest(bundle, verify="size")  # the bundle still loads
@@ -179,11 +233,15 @@ def run(args) -> int:
             print(f"{kind}: {path}")
         la0, la1 = results["machine"].get("load_avg_start"), results["machine"].get("load_avg_end")
         if la0 and la1:
-            print(f"load average (1 min) at start / end: {la0[0]} / {la1[0]} on {results['machine']['logical_cpus']} CPUs")
+            print(
+                f"load average (1 min) at start / end: {la0[0]} / {la1[0]} on {results['machine']['logical_cpus']} CPUs"
+            )
     if args.tune:
-        msg = (f"tune: wrote k={tune['k']} into {bundle / 'manifest.json'} (was {tune['previous_k']}): {tune['reason']}"
-               if tune.get("written") else
-               f"tune: left k={tune['previous_k']} unchanged: {tune['reason']}")
+        msg = (
+            f"tune: wrote k={tune['k']} into {bundle / 'manifest.json'} (was {tune['previous_k']}): {tune['reason']}"
+            if tune.get("written")
+            else f"tune: left k={tune['previous_k']} unchanged: {tune['reason']}"
+        )
         print(msg, file=sys.stderr if args.json else sys.stdout)
     elif not args.json and tune.get("reason"):
         print(f"best k: {tune['k'] if tune.get('k') is not None else 'none'} ({tune['reason']})")
@@ -193,11 +251,17 @@ def run(args) -> int:
 def _reconstruct(args) -> list[str]:
     """The command line that reproduces this run (when not started through the console script)."""
     cmd = ["specedge", "bench", str(args.bundle)]
-    for flag, val in (("--k", args.k and ",".join(map(str, args.k))), ("--repeats", args.repeats),
-                      ("--max-new-tokens", args.max_new_tokens), ("--threads", args.threads), ("--draft", args.draft),
-                      ("--modes", args.modes and ",".join(args.modes)),
-                      ("--prompts-per-category", args.prompts_per_category),
-                      ("--categories", args.categories and ",".join(args.categories)), ("--out", args.out)):
+    for flag, val in (
+        ("--k", args.k and ",".join(map(str, args.k))),
+        ("--repeats", args.repeats),
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--threads", args.threads),
+        ("--draft", args.draft),
+        ("--modes", args.modes and ",".join(args.modes)),
+        ("--prompts-per-category", args.prompts_per_category),
+        ("--categories", args.categories and ",".join(args.categories)),
+        ("--out", args.out),
+    ):
         if val is not None:
             cmd += [flag, str(val)]
     if args.backend != "auto":

@@ -11,8 +11,15 @@ import argparse
 import sys
 
 from ..errors import one_line
-from .generate import (add_sampling_args, check_args, format_stats, gen_kwargs, load_pipeline, require_chat_template,
-                       safe_stdout)
+from .generate import (
+    add_sampling_args,
+    check_args,
+    format_stats,
+    gen_kwargs,
+    load_pipeline,
+    require_chat_template,
+    safe_stdout,
+)
 
 HELP = "commands: /reset clears the history, /exit leaves (so does end of input)"
 
@@ -64,8 +71,11 @@ def run(args) -> int:
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:  # one bad line (a terminal in another encoding) is not the end
-                print(f"error: that line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                      "nothing was sent", file=sys.stderr)
+                print(
+                    f"error: that line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                    "nothing was sent",
+                    file=sys.stderr,
+                )
                 continue
             cmd = line.strip()
             if not cmd:

@@ -11,8 +11,8 @@ import time
 from ..errors import WRITE_ERRNOS, Terminated, UserError, write_failure
 from ..errors import raise_terminated as _raise_terminated
 from ..export.specedge_kernel import EXPORT_KERNELS
-from .main import _Parser, exit_process, run_cli
 from ..progress import TickingBar
+from .main import _Parser, exit_process, run_cli
 
 
 class TqdmProgress:
@@ -48,42 +48,88 @@ def build_parser() -> argparse.ArgumentParser:
         "bundles/smollm2-135m-instruct; a current bundle already there is reused.",
     )
     p.add_argument("--target", help="HF model folder, .gguf file, or locally cached hub id (default: built-in SmolLM2)")
-    p.add_argument("--draft", default="auto",
-                   help="draft checkpoint, 'self' (target at --draft-precision), 'ngram' (no draft model), "
-                   "'head' (export with --features, then train a draft head: `specedge train-draft`; the "
-                   "bundle keeps the auto draft beside it) or 'auto' (default: ngram for an int4/int8 target, "
-                   "else self; ./auto names a folder 'auto')")
-    p.add_argument("--head-budget", default=None,
-                   help="with --draft head: the training budget, tokens or minutes (default: train-draft's)")
+    p.add_argument(
+        "--draft",
+        default="auto",
+        help="draft checkpoint, 'self' (target at --draft-precision), 'ngram' (no draft model), "
+        "'head' (export with --features, then train a draft head: `specedge train-draft`; the "
+        "bundle keeps the auto draft beside it) or 'auto' (default: ngram for an int4/int8 target, "
+        "else self; ./auto names a folder 'auto')",
+    )
+    p.add_argument(
+        "--head-budget",
+        default=None,
+        help="with --draft head: the training budget, tokens or minutes (default: train-draft's)",
+    )
     p.add_argument("--out", help="bundle folder (default: bundles/<model name>)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="target precision (default fp32)")
-    p.add_argument("--draft-precision", default="int4", choices=PRECISIONS, action=_Given,
-                   help="self-draft precision (default int4); with --tensorrt, int4 where that version takes it, else int8")
-    p.add_argument("--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})")
+    p.add_argument(
+        "--draft-precision",
+        default="int4",
+        choices=PRECISIONS,
+        action=_Given,
+        help="self-draft precision (default int4); with --tensorrt, int4 where that version takes it, else int8",
+    )
+    p.add_argument(
+        "--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})"
+    )
     p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
-    p.add_argument("--kv-update", default="scatter", choices=("scatter", "delta"), action=_Given,
-                   help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) "
-                   "(default scatter); with --tensorrt, what that version imports")
-    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})")
-    p.add_argument("--graphs", default="auto", choices=("auto", "ort", "portable", "both"),
-                   help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
-                   "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)")
-    p.add_argument("--features", action="store_true",
-                   help="the target graph also returns hidden states (three layers) for a draft head (implied by --draft head)")
-    p.add_argument("--tree", action="store_true",
-                   help="the graphs also take tree calls (an ancestor mask input, tree_mask) for tree verification; "
-                   "chains run on them as before")
+    p.add_argument(
+        "--kv-update",
+        default="scatter",
+        choices=("scatter", "delta"),
+        action=_Given,
+        help="scatter: in-place TensorScatter; delta: new entries out (TensorRT 10.3 / JetPack 6) "
+        "(default scatter); with --tensorrt, what that version imports",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"prefill chunk size (default {DEFAULT_PREFILL_CHUNK})",
+    )
+    p.add_argument(
+        "--graphs",
+        default="auto",
+        choices=("auto", "ort", "portable", "both"),
+        help="graph flavours: ort (ONNX Runtime's fused attention), portable (standard ops, TensorRT), "
+        "both; auto = ort for fp32/int8/int4, both for fp16/bf16, portable for delta bundles (default auto)",
+    )
+    p.add_argument(
+        "--features",
+        action="store_true",
+        help="the target graph also returns hidden states (three layers) for a draft head (implied by --draft head)",
+    )
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="the graphs also take tree calls (an ancestor mask input, tree_mask) for tree verification; "
+        "chains run on them as before",
+    )
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
-    p.add_argument("--int4-kernel", default="auto", choices=EXPORT_KERNELS,
-                   help="which graphs an int4 model gets for its GGUF Q4_1 weights (default auto): auto both, over "
-                   "one weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
-                   "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
-                   "(specedge: refused where its kernels do not run)"),
-    p.add_argument("--tensorrt", metavar="VERSION",
-                   help="the TensorRT the bundle is for (e.g. 10.3 on JetPack 6): every graph offered to TensorRT is one "
-                   "that version parses and builds (its kv mode and opset, no op outside its table, int4/int8 "
-                   "weights as DequantizeLinear); recorded in the manifest (docs/jetson.md)")
-    p.add_argument("--force", action="store_true", help="replace an existing specedge bundle at --out (anything else is never replaced)")
+    (
+        p.add_argument(
+            "--int4-kernel",
+            default="auto",
+            choices=EXPORT_KERNELS,
+            help="which graphs an int4 model gets for its GGUF Q4_1 weights (default auto): auto both, over "
+            "one weights file, the runtime running the faster one the machine has (specedge's own CPU kernels, "
+            "libspecedge_ops, else ONNX Runtime's MatMulNBits); matmulnbits or specedge: that one only "
+            "(specedge: refused where its kernels do not run)",
+        ),
+    )
+    p.add_argument(
+        "--tensorrt",
+        metavar="VERSION",
+        help="the TensorRT the bundle is for (e.g. 10.3 on JetPack 6): every graph offered to TensorRT is one "
+        "that version parses and builds (its kv mode and opset, no op outside its table, int4/int8 "
+        "weights as DequantizeLinear); recorded in the manifest (docs/jetson.md)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing specedge bundle at --out (anything else is never replaced)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -123,10 +169,19 @@ def run(args) -> int:
     opts = ExportOptions(
         target=args.target,
         draft=default_draft(args.precision, args.tensorrt) if args.draft in ("auto", "head") else args.draft,
-        out=args.out, precision=args.precision,
-        draft_precision=_unless_tensorrt(args, "draft_precision"), max_seq=args.max_seq, spec_tokens=args.spec_tokens,
-        kv_mode=_unless_tensorrt(args, "kv_update"), prefill_chunk=args.prefill_chunk, force=args.force, block_size=args.block_size,
-        graphs=args.graphs, features=args.features or head, tree=args.tree, int4_kernel=args.int4_kernel,
+        out=args.out,
+        precision=args.precision,
+        draft_precision=_unless_tensorrt(args, "draft_precision"),
+        max_seq=args.max_seq,
+        spec_tokens=args.spec_tokens,
+        kv_mode=_unless_tensorrt(args, "kv_update"),
+        prefill_chunk=args.prefill_chunk,
+        force=args.force,
+        block_size=args.block_size,
+        graphs=args.graphs,
+        features=args.features or head,
+        tree=args.tree,
+        int4_kernel=args.int4_kernel,
         tensorrt=args.tensorrt,
     )
     t0 = time.time()
@@ -146,26 +201,40 @@ def run(args) -> int:
 
         bars = _Bars(args.quiet or args.json)
         try:
-            m = train_draft(out, TrainOptions(**({"budget": args.head_budget} if args.head_budget else {})),
-                            progress=bars)
+            m = train_draft(
+                out, TrainOptions(**({"budget": args.head_budget} if args.head_budget else {})), progress=bars
+            )
         finally:
             bars.close()
     took = time.time() - t0
     size = sum(v["bytes"] for v in m.files.values())
     reused = plan.action == "reuse"
     if args.json:
-        print(json.dumps({"bundle": str(out), "reused": reused, "seconds": round(took, 1), "bytes": size,
-                          "target": {"family": m.target.family, "precision": m.target.precision},
-                          "draft": {"kind": m.draft.kind, "precision": m.draft.precision if m.draft.is_model else None},
-                          "kv_mode": m.kv_mode, "max_seq": m.max_seq, "k": m.spec_tokens,
-                          **({"tensorrt": m.tensorrt} if m.tensorrt else {})}))
+        print(
+            json.dumps(
+                {
+                    "bundle": str(out),
+                    "reused": reused,
+                    "seconds": round(took, 1),
+                    "bytes": size,
+                    "target": {"family": m.target.family, "precision": m.target.precision},
+                    "draft": {"kind": m.draft.kind, "precision": m.draft.precision if m.draft.is_model else None},
+                    "kv_mode": m.kv_mode,
+                    "max_seq": m.max_seq,
+                    "k": m.spec_tokens,
+                    **({"tensorrt": m.tensorrt} if m.tensorrt else {}),
+                }
+            )
+        )
     elif reused:
         print(f"bundle {out} is current (same sources and options, {m.created_by}): nothing to export")
     else:
         d = f"{m.draft.precision} {m.draft.family}" if m.draft.is_model else "n-gram"
-        print(f"bundle written to {out} ({size / 1e6:.1f} MB, {took:.0f} s): target {m.target.family} "
-              f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}"
-              + (f", for TensorRT {m.tensorrt}" if m.tensorrt else ""))
+        print(
+            f"bundle written to {out} ({size / 1e6:.1f} MB, {took:.0f} s): target {m.target.family} "
+            f"{m.target.precision}, draft {d}, kv {m.kv_mode}, max_seq {m.max_seq}, k {m.spec_tokens}"
+            + (f", for TensorRT {m.tensorrt}" if m.tensorrt else "")
+        )
         tip = kernel_tip(m, args.int4_kernel, args.quiet)
         if tip:
             print(tip)
@@ -187,9 +256,11 @@ def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
         return None
     if isa == "portable":
         return None
-    return (f"tip: this machine has specedge's int4 kernels ({isa}): without --int4-kernel matmulnbits the bundle "
-            f"also gets their graph, which makes the int4 {' and '.join(int4)} steps about twice as fast, and exact "
-            f"without padded steps")
+    return (
+        f"tip: this machine has specedge's int4 kernels ({isa}): without --int4-kernel matmulnbits the bundle "
+        f"also gets their graph, which makes the int4 {' and '.join(int4)} steps about twice as fast, and exact "
+        f"without padded steps"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

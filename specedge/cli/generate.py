@@ -16,31 +16,74 @@ from ..contract import MAX_SPEC_TOKENS as MAX_K
 
 def add_sampling_args(p: argparse.ArgumentParser, max_new_default: int) -> None:
     """Options shared by `generate` and `chat`."""
-    p.add_argument("--max-new-tokens", type=int, default=max_new_default, metavar="N", help=f"tokens to generate at most (default {max_new_default})")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default), else sampling temperature")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=max_new_default,
+        metavar="N",
+        help=f"tokens to generate at most (default {max_new_default})",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default), else sampling temperature"
+    )
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same output)")
-    p.add_argument("--spec-tokens", type=int, default=None, metavar="K", help=f"draft tokens per round, 1..{MAX_K} (default: the bundle's)")
+    p.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"draft tokens per round, 1..{MAX_K} (default: the bundle's)",
+    )
     p.add_argument("--no-spec", action="store_true", help="decode with the target alone")
-    p.add_argument("--draft", choices=("model", "ngram", "head"), default=None,
-                   help="drafter: the draft model, prompt lookup or the trained draft head (default: the bundle's)")
-    p.add_argument("--adaptive-k", action="store_true", help="grow k while drafts are accepted, shrink it on early rejections")
-    p.add_argument("--no-guard", action="store_true", help="never shrink k or fall back to target-only when speculation does not pay")
-    p.add_argument("--tree", action="store_true",
-                   help="verify a tree of drafted continuations per target call, sized by the measured call cost "
-                   "(a bundle exported with --tree; n-gram drafter)")
+    p.add_argument(
+        "--draft",
+        choices=("model", "ngram", "head"),
+        default=None,
+        help="drafter: the draft model, prompt lookup or the trained draft head (default: the bundle's)",
+    )
+    p.add_argument(
+        "--adaptive-k", action="store_true", help="grow k while drafts are accepted, shrink it on early rejections"
+    )
+    p.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="never shrink k or fall back to target-only when speculation does not pay",
+    )
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="verify a tree of drafted continuations per target call, sized by the measured call cost "
+        "(a bundle exported with --tree; n-gram drafter)",
+    )
     p.add_argument("--stop", action="append", default=None, metavar="STR", help="stop when STR appears (repeatable)")
-    p.add_argument("--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)")
+    p.add_argument(
+        "--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)"
+    )
     p.add_argument("--draft-backend", default=None, metavar="B", help="backend of the draft model (default: --backend)")
-    p.add_argument("--provider", action="append", default=None, metavar="EP",
-                   help="ONNX Runtime execution provider for ort-* backends, e.g. cuda or OpenVINOExecutionProvider (repeatable)")
+    p.add_argument(
+        "--provider",
+        action="append",
+        default=None,
+        metavar="EP",
+        help="ONNX Runtime execution provider for ort-* backends, e.g. cuda or OpenVINOExecutionProvider (repeatable)",
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads per ONNX Runtime session")
-    p.add_argument("--verify", choices=("full", "size", "none"), default="full", help="bundle file check at load (default full: sha256)")
+    p.add_argument(
+        "--verify",
+        choices=("full", "size", "none"),
+        default="full",
+        help="bundle file check at load (default full: sha256)",
+    )
     p.add_argument("--stats", action="store_true", help="print speed and acceptance figures on stderr")
-    p.add_argument("--int4-kernel", choices=("auto", "specedge", "matmulnbits"), default="auto",
-                   help="which graph an int4 model with two runs on ort-cpu: auto (default) specedge's kernels where "
-                   "they have a fast path here, else ONNX Runtime's MatMulNBits; or that one")
+    p.add_argument(
+        "--int4-kernel",
+        choices=("auto", "specedge", "matmulnbits"),
+        default="auto",
+        help="which graph an int4 model with two runs on ort-cpu: auto (default) specedge's kernels where "
+        "they have a fast path here, else ONNX Runtime's MatMulNBits; or that one",
+    )
 
 
 MAX_COUNT = 1 << 30  # --max-new-tokens and --top-k, as the C++ CLI bounds them
@@ -112,27 +155,37 @@ def load_pipeline(args):
     quiet = getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty()
     with TickingBar(f"loading {args.bundle}", quiet=quiet, leave=False) as bar:
         return load(
-            args.bundle, backend=args.backend, draft_backend=args.draft_backend, threads=args.threads,
-            providers=args.provider, draft=args.draft, verify=args.verify,
+            args.bundle,
+            backend=args.backend,
+            draft_backend=args.draft_backend,
+            threads=args.threads,
+            providers=args.provider,
+            draft=args.draft,
+            verify=args.verify,
             shared_pool=True,  # the CLI owns its process: target and draft on one spinning pool
-            progress=bar.step, int4_kernel=getattr(args, "int4_kernel", "auto"),
+            progress=bar.step,
+            int4_kernel=getattr(args, "int4_kernel", "auto"),
         )
 
 
 def gen_kwargs(args) -> dict:
     return dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, stop=args.stop, spec_tokens=args.spec_tokens, speculative=not args.no_spec,
-        adaptive_k=args.adaptive_k, guard=not args.no_guard, tree=args.tree,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        spec_tokens=args.spec_tokens,
+        speculative=not args.no_spec,
+        adaptive_k=args.adaptive_k,
+        guard=not args.no_guard,
+        tree=args.tree,
     )
 
 
 def format_stats(stats: dict) -> str:
-    parts = [
-        f"{stats['tokens']} tokens",
-        f"{stats['tokens_per_s']:.1f} tok/s",
-        f"ttft {stats['ttft_s'] * 1000:.0f} ms",
-    ]
+    parts = [f"{stats['tokens']} tokens", f"{stats['tokens_per_s']:.1f} tok/s", f"ttft {stats['ttft_s'] * 1000:.0f} ms"]
     if stats.get("speculative"):
         parts += [
             f"{stats['drafter']} draft",
@@ -167,7 +220,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("bundle", help="bundle folder")
     p.add_argument("prompt", help="the prompt, or - to read it from stdin")
     add_sampling_args(p, 128)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the bundle's chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message in the bundle's chat template"
+    )
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, finish_reason, stats)")
     p.set_defaults(func=run)
@@ -194,7 +249,9 @@ def run(args) -> int:
     pipe = load_pipeline(args)
     try:
         if args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}
+            ]
             src = dict(messages=messages)
         else:
             src = dict(prompt=prompt)
@@ -203,7 +260,12 @@ def run(args) -> int:
             for _ in stream:
                 pass
             r = stream.result
-            print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason, "stats": r.stats}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason, "stats": r.stats},
+                    ensure_ascii=False,
+                )
+            )
         else:
             safe_stdout()
             try:

@@ -27,11 +27,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("bundle", help="bundle folder")
     p.add_argument("--json", action="store_true", help="print the manifest plus computed sizes as JSON")
-    p.add_argument("--verify", choices=("size", "full"), default="size",
-                   help="file check: size (default, instant) or full (sha256 of every file)")
-    p.add_argument("--tensorrt", metavar="VERSION", default=None,
-                   help="check every graph offered to TensorRT against that version's ONNX parser (e.g. 10.3 for "
-                   "JetPack 6): list what it does not import; exit 3 when a graph would not parse")
+    p.add_argument(
+        "--verify",
+        choices=("size", "full"),
+        default="size",
+        help="file check: size (default, instant) or full (sha256 of every file)",
+    )
+    p.add_argument(
+        "--tensorrt",
+        metavar="VERSION",
+        default=None,
+        help="check every graph offered to TensorRT against that version's ONNX parser (e.g. 10.3 for "
+        "JetPack 6): list what it does not import; exit 3 when a graph would not parse",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -143,8 +151,8 @@ CHECKED = {
 
 def format_report(m, bundle: str, verify: str = "size") -> str:
     from ..contract import FEATURES_OUTPUT, TREE_INPUT
-    from ..tensorrt_support import bundle_tensorrt
     from ..runtime.invariant import wants_invariant_steps
+    from ..tensorrt_support import bundle_tensorrt
     from .export_models import default_draft
 
     sizes = compute_sizes(m)
@@ -154,23 +162,36 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
     exported_for = bundle_tensorrt(m.root)
     if exported_for:
         lines.append(f"tensorrt     exported for TensorRT {exported_for} (export-models --tensorrt)")
-    lines.append(f"kv mode      {m.kv_mode}" + ("  (in-place TensorScatter)" if m.kv_mode == "scatter" else
-                                                 "  (graphs output new entries; the runtime writes them)"))
+    lines.append(
+        f"kv mode      {m.kv_mode}"
+        + (
+            "  (in-place TensorScatter)"
+            if m.kv_mode == "scatter"
+            else "  (graphs output new entries; the runtime writes them)"
+        )
+    )
     lines.append(f"max_seq      {m.max_seq}    batch {m.batch}")
     lines.append(f"k            {m.spec_tokens}    prefill chunk {m.prefill_chunk}")
     eos = ", ".join(str(e) for e in m.eos_token_ids)
     bos = "none" if m.bos_token_id is None else str(m.bos_token_id)
-    lines.append(f"tokenizer    vocab {m.tokenizer_vocab_size}    eos ids [{eos}]    bos {bos}"
-                 f"{' (added)' if m.add_bos else ''}    chat template {m.chat_template or 'none'}")
+    lines.append(
+        f"tokenizer    vocab {m.tokenizer_vocab_size}    eos ids [{eos}]    bos {bos}"
+        f"{' (added)' if m.add_bos else ''}    chat template {m.chat_template or 'none'}"
+    )
     for spec in _models(m):
         lines.append("")
         if spec.kind == "ngram":
             ng = spec.extra.get("ngram_sizes")
-            lines.append(f"{spec.role:<7}      n-gram (prompt lookup, no model"
-                         + (f"; n = {', '.join(str(n) for n in ng)}" if ng else "") + ")")
+            lines.append(
+                f"{spec.role:<7}      n-gram (prompt lookup, no model"
+                + (f"; n = {', '.join(str(n) for n in ng)}" if ng else "")
+                + ")"
+            )
             if default_draft(m.target.precision) == "ngram":
-                lines.append(f"  default    export-models' draft for an {m.target.precision} target: a draft model "
-                             "would cost about a target step per token")
+                lines.append(
+                    f"  default    export-models' draft for an {m.target.precision} target: a draft model "
+                    "would cost about a target step per token"
+                )
             continue
         weights = spec.extra.get("weights", spec.precision)
         extra = ""
@@ -181,31 +202,47 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
         lines += _int4_kernel_lines(spec)
         if spec.role == "target":
             if _runs_batch_invariant(spec):
-                steps = ("batch-invariant graph: single-token steps run as 1 token and give a verification row's "
-                         "bits, so greedy speculation equals target-only exactly (checked when a pipeline loads)")
+                steps = (
+                    "batch-invariant graph: single-token steps run as 1 token and give a verification row's "
+                    "bits, so greedy speculation equals target-only exactly (checked when a pipeline loads)"
+                )
             elif wants_invariant_steps(spec.precision):
-                steps = ("batch-invariant: single-token steps run as 2 tokens, so greedy speculation equals "
-                         "target-only exactly")
+                steps = (
+                    "batch-invariant: single-token steps run as 2 tokens, so greedy speculation equals "
+                    "target-only exactly"
+                )
             else:
                 steps = "plain single-token steps (fp32: verification rows agree to ~1e-5)"
             lines.append("  steps      " + steps)
         if spec.features:
-            lines.append(f"  features   {FEATURES_OUTPUT} [B, T, {spec.features['dim']}]: the outputs of layers "
-                         f"{', '.join(str(i) for i in spec.features['layers'])}, for a draft head")
+            lines.append(
+                f"  features   {FEATURES_OUTPUT} [B, T, {spec.features['dim']}]: the outputs of layers "
+                f"{', '.join(str(i) for i in spec.features['layers'])}, for a draft head"
+            )
         if spec.kind == "head":
             t = spec.extra.get("training", {})
-            lines.append(f"  head       draft vocabulary {spec.vocab_size} ids (map {spec.extra.get('draft_vocab_file')}), "
-                         f"trained on {t.get('tokens', '?')} tokens, top-1 {t.get('top1', '?')}")
-        lines.append(f"  params     {fmt_count(spec.num_params)} ({spec.num_params:,})    "
-                     f"weight bytes/step {fmt_bytes(spec.weight_bytes)}    "
-                     f"files {fmt_bytes(sizes['models'][spec.role]['file_bytes'])}")
-        lines.append(f"  shape      {spec.num_layers} layers, {spec.num_kv_heads} kv heads x {spec.head_dim}, "
-                     f"hidden {spec.hidden_size}, vocab {spec.vocab_size}")
-        lines.append(f"  kv cache   {spec.kv_dtype}, {fmt_bytes(sizes['models'][spec.role]['kv_cache_bytes'])} "
-                     f"at max_seq {m.max_seq}")
+            lines.append(
+                f"  head       draft vocabulary {spec.vocab_size} ids (map {spec.extra.get('draft_vocab_file')}), "
+                f"trained on {t.get('tokens', '?')} tokens, top-1 {t.get('top1', '?')}"
+            )
+        lines.append(
+            f"  params     {fmt_count(spec.num_params)} ({spec.num_params:,})    "
+            f"weight bytes/step {fmt_bytes(spec.weight_bytes)}    "
+            f"files {fmt_bytes(sizes['models'][spec.role]['file_bytes'])}"
+        )
+        lines.append(
+            f"  shape      {spec.num_layers} layers, {spec.num_kv_heads} kv heads x {spec.head_dim}, "
+            f"hidden {spec.hidden_size}, vocab {spec.vocab_size}"
+        )
+        lines.append(
+            f"  kv cache   {spec.kv_dtype}, {fmt_bytes(sizes['models'][spec.role]['kv_cache_bytes'])} "
+            f"at max_seq {m.max_seq}"
+        )
         for g in spec.graphs:
-            lines.append(f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})"
-                         + (f"; tree calls ({TREE_INPUT} input)" if g.tree else ""))
+            lines.append(
+                f"  graph      {g.path} ({g.flavour}; {', '.join(g.backends)})"
+                + (f"; tree calls ({TREE_INPUT} input)" if g.tree else "")
+            )
             if g.custom_ops:
                 lines.append(f"  kernels    {', '.join(g.custom_ops)}: {_kernel_path()}")
         lines.append("  inputs")
@@ -221,18 +258,22 @@ def format_report(m, bundle: str, verify: str = "size") -> str:
 
 
 def run(args) -> int:
+    from .. import tensorrt_support as ts
     from ..bundle_files import check_graph_files
     from ..manifest import load_manifest
-
-    from .. import tensorrt_support as ts
 
     line = ts.parse_tensorrt_version(args.tensorrt) if args.tensorrt is not None else None
     m = load_manifest(Path(args.bundle), verify=args.verify)
     check_graph_files(m)
     check = ts.check_bundle(m.root, args.tensorrt, manifest=m) if line else None
     if args.json:
-        obj = {"bundle": str(args.bundle), "verified": args.verify, "manifest": m.to_json(), "sizes": compute_sizes(m),
-               "tensorrt": ts.bundle_tensorrt(m.root)}
+        obj = {
+            "bundle": str(args.bundle),
+            "verified": args.verify,
+            "manifest": m.to_json(),
+            "sizes": compute_sizes(m),
+            "tensorrt": ts.bundle_tensorrt(m.root),
+        }
         if check is not None:
             obj["tensorrt_check"] = check.to_json()
         print(json.dumps(obj, indent=2))
@@ -267,8 +308,11 @@ def _int4_kernel_lines(spec) -> list[str]:
         c = choose(spec, "ort-cpu", note=False)
     except KernelChoiceError as e:  # pragma: no cover - auto never refuses
         return [f"  int4       {e}"]
-    graphs = ", ".join(f"{Path(g.path).name} ({'specedge' if g.custom_ops else 'MatMulNBits'})"
-                       for g in spec.graphs if "ort-cpu" in g.backends)
+    graphs = ", ".join(
+        f"{Path(g.path).name} ({'specedge' if g.custom_ops else 'MatMulNBits'})"
+        for g in spec.graphs
+        if "ort-cpu" in g.backends
+    )
     return [f"  int4       {c.kernel} here ({c.reason}); graphs: {graphs}"]
 
 
@@ -279,8 +323,10 @@ def _kernel_path() -> str:
     try:
         path = custom_ops.library_path()
     except custom_ops.CustomOpsError:
-        return (f"libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is present, or set "
-                f"{custom_ops.ENV})")
+        return (
+            f"libspecedge_ops.so not found here (reinstall specedge where a C++ compiler is present, or set "
+            f"{custom_ops.ENV})"
+        )
     try:
         isa = custom_ops.isa(path)
     except (OSError, AttributeError) as e:

@@ -149,14 +149,17 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         if e.filename:
             print(f"error: cannot use '{e.filename}': {reason}", file=sys.stderr)
             return EXIT_USAGE
-        print(f"error: internal error: {type(e).__name__}: {reason} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"error: internal error: {type(e).__name__}: {reason} (run with --debug for the traceback)", file=sys.stderr
+        )
         return EXIT_FAULT
     except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback behind --debug
         if debug:
             raise
-        print(f"error: internal error: {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"error: internal error: {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_FAULT
     finally:
         if sys.stdout is guarded:

@@ -28,7 +28,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--device", choices=sorted(DEVICES), help="a known device")
     g.add_argument("--memory-gb", type=float, metavar="X", help="device memory in GiB (a device not listed)")
     p.add_argument(
-        "--reserve-gb", type=float, metavar="G", default=None,
+        "--reserve-gb",
+        type=float,
+        metavar="G",
+        default=None,
         help="memory taken by the OS and the CUDA context, in GiB (default: typical figure for the device)",
     )
     p.add_argument("--max-seq", type=int, default=None, help="plan for this max_seq instead of the bundle's")

@@ -20,47 +20,119 @@ API_KEY_ENV = "SPECEDGE_API_KEY"
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "serve", help="serve a bundle over an OpenAI-compatible HTTP API",
+        "serve",
+        help="serve a bundle over an OpenAI-compatible HTTP API",
         description="Serve a bundle over the OpenAI HTTP API (chat and text completions, streaming, "
         "Prometheus metrics with acceptance per task). Needs the serve extra: pip install 'specedge[serve]'.",
     )
     p.add_argument("bundle", help="bundle folder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--replicas", type=int, default=1, metavar="N",
-                   help="pipelines serving requests side by side, one KV cache each (default 1)")
-    p.add_argument("--queue", type=int, default=16, metavar="N",
-                   help="requests that may wait for a replica; more are answered 429 (default 16)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="deadline of a request in seconds, queue wait included (default 300)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV} if set, else no key)")
-    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
-                   help="largest request body accepted (default 1048576)")
-    p.add_argument("--header-timeout", type=float, default=None, metavar="S",
-                   help="seconds a client has to send a request's head, else 408 (default 10)")
-    p.add_argument("--body-timeout", type=float, default=None, metavar="S",
-                   help="seconds a client has to send a request's body once its head is in, else 408 (default 30)")
-    p.add_argument("--grace", type=float, default=None, metavar="S",
-                   help="at SIGTERM/SIGINT, seconds running requests get to finish before they are ended "
-                        "(default 8; a second signal ends them at once)")
-    p.add_argument("--metrics-max-tasks", type=int, default=None, metavar="N",
-                   help="distinct `specedge.task` labels in /metrics; later ones are counted as '(other)' (default 64)")
-    p.add_argument("--default-max-tokens", type=int, default=256, metavar="N",
-                   help="max_tokens of a request that gives none (default 256)")
-    p.add_argument("--model-name", default=None, metavar="NAME",
-                   help="the model id clients see (default: the bundle folder's name)")
-    p.add_argument("--draft", choices=("model", "ngram", "head"), default=None,
-                   help="drafter of every replica (default: the bundle's)")
-    p.add_argument("--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="intra-op threads per ONNX Runtime session (default: the cores, shared out among replicas)")
-    p.add_argument("--verify", choices=("full", "size", "none"), default="full",
-                   help="bundle file check at load (default full: sha256)")
-    p.add_argument("--ray", action="store_true",
-                   help="deploy on Ray Serve instead: --replicas Ray replicas of the same app (needs ray[serve])")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="Ray cluster to join with --ray (default: a local one, or $RAY_ADDRESS)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="pipelines serving requests side by side, one KV cache each (default 1)",
+    )
+    p.add_argument(
+        "--queue",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests that may wait for a replica; more are answered 429 (default 16)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="deadline of a request in seconds, queue wait included (default 300)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV} if set, else no key)",
+    )
+    p.add_argument(
+        "--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body accepted (default 1048576)"
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a client has to send a request's head, else 408 (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a client has to send a request's body once its head is in, else 408 (default 30)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        metavar="S",
+        help="at SIGTERM/SIGINT, seconds running requests get to finish before they are ended "
+        "(default 8; a second signal ends them at once)",
+    )
+    p.add_argument(
+        "--metrics-max-tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="distinct `specedge.task` labels in /metrics; later ones are counted as '(other)' (default 64)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="max_tokens of a request that gives none (default 256)",
+    )
+    p.add_argument(
+        "--model-name",
+        default=None,
+        metavar="NAME",
+        help="the model id clients see (default: the bundle folder's name)",
+    )
+    p.add_argument(
+        "--draft",
+        choices=("model", "ngram", "head"),
+        default=None,
+        help="drafter of every replica (default: the bundle's)",
+    )
+    p.add_argument(
+        "--backend", default="auto", help="auto, ort-cpu, ort-cuda, ort-trt, tensorrt or torch (default auto)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op threads per ONNX Runtime session (default: the cores, shared out among replicas)",
+    )
+    p.add_argument(
+        "--verify",
+        choices=("full", "size", "none"),
+        default="full",
+        help="bundle file check at load (default full: sha256)",
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="deploy on Ray Serve instead: --replicas Ray replicas of the same app (needs ray[serve])",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="Ray cluster to join with --ray (default: a local one, or $RAY_ADDRESS)",
+    )
     p.add_argument("--ray-num-cpus", type=float, default=None, metavar="N", help="CPUs each Ray replica reserves")
     p.add_argument("--ray-num-gpus", type=float, default=0.0, metavar="N", help="GPUs each Ray replica reserves")
     p.set_defaults(func=run)
@@ -97,8 +169,10 @@ def check_args(args) -> str | None:
     if not args.ray and (args.ray_address is not None or args.ray_num_cpus is not None or args.ray_num_gpus):
         raise UserError("--ray-address, --ray-num-cpus and --ray-num-gpus apply with --ray only")
     if args.ray and any(getattr(args, n) is not None for n in ("header_timeout", "body_timeout", "grace")):
-        raise UserError("--header-timeout, --body-timeout and --grace apply without --ray only "
-                        "(Ray Serve's own proxy reads the requests and stops the replicas)")
+        raise UserError(
+            "--header-timeout, --body-timeout and --grace apply without --ray only "
+            "(Ray Serve's own proxy reads the requests and stops the replicas)"
+        )
     if args.ray_num_cpus is not None and not args.ray_num_cpus > 0:
         raise UserError(f"--ray-num-cpus must be > 0, got {args.ray_num_cpus}")
     if not args.ray_num_gpus >= 0:
@@ -129,8 +203,16 @@ def load_replicas(args) -> list:
         for _ in range(args.replicas):
             # one replica owns the process's CPU: its target and draft share one spinning pool,
             # as `specedge generate` does; several replicas each keep their own pools
-            pipes.append(load(args.bundle, backend=args.backend, threads=threads, draft=args.draft,
-                              verify=args.verify, shared_pool=args.replicas == 1))
+            pipes.append(
+                load(
+                    args.bundle,
+                    backend=args.backend,
+                    threads=threads,
+                    draft=args.draft,
+                    verify=args.verify,
+                    shared_pool=args.replicas == 1,
+                )
+            )
     except BaseException:
         for p in pipes:
             p.close()
@@ -153,8 +235,11 @@ def _need_serve_packages() -> None:
 
 def _warn_without_key(host: str, key: str | None) -> None:
     if not is_loopback(host) and key is None:
-        print(f"warning: serving on {host} without an API key: anyone who can reach this port can use it "
-              f"(set --api-key or ${API_KEY_ENV})", file=sys.stderr)
+        print(
+            f"warning: serving on {host} without an API key: anyone who can reach this port can use it "
+            f"(set --api-key or ${API_KEY_ENV})",
+            file=sys.stderr,
+        )
 
 
 class _Stopped(Exception):
@@ -208,18 +293,32 @@ def run(args) -> int:
     try:
         pipes = load_replicas(args)
         scheduler = Scheduler(pipes, args.queue)
-        metrics = ServeMetrics(args.metrics_max_tasks if args.metrics_max_tasks is not None else DEFAULT_MAX_TASKS,
-                               model)
-        app = create_app(scheduler, model, api_key=key, timeout=args.timeout, max_body=args.max_body,
-                         default_max_tokens=args.default_max_tokens, metrics=metrics)
-        limits = HttpLimits(header_timeout=args.header_timeout or DEFAULT_HEADER_TIMEOUT,
-                            body_timeout=args.body_timeout or DEFAULT_BODY_TIMEOUT, on_error=metrics.error)
+        metrics = ServeMetrics(
+            args.metrics_max_tasks if args.metrics_max_tasks is not None else DEFAULT_MAX_TASKS, model
+        )
+        app = create_app(
+            scheduler,
+            model,
+            api_key=key,
+            timeout=args.timeout,
+            max_body=args.max_body,
+            default_max_tokens=args.default_max_tokens,
+            metrics=metrics,
+        )
+        limits = HttpLimits(
+            header_timeout=args.header_timeout or DEFAULT_HEADER_TIMEOUT,
+            body_timeout=args.body_timeout or DEFAULT_BODY_TIMEOUT,
+            on_error=metrics.error,
+        )
         server = Server(uvicorn_config(app, limits), scheduler, grace=args.grace or DEFAULT_GRACE)
         drafter = pipes[0].drafter.kind if pipes[0].drafter is not None else "none"
         host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"specedge serve: {model} on http://{host}:{args.port}/v1 ({args.replicas} replica(s), "
-              f"queue {args.queue}, drafter {drafter}{', API key required' if key else ''})", file=sys.stderr,
-              flush=True)
+        print(
+            f"specedge serve: {model} on http://{host}:{args.port}/v1 ({args.replicas} replica(s), "
+            f"queue {args.queue}, drafter {drafter}{', API key required' if key else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
         server.run(sockets=socks)
     except _Stopped:
         return 0
@@ -230,7 +329,10 @@ def run(args) -> int:
         for p in pipes:
             p.close()
     if server.signal is not None:
-        print(f"specedge serve: stopped by {signal.Signals(server.signal).name}"
-              f"{f'; {server.cut_short} request(s) ended before they finished' if server.cut_short else ''}",
-              file=sys.stderr, flush=True)
+        print(
+            f"specedge serve: stopped by {signal.Signals(server.signal).name}"
+            f"{f'; {server.cut_short} request(s) ended before they finished' if server.cut_short else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
     return 130 if server.signal == signal.SIGINT else 0

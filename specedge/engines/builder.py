@@ -23,30 +23,30 @@ import os
 import shutil
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..bundle_files import check_graph_files
 from ..contract import ARGMAX_OUTPUT, check_graph_names, expected_names, graph_io
 from ..errors import UserError, import_optional
 from ..manifest import Manifest, ModelSpec, load_manifest
+from ..tensorrt_support import check_bundle, check_bundle_target, installed_line, parse_error_hint, refusal
 from .plan_json import (
+    TENSORRT_HINT,
     EngineError,
     PlanInfo,
     check_against_manifest,
     check_compatible,
+    check_kv_mode_supported,
     current_gpu,
     device_tag,
     engines_root,
     load_plan_info,
-    TENSORRT_HINT,
-    check_kv_mode_supported,
     sha256_bytes,
     short_version,
 )
 from .profiles import input_shapes, profiles_for
-from ..tensorrt_support import check_bundle, check_bundle_target, installed_line, parse_error_hint, refusal
 
 GiB = 1 << 30
 TIMING_CACHE = "timing.cache"
@@ -197,7 +197,9 @@ def build_engine(
 
     extra_outputs = []
     if options.argmax_output:
-        logits = next(network.get_output(i) for i in range(network.num_outputs) if network.get_output(i).name == "logits")
+        logits = next(
+            network.get_output(i) for i in range(network.num_outputs) if network.get_output(i).name == "logits"
+        )
         topk = network.add_topk(logits, trt.TopKOperation.MAX, 1, 1 << (len(logits.shape) - 1))
         idx = topk.get_output(1)
         if hasattr(network, "add_cast"):
@@ -288,7 +290,9 @@ def _up_to_date(final: Path, manifest: Manifest, spec: ModelSpec, gpu, trt_versi
     return info.build_options.get("requested") == options.requested()
 
 
-def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callable[[str], None] = print, quiet: bool = False) -> list[PlanInfo]:
+def build_engines(
+    bundle: str | os.PathLike, options: BuildOptions, log: Callable[[str], None] = print, quiet: bool = False
+) -> list[PlanInfo]:
     """Build (or confirm up to date) the plans of a bundle for this device."""
     options.validate()
     manifest = load_manifest(bundle, verify="full")
@@ -312,7 +316,9 @@ def build_engines(bundle: str | os.PathLike, options: BuildOptions, log: Callabl
                 "or export with --tensorrt VERSION"
             )
     # The parser's own error names one node; the table names every one, with the export flag to use.
-    check = check_bundle(manifest.root, installed_line(trt.__version__), roles=tuple(s.role for s in specs), manifest=manifest)
+    check = check_bundle(
+        manifest.root, installed_line(trt.__version__), roles=tuple(s.role for s in specs), manifest=manifest
+    )
     if not check.ok:
         raise UserError(refusal(check))
     root = engines_root(manifest.root)

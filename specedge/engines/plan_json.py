@@ -248,7 +248,9 @@ def check_against_manifest(info: PlanInfo, manifest, spec, onnx_path: str, bundl
 
 def verify_plan_bytes(info: PlanInfo, data: bytes, where: str) -> None:
     if len(data) != info.plan_bytes or sha256_bytes(data) != info.plan_sha256:
-        raise EngineError(f"{where} does not match its plan.json checksum — rebuild with `specedge build-engines --force`")
+        raise EngineError(
+            f"{where} does not match its plan.json checksum — rebuild with `specedge build-engines --force`"
+        )
 
 
 def engines_root(bundle_root: Path) -> Path:
@@ -312,10 +314,17 @@ def current_gpu(device_id: int = 0) -> tuple[str, str]:
     try:
         import subprocess
 
-        out = subprocess.run(
-            ["nvidia-smi", f"--id={device_id}", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", f"--id={device_id}", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         if out:
             name, cc = [x.strip() for x in out[0].rsplit(",", 1)]
             return name, cc_string(cc)

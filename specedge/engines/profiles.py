@@ -30,7 +30,9 @@ class Profile:
 
     def __post_init__(self):
         if not (1 <= self.t_min <= self.t_opt <= self.t_max):
-            raise ValueError(f"profile '{self.name}' needs 1 <= min <= opt <= max, got {self.t_min}/{self.t_opt}/{self.t_max}")
+            raise ValueError(
+                f"profile '{self.name}' needs 1 <= min <= opt <= max, got {self.t_min}/{self.t_opt}/{self.t_max}"
+            )
 
     @property
     def exact(self) -> bool:
@@ -43,7 +45,7 @@ class Profile:
         return {"name": self.name, "t_min": self.t_min, "t_opt": self.t_opt, "t_max": self.t_max}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Profile":
+    def from_json(cls, d: dict) -> Profile:
         try:
             return cls(str(d["name"]), int(d["t_min"]), int(d["t_opt"]), int(d["t_max"]))
         except (KeyError, TypeError, ValueError) as e:

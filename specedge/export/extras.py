@@ -28,8 +28,9 @@ def missing_export_modules() -> list[str]:
 
 
 def missing_extra_error(names: list[str]) -> UserError:
-    return UserError(f"export-models needs the 'export' extra, which is not installed "
-                     f"(missing: {', '.join(names)}): {INSTALL_HINT}")
+    return UserError(
+        f"export-models needs the 'export' extra, which is not installed (missing: {', '.join(names)}): {INSTALL_HINT}"
+    )
 
 
 def require_export_extra() -> None:

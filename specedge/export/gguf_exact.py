@@ -131,8 +131,12 @@ def _to_affine(rows: BlockRows) -> BlockRows:
 
 def concat_rows(parts: list[BlockRows]) -> BlockRows:
     if all(p.mins is None for p in parts):
-        return BlockRows(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]),
-                         None, np.concatenate([p.bits for p in parts]))
+        return BlockRows(
+            np.concatenate([p.codes for p in parts]),
+            np.concatenate([p.scales for p in parts]),
+            None,
+            np.concatenate([p.bits for p in parts]),
+        )
     parts = [_to_affine(p) for p in parts]
     return BlockRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("codes", "scales", "mins", "bits")))
 
@@ -159,12 +163,12 @@ def row_keys(w: np.ndarray) -> np.ndarray:
     step = max(1, (1 << 22) // max(k, 1))
     with np.errstate(over="ignore"):
         for s in range(0, r, step):
-            x = w[s:s + step].view(np.uint32).astype(np.uint64)
+            x = w[s : s + step].view(np.uint32).astype(np.uint64)
             h = (x * mult).sum(axis=1, dtype=np.uint64)
             h ^= h >> np.uint64(31)
             h *= np.uint64(0x9E3779B97F4A7C15)
             h ^= h >> np.uint64(29)
-            out[s:s + step] = h
+            out[s : s + step] = h
     return out
 
 
@@ -204,7 +208,7 @@ class GGUFRowIndex:
             say(f"indexing GGUF rows ({i + 1}/{len(quantized)})")
             step = max(1, (1 << 22) // k)
             for s in range(0, raw.shape[0], step):
-                w = decode_rows(qtype, raw[s:s + step]).dequantize()
+                w = decode_rows(qtype, raw[s : s + step]).dequantize()
                 keys.setdefault(k, []).append(row_keys(w))
                 ids.setdefault(k, []).append(np.arange(start + s, start + s + w.shape[0], dtype=np.int64))
             start += raw.shape[0]
@@ -241,8 +245,12 @@ class GGUFRowIndex:
             types.append(TYPE_NAMES[t.qtype])
         allrows = concat_rows(parts)
         order = np.argsort(np.concatenate(where), kind="stable")
-        return BlockRows(allrows.codes[order], allrows.scales[order],
-                         None if allrows.mins is None else allrows.mins[order], allrows.bits[order]), types
+        return BlockRows(
+            allrows.codes[order],
+            allrows.scales[order],
+            None if allrows.mins is None else allrows.mins[order],
+            allrows.bits[order],
+        ), types
 
     def match(self, weight_t: np.ndarray) -> tuple[BlockRows | None, list[str], int]:
         """Block form of a weight given as Wᵀ [K, N] (one GGUF row per column), or None.
@@ -255,7 +263,7 @@ class GGUFRowIndex:
         rows, types = self.rows(ids)
         step = max(1, (1 << 22) // w.shape[1])
         for s in range(0, w.shape[0], step):  # bit for bit, in slices (lm_head can be large)
-            if not np.array_equal(rows[s:s + step].dequantize().view(np.uint32), w[s:s + step].view(np.uint32)):
+            if not np.array_equal(rows[s : s + step].dequantize().view(np.uint32), w[s : s + step].view(np.uint32)):
                 return None, types, 0
         return rows, types, found
 
@@ -308,7 +316,7 @@ def to_nbits(rows: BlockRows, bits: int) -> NBitsWeight:
         u = rows.codes + zero
     else:
         half = (1 << (rows.bits.astype(np.int64) - 1))[:, None]
-        centred = (mins.astype(np.float64) + half * rows.scales.astype(np.float64))
+        centred = mins.astype(np.float64) + half * rows.scales.astype(np.float64)
         m2 = centred.astype(np.float32)
         if np.array_equal(m2.astype(np.float64), centred):
             u = rows.codes - half + zero
@@ -325,8 +333,13 @@ def to_nbits(rows: BlockRows, bits: int) -> NBitsWeight:
         packed = u
     else:
         raise ValueError("bits must be 4 or 8")
-    return NBitsWeight(bits, np.ascontiguousarray(packed, dtype=np.uint8), rows.scales.astype(np.float32), zp,
-                       None if mins is None else np.ascontiguousarray(mins, dtype=np.float32))
+    return NBitsWeight(
+        bits,
+        np.ascontiguousarray(packed, dtype=np.uint8),
+        rows.scales.astype(np.float32),
+        zp,
+        None if mins is None else np.ascontiguousarray(mins, dtype=np.float32),
+    )
 
 
 def storage_bits(rows: BlockRows, precision_bits: int) -> int:
@@ -350,11 +363,14 @@ class ExactReport:
     kernel_matmuls: int = 0  # of them, run by ai.specedge.MatMulQ41
 
     def to_json(self) -> dict:
-        return {"exact_matmuls": self.exact, "exact_block_size": QK,
-                **({"specedge_kernel_matmuls": self.kernel_matmuls} if self.kernel_matmuls else {}),
-                "source_types": dict(sorted(self.source_types.items())),
-                "exact_storage": dict(sorted(self.storage.items())),
-                "gguf_types_not_exact": dict(sorted(self.skipped_types.items()))}
+        return {
+            "exact_matmuls": self.exact,
+            "exact_block_size": QK,
+            **({"specedge_kernel_matmuls": self.kernel_matmuls} if self.kernel_matmuls else {}),
+            "source_types": dict(sorted(self.source_types.items())),
+            "exact_storage": dict(sorted(self.storage.items())),
+            "gguf_types_not_exact": dict(sorted(self.skipped_types.items())),
+        }
 
 
 def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
@@ -383,9 +399,16 @@ def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
     return np.ascontiguousarray(z.astype(np.float32))
 
 
-def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: int,
-                  accuracy_level: int, say=None, min_form: str = "correction",
-                  blocksum: str = "reduce", kernel: str = "matmulnbits") -> ExactReport:
+def rewrite_exact(
+    proto: onnx.ModelProto,
+    index: GGUFRowIndex,
+    precision_bits: int,
+    accuracy_level: int,
+    say=None,
+    min_form: str = "correction",
+    blocksum: str = "reduce",
+    kernel: str = "matmulnbits",
+) -> ExactReport:
     """Replace every MatMul whose constant weight is a (permuted, concatenated) set of GGUF rows by
     an exact MatMulNBits (+ the block-min correction for affine types). In place.
 
@@ -405,9 +428,16 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
     inits = {t.name: t for t in g.initializer}
     ranks = _ranks(g)
     rep = ExactReport(skipped_types=dict(index.skipped))
-    todo = [(i, n) for i, n in enumerate(g.node) if n.op_type == "MatMul" and len(n.input) == 2
-            and n.input[1] in inits and len(inits[n.input[1]].dims) == 2
-            and inits[n.input[1]].data_type == TensorProto.FLOAT and inits[n.input[1]].dims[0] % QK == 0]
+    todo = [
+        (i, n)
+        for i, n in enumerate(g.node)
+        if n.op_type == "MatMul"
+        and len(n.input) == 2
+        and n.input[1] in inits
+        and len(inits[n.input[1]].dims) == 2
+        and inits[n.input[1]].data_type == TensorProto.FLOAT
+        and inits[n.input[1]].dims[0] % QK == 0
+    ]
     rep.candidates = len(todo)
     new_inits: list[TensorProto] = []
     blocksums: dict[str, str] = {}  # input name -> its blocksum
@@ -436,8 +466,13 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
             except ValueError:  # codes that do not fit (cannot happen for the types above)
                 w = None
             q41 = None
-            if w is not None and kernel == "specedge" and w.bits == 4 and rows.mins is not None \
-                    and int(rows.bits.max()) <= 4:
+            if (
+                w is not None
+                and kernel == "specedge"
+                and w.bits == 4
+                and rows.mins is not None
+                and int(rows.bits.max()) <= 4
+            ):
                 q41 = pack_q41(rows.codes, rows.scales, rows.mins)
             if w is None:
                 done[bname] = None
@@ -474,25 +509,41 @@ def rewrite_exact(proto: onnx.ModelProto, index: GGUFRowIndex, precision_bits: i
         if ins[0] in q41_weights:
             nodes = [helper.make_node(Q41_OP, [a, ins[0]], [y], name=uniq(f"{base}_gguf_q41"), domain=Q41_DOMAIN)]
         else:
-            nodes = [helper.make_node("MatMulNBits", [a, *ins], [mm_out], name=uniq(f"{base}_gguf_exact"),
-                                      domain="com.microsoft", K=k, N=n, bits=bits, block_size=QK,
-                                      accuracy_level=accuracy_level)]
+            nodes = [
+                helper.make_node(
+                    "MatMulNBits",
+                    [a, *ins],
+                    [mm_out],
+                    name=uniq(f"{base}_gguf_exact"),
+                    domain="com.microsoft",
+                    K=k,
+                    N=n,
+                    bits=bits,
+                    block_size=QK,
+                    accuracy_level=accuracy_level,
+                )
+            ]
         if mn is not None:
             if a not in blocksums:
                 if blocksum == "matmul":
                     if k not in indicators:
                         indicators[k] = uniq(f"gguf_block_indicator_{k}")
                         new_inits.append(numpy_helper.from_array(block_indicator(k), indicators[k]))
-                    bs = [helper.make_node("MatMul", [a, indicators[k]], [uniq(f"{a}_gguf_blocksum")],
-                                           name=uniq(f"{a}_gguf_blocksum"))]
+                    bs = [
+                        helper.make_node(
+                            "MatMul", [a, indicators[k]], [uniq(f"{a}_gguf_blocksum")], name=uniq(f"{a}_gguf_blocksum")
+                        )
+                    ]
                     rep.helper_nodes.add(bs[0].name)
                 else:
                     bs = _blocksum_nodes(a, k, ranks.get(a), uniq, new_inits)
                 nodes[:0] = bs
                 blocksums[a] = bs[-1].output[0]
             corr, cname = uniq(f"{y}_gguf_min_corr"), uniq(f"{base}_gguf_mins")
-            nodes += [helper.make_node("MatMul", [blocksums[a], mn], [corr], name=cname),
-                      helper.make_node("Add", [mm_out, corr], [y], name=uniq(f"{base}_gguf_add"))]
+            nodes += [
+                helper.make_node("MatMul", [blocksums[a], mn], [corr], name=cname),
+                helper.make_node("Add", [mm_out, corr], [y], name=uniq(f"{base}_gguf_add")),
+            ]
             rep.helper_nodes.add(cname)
         replaced[idx] = nodes
         rep.exact += 1
@@ -533,10 +584,14 @@ def _blocksum_nodes(a: str, k: int, rank: int | None, uniq, new_inits: list) -> 
     else:
         lead, tail_n, shape = uniq(f"{a}_gguf_lead"), uniq(f"{a}_gguf_tail"), uniq(f"{a}_gguf_blocks_shape")
         new_inits.append(numpy_helper.from_array(tail, tail_n))
-        nodes += [helper.make_node("Shape", [a], [lead], end=-1, name=uniq(f"{a}_gguf_shape")),
-                  helper.make_node("Concat", [lead, tail_n], [shape], axis=0, name=uniq(f"{a}_gguf_concat"))]
+        nodes += [
+            helper.make_node("Shape", [a], [lead], end=-1, name=uniq(f"{a}_gguf_shape")),
+            helper.make_node("Concat", [lead, tail_n], [shape], axis=0, name=uniq(f"{a}_gguf_concat")),
+        ]
     blocks, axes, s = uniq(f"{a}_gguf_blocks"), uniq(f"{a}_gguf_axes"), uniq(f"{a}_gguf_blocksum")
     new_inits.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), axes))
-    nodes += [helper.make_node("Reshape", [a, shape], [blocks], name=uniq(f"{a}_gguf_reshape")),
-              helper.make_node("ReduceSum", [blocks, axes], [s], keepdims=0, name=uniq(f"{a}_gguf_blocksum"))]
+    nodes += [
+        helper.make_node("Reshape", [a, shape], [blocks], name=uniq(f"{a}_gguf_reshape")),
+        helper.make_node("ReduceSum", [blocks, axes], [s], keepdims=0, name=uniq(f"{a}_gguf_blocksum")),
+    ]
     return nodes

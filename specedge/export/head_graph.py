@@ -22,10 +22,26 @@ import onnx
 import torch
 
 from ..contract import head_graph_io
-from ..manifest import MANIFEST_NAME, GraphSpec, Manifest, ModelSpec, load_manifest, sha256_file, target_fingerprint
-from ..manifest import write_json_atomic
-from .onnx_graph import OPSET, _drop_unused_initializers, _name_dynamic_dim, _optimize, _quiet, _tensor_scatter
-from .onnx_graph import FORBIDDEN_OPS, save_with_external_data
+from ..manifest import (
+    MANIFEST_NAME,
+    GraphSpec,
+    Manifest,
+    ModelSpec,
+    load_manifest,
+    sha256_file,
+    target_fingerprint,
+    write_json_atomic,
+)
+from .onnx_graph import (
+    FORBIDDEN_OPS,
+    OPSET,
+    _drop_unused_initializers,
+    _name_dynamic_dim,
+    _optimize,
+    _quiet,
+    _tensor_scatter,
+    save_with_external_data,
+)
 
 __all__ = ["export_head_graph", "head_spec", "write_head"]
 
@@ -39,21 +55,41 @@ def export_head_graph(head: torch.nn.Module, out_path: Path, max_seq: int, kv_mo
     hc = head.hc
     cache = head.empty_cache(max_seq)
     t = 3
-    args = (torch.zeros((1, t), dtype=torch.int64), torch.zeros((1,), dtype=torch.int64),
-            torch.zeros((1, t, hc.feature_dim)), torch.zeros((1, t, hc.hidden_size)), *cache)
+    args = (
+        torch.zeros((1, t), dtype=torch.int64),
+        torch.zeros((1,), dtype=torch.int64),
+        torch.zeros((1, t, hc.feature_dim)),
+        torch.zeros((1, t, hc.hidden_size)),
+        *cache,
+    )
     prefix = "present" if kv_mode == "scatter" else "new"
     in_names = ["input_ids", "position", "features", "hidden", "past_key.0", "past_value.0"]
     out_names = ["logits", "hidden_out", f"{prefix}_key.0", f"{prefix}_value.0"]
     dim = torch.export.Dim.DYNAMIC
-    dyn = {"input_ids": {1: dim}, "position": None, "features": {1: dim}, "hidden": {1: dim},
-           "past_key": None, "past_value": None}
+    dyn = {
+        "input_ids": {1: dim},
+        "position": None,
+        "features": {1: dim},
+        "hidden": {1: dim},
+        "past_key": None,
+        "past_value": None,
+    }
     from ..models.attention import cache_write
 
     with _quiet(), torch.no_grad():
         ep = torch.export.export(head, args, dynamic_shapes=dyn)
-        prog = torch.onnx.export(ep, args, None, input_names=in_names, output_names=out_names, dynamo=True,
-                                 opset_version=OPSET, optimize=False, verbose=False,
-                                 custom_translation_table={cache_write._opoverload: _tensor_scatter})
+        prog = torch.onnx.export(
+            ep,
+            args,
+            None,
+            input_names=in_names,
+            output_names=out_names,
+            dynamo=True,
+            opset_version=OPSET,
+            optimize=False,
+            verbose=False,
+            custom_translation_table={cache_write._opoverload: _tensor_scatter},
+        )
         proto = _optimize(prog.model)
     _name_dynamic_dim(proto, "T")
     _drop_unused_initializers(proto)
@@ -65,12 +101,23 @@ def head_spec(head, rel: str, kv_mode: str, max_seq: int, extra: dict) -> ModelS
     hc = head.hc
     # per step the head reads every weight but the embedding table (one row per token is gathered)
     params = sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight")
-    spec = ModelSpec(role="head", kind="head", family="eagle_head", source="specedge train-draft",
-                     precision="fp32", kv_dtype="float32", num_layers=1, num_kv_heads=hc.num_kv_heads,
-                     head_dim=hc.head_dim, hidden_size=hc.hidden_size, vocab_size=hc.draft_vocab,
-                     num_params=sum(p.numel() for p in head.parameters()), weight_bytes=4 * params,
-                     graphs=[GraphSpec("portable", rel, list(HEAD_BACKENDS), [rel + ".data"])],
-                     extra={"feature_dim": hc.feature_dim, "config": hc.to_json(), **extra})
+    spec = ModelSpec(
+        role="head",
+        kind="head",
+        family="eagle_head",
+        source="specedge train-draft",
+        precision="fp32",
+        kv_dtype="float32",
+        num_layers=1,
+        num_kv_heads=hc.num_kv_heads,
+        head_dim=hc.head_dim,
+        hidden_size=hc.hidden_size,
+        vocab_size=hc.draft_vocab,
+        num_params=sum(p.numel() for p in head.parameters()),
+        weight_bytes=4 * params,
+        graphs=[GraphSpec("portable", rel, list(HEAD_BACKENDS), [rel + ".data"])],
+        extra={"feature_dim": hc.feature_dim, "config": hc.to_json(), **extra},
+    )
     spec.inputs, spec.outputs = head_graph_io(spec, kv_mode, max_seq)
     return spec
 
@@ -85,9 +132,14 @@ def check_head_graph(path: Path, spec: ModelSpec, kv_mode: str, max_seq: int) ->
     elem = {1: "float32", 7: "int64"}
     want_in, want_out = head_graph_io(spec, kv_mode, max_seq)
     for want, got in ((want_in, proto.graph.input), (want_out, proto.graph.output)):
-        got_l = [(g.name, elem.get(g.type.tensor_type.elem_type, "?"),
-                  [d.dim_param if d.HasField("dim_param") else d.dim_value for d in g.type.tensor_type.shape.dim])
-                 for g in got]
+        got_l = [
+            (
+                g.name,
+                elem.get(g.type.tensor_type.elem_type, "?"),
+                [d.dim_param if d.HasField("dim_param") else d.dim_value for d in g.type.tensor_type.shape.dim],
+            )
+            for g in got
+        ]
         if got_l != [(w.name, w.dtype, list(w.shape)) for w in want]:
             raise RuntimeError(f"the head graph does not match the contract: {got_l} vs {[w.to_json() for w in want]}")
 
@@ -104,9 +156,17 @@ def write_head(bundle: Path, head, training: dict) -> Manifest:
         d2t = [int(x) for x in head.d2t.tolist()]
         (tmp / "draft_vocab.json").write_text(json.dumps({"d2t": d2t}) + "\n", encoding="utf-8")
         rel = f"{folder}/model.onnx"
-        spec = head_spec(head, rel, m.kv_mode, m.max_seq, {
-            "draft_vocab_file": f"{folder}/draft_vocab.json", "target_fingerprint": target_fingerprint(m),
-            "training": training})
+        spec = head_spec(
+            head,
+            rel,
+            m.kv_mode,
+            m.max_seq,
+            {
+                "draft_vocab_file": f"{folder}/draft_vocab.json",
+                "target_fingerprint": target_fingerprint(m),
+                "training": training,
+            },
+        )
         check_head_graph(tmp / "model.onnx", spec, m.kv_mode, m.max_seq)
         os.replace(tmp, bundle / folder)
     except BaseException:

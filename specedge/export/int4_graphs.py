@@ -21,14 +21,18 @@ from .gguf_exact import _blocksum_nodes, _ranks
 from .specedge_kernel import ATTENTION_OP, DOMAIN, OP, Q8_OP, ROWS
 
 # fp16 exponent e (0..31) -> the value of one mantissa unit: subnormal 2^-24, else 2^(e-25)
-_UNIT = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
+_UNIT = np.array([2.0**-24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
 _LEAD = np.array([0.0] + [1024.0] * 31, dtype=np.float32)  # the implicit leading 1, in mantissa units
 
 
 class _Builder:
     def __init__(self, graph: onnx.GraphProto):
-        self.taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
-            {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+        self.taken = (
+            {n.name for n in graph.node}
+            | {t.name for t in graph.initializer}
+            | {o for n in graph.node for o in n.output}
+            | {i.name for i in graph.input}
+        )
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
         self.consts: dict[tuple, str] = {}
@@ -63,22 +67,36 @@ def _bytes_slice(b: _Builder, packed: str, start: int, stop: int, shape: list[in
 def _fp16(b: _Builder, packed: str, start: int, g: int, nb: int, base: str) -> str:
     """fp32 [N, nb] of the 16 fp16 values per group and block stored at bytes start..start+32
     (little-endian), decoded exactly with integer arithmetic: sign, exponent, mantissa."""
-    pairs = b.op("Cast", [_bytes_slice(b, packed, start, start + 32, [g, nb, ROWS, 2], base)], base + "_i32",
-                 to=TensorProto.INT32)
+    pairs = b.op(
+        "Cast",
+        [_bytes_slice(b, packed, start, start + 32, [g, nb, ROWS, 2], base)],
+        base + "_i32",
+        to=TensorProto.INT32,
+    )
     lo = b.op("Gather", [pairs, b.const(0, np.int64)], base + "_lo", axis=3)
     hi = b.op("Gather", [pairs, b.const(1, np.int64)], base + "_hi", axis=3)
     h = b.op("Add", [lo, b.op("Mul", [hi, b.const(256, np.int32)], base + "_hi256")], base + "_bits")
-    mant = b.op("Cast", [b.op("Mod", [h, b.const(1024, np.int32)], base + "_mant")], base + "_mantf",
-                to=TensorProto.FLOAT)
+    mant = b.op(
+        "Cast", [b.op("Mod", [h, b.const(1024, np.int32)], base + "_mant")], base + "_mantf", to=TensorProto.FLOAT
+    )
     exp = b.op("Mod", [b.op("Div", [h, b.const(1024, np.int32)], base + "_h10"), b.const(32, np.int32)], base + "_exp")
     sign = b.op("Cast", [b.op("Div", [h, b.const(32768, np.int32)], base + "_s")], base + "_sf", to=TensorProto.FLOAT)
-    units = b.op("Add", [mant, b.op("Gather", [b.const(_LEAD, np.float32), exp], base + "_lead", axis=0)],
-                 base + "_units")
-    mag = b.op("Mul", [units, b.op("Gather", [b.const(_UNIT, np.float32), exp], base + "_unit", axis=0)],
-               base + "_mag")
-    signed = b.op("Mul", [mag, b.op("Sub", [b.const(1.0, np.float32),
-                                            b.op("Mul", [sign, b.const(2.0, np.float32)], base + "_2s")],
-                                    base + "_sgn")], base + "_val")  # [g, nb, 16]
+    units = b.op(
+        "Add", [mant, b.op("Gather", [b.const(_LEAD, np.float32), exp], base + "_lead", axis=0)], base + "_units"
+    )
+    mag = b.op("Mul", [units, b.op("Gather", [b.const(_UNIT, np.float32), exp], base + "_unit", axis=0)], base + "_mag")
+    signed = b.op(
+        "Mul",
+        [
+            mag,
+            b.op(
+                "Sub",
+                [b.const(1.0, np.float32), b.op("Mul", [sign, b.const(2.0, np.float32)], base + "_2s")],
+                base + "_sgn",
+            ),
+        ],
+        base + "_val",
+    )  # [g, nb, 16]
     rows = b.op("Transpose", [signed], base + "_t", perm=[0, 2, 1])  # [g, 16, nb]
     return b.op("Reshape", [rows, b.const([g * ROWS, nb], np.int64)], base + "_n")
 
@@ -96,8 +114,12 @@ def _nbits_inputs(b: _Builder, packed: str, g: int, nb: int) -> tuple[str, str, 
     codes = b.op("Transpose", [codes], base + "_rows", perm=[0, 3, 1, 2, 4])  # [g, row, nb, 8, 4]
     pairs = b.op("Reshape", [codes, b.const([g * ROWS, nb, 16, 2], np.int64)], base + "_pairs")
     even = b.op("Gather", [pairs, b.const(0, np.int64)], base + "_even", axis=3)
-    odd = b.op("BitShift", [b.op("Gather", [pairs, b.const(1, np.int64)], base + "_odd", axis=3), b.const(4, u8)],
-               base + "_odd4", direction="LEFT")
+    odd = b.op(
+        "BitShift",
+        [b.op("Gather", [pairs, b.const(1, np.int64)], base + "_odd", axis=3), b.const(4, u8)],
+        base + "_odd4",
+        direction="LEFT",
+    )
     nbits = b.op("BitwiseOr", [even, odd], base + "_codes")
     d = _fp16(b, packed, 256, g, nb, base + "_scale")
     m = _fp16(b, packed, 288, g, nb, base + "_min")
@@ -142,11 +164,22 @@ def matmulnbits_twin(proto: onnx.ModelProto, accuracy_level: int = 4) -> onnx.Mo
         y = node.output[0]
         mm = b.name(f"{y}_nbits")
         corr = b.name(f"{y}_min_corr")
-        b.nodes += [helper.make_node("MatMulNBits", [a, codes, scales], [mm], name=b.name(f"{node.name}_nbits"),
-                                     domain="com.microsoft", K=k, N=n, bits=4, block_size=32,
-                                     accuracy_level=accuracy_level),
-                    helper.make_node("MatMul", [blocksums[a], mins], [corr], name=b.name(f"{node.name}_mins")),
-                    helper.make_node("Add", [mm, corr], [y], name=b.name(f"{node.name}_add"))]
+        b.nodes += [
+            helper.make_node(
+                "MatMulNBits",
+                [a, codes, scales],
+                [mm],
+                name=b.name(f"{node.name}_nbits"),
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=4,
+                block_size=32,
+                accuracy_level=accuracy_level,
+            ),
+            helper.make_node("MatMul", [blocksums[a], mins], [corr], name=b.name(f"{node.name}_mins")),
+            helper.make_node("Add", [mm, corr], [y], name=b.name(f"{node.name}_add")),
+        ]
         out_nodes.extend(b.nodes[start:])
     del g.node[:]
     g.node.extend(out_nodes)
@@ -161,8 +194,7 @@ def matmulnbits_twin(proto: onnx.ModelProto, accuracy_level: int = 4) -> onnx.Mo
     return twin
 
 
-def save_pair(specedge: onnx.ModelProto, specedge_path: Path, twin: onnx.ModelProto, twin_path: Path,
-              save) -> str:
+def save_pair(specedge: onnx.ModelProto, specedge_path: Path, twin: onnx.ModelProto, twin_path: Path, save) -> str:
     """Write both graphs with one external-data file, named after the twin's (the graph an older
     reader picks): `save(proto, path, data_name)` writes the specedge graph and its weights, then
     the twin's initializers of the same name point at the same bytes. Returns the data file's

@@ -232,11 +232,16 @@ def check_graph(path: Path, spec, kv_mode: str, max_seq: int, batch: int = 1, tr
     elem = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
     for want, got in ((want_in, proto.graph.input), (want_out, proto.graph.output)):
         got_l = [
-            (g.name, elem.get(g.type.tensor_type.elem_type, "?"),
-             [d.dim_param if d.HasField("dim_param") else d.dim_value for d in g.type.tensor_type.shape.dim])
+            (
+                g.name,
+                elem.get(g.type.tensor_type.elem_type, "?"),
+                [d.dim_param if d.HasField("dim_param") else d.dim_value for d in g.type.tensor_type.shape.dim],
+            )
             for g in got
         ]
         want_l = [(w.name, w.dtype, list(w.shape)) for w in want]
         if got_l != want_l:
-            diff = next((f"{a} != {b}" for a, b in zip(got_l, want_l) if a != b), f"{len(got_l)} vs {len(want_l)} tensors")
+            diff = next(
+                (f"{a} != {b}" for a, b in zip(got_l, want_l) if a != b), f"{len(got_l)} vs {len(want_l)} tensors"
+            )
             raise RuntimeError(f"exported graph does not match the contract: {diff}")

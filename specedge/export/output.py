@@ -39,13 +39,21 @@ def source_identity(kind: str | None, path: Path | None) -> dict | None:
         files = [path]
     else:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _HF_SUFFIXES)
-    return {"kind": kind, "path": str(path.resolve()),
-            "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
+    return {
+        "kind": kind,
+        "path": str(path.resolve()),
+        "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files},
+    }
 
 
 def export_record(options: dict, target: dict, draft: dict | str) -> dict:
-    return {"created_by": CREATED_BY, "schema_version": SCHEMA_VERSION, "options": options,
-            "target": target, "draft": draft}
+    return {
+        "created_by": CREATED_BY,
+        "schema_version": SCHEMA_VERSION,
+        "options": options,
+        "target": target,
+        "draft": draft,
+    }
 
 
 @dataclass
@@ -81,8 +89,10 @@ def clean_stale_partials(out: Path) -> None:
         if pid == os.getpid():
             continue
         if _pid_alive(pid):
-            raise UserError(f"another export-models (pid {pid}) is writing '{out}' (its temp folder '{p}' exists); "
-                            "wait for it or choose another --out")
+            raise UserError(
+                f"another export-models (pid {pid}) is writing '{out}' (its temp folder '{p}' exists); "
+                "wait for it or choose another --out"
+            )
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -106,8 +116,10 @@ def _differences(old: dict, new: dict) -> list[str]:
         return ["it records no sources and options (written by an older specedge)"]
     diffs = []
     if old.get("created_by") != new["created_by"] or old.get("schema_version") != new["schema_version"]:
-        diffs.append(f"made by {old.get('created_by', '?')} (schema {old.get('schema_version', '?')}), "
-                     f"this is {new['created_by']} (schema {new['schema_version']})")
+        diffs.append(
+            f"made by {old.get('created_by', '?')} (schema {old.get('schema_version', '?')}), "
+            f"this is {new['created_by']} (schema {new['schema_version']})"
+        )
     oo = old.get("options") if isinstance(old.get("options"), dict) else {}
     no = new["options"]
     for k in no:
@@ -130,8 +142,10 @@ def _source_name(source) -> str | None:
 
 # What specedge itself writes into a bundle besides the files its manifest lists: TensorRT plans
 # (build-engines), the manifest's own temp file, and a draft head's folders (train-draft).
-_OWN_EXTRAS = re.compile(r"^(engines/.+|manifest\.json\.tmp|\.?head-[0-9a-f]{8}(\.partial)?/"
-                         r"(model\.onnx|model\.onnx\.data|draft_vocab\.json))$")
+_OWN_EXTRAS = re.compile(
+    r"^(engines/.+|manifest\.json\.tmp|\.?head-[0-9a-f]{8}(\.partial)?/"
+    r"(model\.onnx|model\.onnx\.data|draft_vocab\.json))$"
+)
 
 
 def _unverified(out: Path) -> str | None:
@@ -158,8 +172,10 @@ def _unverified(out: Path) -> str | None:
 def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
     """Decide about `out` (see the module docstring); raises UserError for a refusal."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UserError(f"output path '{out}' exists and is not a folder (or is a symbolic link): nothing replaced; "
-                        "choose another --out")
+        raise UserError(
+            f"output path '{out}' exists and is not a folder (or is a symbolic link): nothing replaced; "
+            "choose another --out"
+        )
     clean_stale_partials(out)
     if not out.exists():
         return OutputPlan(out, "new", record)
@@ -171,8 +187,10 @@ def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
         return OutputPlan(out, "replace", record)
     obj = _read_manifest_json(out)
     if obj is None:
-        raise UserError(f"output folder '{out}' already exists and is not a specedge bundle: nothing replaced "
-                        "(--force replaces only a specedge bundle; choose another --out)")
+        raise UserError(
+            f"output folder '{out}' already exists and is not a specedge bundle: nothing replaced "
+            "(--force replaces only a specedge bundle; choose another --out)"
+        )
     extra = obj.get("extra")
     diffs = _differences(extra.get("export") if isinstance(extra, dict) else None, record)
     damage = None
@@ -188,9 +206,13 @@ def plan_output(out: Path, record: dict, force: bool) -> OutputPlan:
             damage = _unverified(out)
         if damage is None:
             return OutputPlan(out, "replace", record)
-        raise UserError(f"output folder '{out}' is not verifiably a specedge bundle: {damage}; nothing replaced "
-                        "(--force replaces only a bundle whose files match its manifest: remove the folder yourself "
-                        "or choose another --out)")
+        raise UserError(
+            f"output folder '{out}' is not verifiably a specedge bundle: {damage}; nothing replaced "
+            "(--force replaces only a bundle whose files match its manifest: remove the folder yourself "
+            "or choose another --out)"
+        )
     why = f"it is damaged ({damage})" if damage else "; ".join(diffs[:3])
-    raise UserError(f"output folder '{out}' already exists and holds a specedge bundle that is not current: "
-                    f"{why} (use --force to replace it)")
+    raise UserError(
+        f"output folder '{out}' already exists and holds a specedge bundle that is not current: "
+        f"{why} (use --force to replace it)"
+    )

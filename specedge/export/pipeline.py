@@ -102,8 +102,15 @@ def _resolve_tensorrt(o: ExportOptions):
     from .tensorrt_target import check_options, default_draft_precision, resolve
 
     t = resolve(o.tensorrt)
-    check_options(t, kv_mode=o.kv_mode, graphs=o.graphs, precision=o.precision, draft_kind=_draft_kind(o),
-                  draft_precision=o.draft_precision, int4_kernel=o.int4_kernel)
+    check_options(
+        t,
+        kv_mode=o.kv_mode,
+        graphs=o.graphs,
+        precision=o.precision,
+        draft_kind=_draft_kind(o),
+        draft_precision=o.draft_precision,
+        int4_kernel=o.int4_kernel,
+    )
     o.tensorrt = t.version
     # the ONNX Runtime graphs beside TensorRT's keep one int4 kernel (MatMulNBits) rather than a pair
     o.int4_kernel = "matmulnbits"
@@ -133,8 +140,10 @@ def validate_options(o: ExportOptions) -> None:
     if o.int4_kernel not in EXPORT_KERNELS:
         raise UserError(f"--int4-kernel must be one of {', '.join(EXPORT_KERNELS)}, got '{o.int4_kernel}'")
     if o.int4_kernel == "specedge" and not _has_int4(o):
-        raise UserError("--int4-kernel specedge applies to int4 graphs, and this export has none: "
-                        "add --precision int4 (or a self-draft with --draft-precision int4)")
+        raise UserError(
+            "--int4-kernel specedge applies to int4 graphs, and this export has none: "
+            "add --precision int4 (or a self-draft with --draft-precision int4)"
+        )
     if o.int4_kernel == "specedge":
         _require_kernels()
     if o.block_size not in (16, 32, 64, 128, 256):
@@ -155,7 +164,9 @@ def check_output(out: Path) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".specedge-probe-", dir=probe))
     except OSError as e:
-        raise UserError(f"output folder '{out}' is not writable ({e.strerror or type(e).__name__} in '{probe}')") from None
+        raise UserError(
+            f"output folder '{out}' is not writable ({e.strerror or type(e).__name__} in '{probe}')"
+        ) from None
 
 
 def _has_int4(o: ExportOptions) -> bool:
@@ -174,8 +185,10 @@ def _require_kernels() -> None:
     except (OSError, AttributeError) as e:
         raise UserError(f"--int4-kernel specedge: specedge's kernels do not load here ({e})") from None
     if isa == "portable":
-        raise UserError("--int4-kernel specedge: specedge's kernels have no fast path on this CPU (no AVX2): "
-                        "leave --int4-kernel out (auto) to write both graphs")
+        raise UserError(
+            "--int4-kernel specedge: specedge's kernels have no fast path on this CPU (no AVX2): "
+            "leave --int4-kernel out (auto) to write both graphs"
+        )
 
 
 def _draft_kind(opts: ExportOptions) -> str:
@@ -190,13 +203,20 @@ def _check_positions(opts: ExportOptions, limit: int, whose: str) -> None:
 def recorded_options(opts: ExportOptions) -> dict:
     """The options that shape a bundle, as its manifest records them (keys read as CLI flags)."""
     kind = _draft_kind(opts)
-    return {"precision": opts.precision, "draft_precision": opts.draft_precision if kind != "ngram" else None,
-            "max_seq": opts.max_seq, "spec_tokens": opts.spec_tokens, "kv_update": opts.kv_mode,
-            "prefill_chunk": min(opts.prefill_chunk, opts.max_seq), "block_size": opts.block_size,
-            "graphs": opts.graphs, **({"features": True} if opts.features else {}),
-            **({"tree": True} if opts.tree else {}),
-            **({"int4_kernel": opts.int4_kernel} if _has_int4(opts) and opts.int4_kernel != "matmulnbits" else {}),
-            **({"tensorrt": opts.tensorrt} if opts.tensorrt else {})}
+    return {
+        "precision": opts.precision,
+        "draft_precision": opts.draft_precision if kind != "ngram" else None,
+        "max_seq": opts.max_seq,
+        "spec_tokens": opts.spec_tokens,
+        "kv_update": opts.kv_mode,
+        "prefill_chunk": min(opts.prefill_chunk, opts.max_seq),
+        "block_size": opts.block_size,
+        "graphs": opts.graphs,
+        **({"features": True} if opts.features else {}),
+        **({"tree": True} if opts.tree else {}),
+        **({"int4_kernel": opts.int4_kernel} if _has_int4(opts) and opts.int4_kernel != "matmulnbits" else {}),
+        **({"tensorrt": opts.tensorrt} if opts.tensorrt else {}),
+    }
 
 
 def prepare(opts: ExportOptions) -> OutputPlan:
@@ -226,8 +246,9 @@ def prepare(opts: ExportOptions) -> OutputPlan:
     return plan
 
 
-def export_bundle(opts: ExportOptions, progress: Progress | None = None,
-                  plan: OutputPlan | None = None) -> tuple[Path, Manifest]:
+def export_bundle(
+    opts: ExportOptions, progress: Progress | None = None, plan: OutputPlan | None = None
+) -> tuple[Path, Manifest]:
     """Run the whole export; returns the bundle path and its manifest. A current bundle already at
     the output (see output.py) is returned as it is: `prepare(opts).action == "reuse"` tells."""
     from . import sources
@@ -252,8 +273,9 @@ def export_bundle(opts: ExportOptions, progress: Progress | None = None,
         with progress.stage("loading draft", total=1) as st:
             draft = sources.load(opts.draft, progress=lambda m: st.update(0, m))
             st.update(1)
-        sources.check_same_tokenizer(target.tokenizer, draft.tokenizer, target.config.vocab_size,
-                                     draft.config.vocab_size)
+        sources.check_same_tokenizer(
+            target.tokenizer, draft.tokenizer, target.config.vocab_size, draft.config.vocab_size
+        )
         _check_positions(opts, int(getattr(draft.config, "max_position_embeddings", 0) or 0), "draft model's")
 
     out = plan.out
@@ -338,7 +360,9 @@ def graph_flavours(option: str, kv_mode: str, precision: str, tensorrt: bool = F
     exported for a TensorRT version): the portable one always."""
     if kv_mode == "delta":
         if option == "ort":
-            raise UserError("--graphs ort needs --kv-update scatter (the ONNX Runtime flavour updates the cache in place)")
+            raise UserError(
+                "--graphs ort needs --kv-update scatter (the ONNX Runtime flavour updates the cache in place)"
+            )
         return ["portable"]
     if option == "auto":
         return ["ort", "portable"] if precision in ("fp16", "bf16") or tensorrt else ["ort"]
@@ -359,9 +383,17 @@ def _backends_for(flavour: str, flavours: list[str], precision: str = "fp32", dq
     return ["ort-trt", "tensorrt"] + ([] if "ort" in flavours else ort_only)
 
 
-def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mode: str,
-                max_seq: int, proto, quantization: dict | None = None,
-                feature_layers: tuple[int, ...] | None = None) -> ModelSpec:
+def _model_spec(
+    role: str,
+    ckpt,
+    precision: str,
+    graphs: list[GraphSpec],
+    kv_mode: str,
+    max_seq: int,
+    proto,
+    quantization: dict | None = None,
+    feature_layers: tuple[int, ...] | None = None,
+) -> ModelSpec:
     from ..models.llama import head_dim_of
     from .quantize import describe, weight_bytes
 
@@ -378,8 +410,11 @@ def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mod
         head_dim=head_dim_of(cfg),
         hidden_size=cfg.hidden_size,
         vocab_size=cfg.vocab_size,
-        num_params=sum(int(v.numel()) for k, v in ckpt.state_dict.items() if k != "lm_head.weight"
-                       or not getattr(cfg, "tie_word_embeddings", False)),
+        num_params=sum(
+            int(v.numel())
+            for k, v in ckpt.state_dict.items()
+            if k != "lm_head.weight" or not getattr(cfg, "tie_word_embeddings", False)
+        ),
         weight_bytes=weight_bytes(proto),
         graphs=graphs,
         quantization=dict(quantization or {}),
@@ -394,8 +429,9 @@ def _model_spec(role: str, ckpt, precision: str, graphs: list[GraphSpec], kv_mod
     return spec
 
 
-def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions, progress,
-                reuse_fp32: dict | None = None):
+def _export_one(
+    tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions, progress, reuse_fp32: dict | None = None
+):
     """Export (or re-use) each flavour's fp32/fp16/bf16 graph, then quantize if asked.
     Returns the spec and, per flavour, the fp32 graph (proto or saved path) for a `self` draft."""
     import onnx
@@ -434,8 +470,9 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 load_weights(model, ckpt.state_dict)
                 model.feature_layers = taps
                 scratch = tmp / f".{role}-trace" / "model.onnx"
-                export_graph(model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour,
-                             tree=opts.tree, opset=opset)
+                export_graph(
+                    model, scratch, opts.max_seq, opts.kv_mode, base_prec, flavour=flavour, tree=opts.tree, opset=opset
+                )
                 del model
                 proto = onnx.load(str(scratch))
                 shutil.rmtree(scratch.parent)
@@ -450,9 +487,15 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
                 if opts.tensorrt:  # the standard-op form TensorRT parses (no MatMulNBits)
                     proto = quantize_dq(work, bits, opts.block_size, trt_weight_opset(precision), info=qinfo)
                 else:
-                    proto = quantize_weights(work, bits, opts.block_size, gguf=gguf,
-                                             say=lambda m: st.update(0, m), info=qinfo,
-                                             kernel="specedge" if kernel == "auto" else kernel)
+                    proto = quantize_weights(
+                        work,
+                        bits,
+                        opts.block_size,
+                        gguf=gguf,
+                        say=lambda m: st.update(0, m),
+                        info=qinfo,
+                        kernel="specedge" if kernel == "auto" else kernel,
+                    )
                 st.update(1)
             if kernel == "auto" and custom_op_libraries(proto):
                 graphs += _write_int4_pair(tmp, rel, proto, flavour, flavours, opts.tree, progress, role)
@@ -467,9 +510,18 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
         ops = custom_op_libraries(proto)
         # MatMulQ41 is a CPU kernel: under ort-cuda every call would copy its tensors to the host
         backends = ["ort-cpu"] if ops else _backends_for(flavour, flavours, precision, bool(opts.tensorrt))
-        graphs.append(GraphSpec(flavour, rel, backends, [rel + ".data"], tree=opts.tree, custom_ops=ops,
-                                batch_invariant=batch_invariant(proto),
-                                opset=next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))))
+        graphs.append(
+            GraphSpec(
+                flavour,
+                rel,
+                backends,
+                [rel + ".data"],
+                tree=opts.tree,
+                custom_ops=ops,
+                batch_invariant=batch_invariant(proto),
+                opset=next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+            )
+        )
     spec = _model_spec(role, ckpt, precision, graphs, opts.kv_mode, opts.max_seq, proto, qinfo, taps)
     with progress.stage(f"checking {role} graphs", total=len(graphs)) as st:
         for g in graphs:
@@ -478,23 +530,39 @@ def _export_one(tmp: Path, role: str, ckpt, precision: str, opts: ExportOptions,
     return spec, fp32_out
 
 
-def _write_int4_pair(tmp: Path, rel: str, proto, flavour: str, flavours: list[str], tree: bool, progress,
-                     role: str) -> list[GraphSpec]:
+def _write_int4_pair(
+    tmp: Path, rel: str, proto, flavour: str, flavours: list[str], tree: bool, progress, role: str
+) -> list[GraphSpec]:
     """An int4 model's two graphs (int4_graphs.py): the MatMulNBits twin at `rel`, listed first
     (the one a reader without the choice takes), and the specedge graph beside it, one weights file."""
     from .int4_graphs import matmulnbits_twin, save_pair
     from .onnx_graph import save_with_external_data
 
     twin = matmulnbits_twin(proto)
-    fast_rel = rel[:-len(".onnx")] + ".specedge.onnx"
+    fast_rel = rel[: -len(".onnx")] + ".specedge.onnx"
     with progress.stage(f"writing {role} ({flavour} graphs: MatMulNBits and specedge kernels)", total=1) as st:
         data = save_pair(proto, tmp / fast_rel, twin, tmp / rel, save_with_external_data)
         st.update(1)
     data_rel = str(Path(rel).parent / data)
-    return [GraphSpec(flavour, rel, _backends_for(flavour, flavours, "int4"), [data_rel], tree=tree,
-                      batch_invariant=batch_invariant(twin)),
-            GraphSpec(flavour, fast_rel, ["ort-cpu"], [data_rel], tree=tree, custom_ops=custom_op_libraries(proto),
-                      batch_invariant=batch_invariant(proto))]
+    return [
+        GraphSpec(
+            flavour,
+            rel,
+            _backends_for(flavour, flavours, "int4"),
+            [data_rel],
+            tree=tree,
+            batch_invariant=batch_invariant(twin),
+        ),
+        GraphSpec(
+            flavour,
+            fast_rel,
+            ["ort-cpu"],
+            [data_rel],
+            tree=tree,
+            custom_ops=custom_op_libraries(proto),
+            batch_invariant=batch_invariant(proto),
+        ),
+    ]
 
 
 def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
@@ -517,7 +585,7 @@ def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
     vocab = tok.get_vocab()
     eos: list[int] = []
     cfg_eos = getattr(ckpt.config, "eos_token_id", None)
-    for e in (cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]):
+    for e in cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]:
         if isinstance(e, int):
             eos.append(e)
     if tok.eos_token_id is not None:
@@ -540,8 +608,7 @@ def _write_tokenizer(tmp: Path, ckpt) -> tuple[list[str], str | None, dict]:
     return files, template, info
 
 
-def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str, progress,
-                  record: dict) -> Manifest:
+def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str, progress, record: dict) -> Manifest:
     t0 = time.time()
     tok_files, template, tok_info = _write_tokenizer(tmp, target)
     tspec, fp32 = _export_one(tmp, "target", target, opts.precision, opts, progress)
@@ -582,8 +649,12 @@ def _write_bundle(tmp: Path, opts: ExportOptions, target, draft, draft_kind: str
         draft=dspec,
         files=files,
         tensorrt=opts.tensorrt,
-        extra={"export_seconds": round(time.time() - t0, 1), "source_target": target.source,
-               "source_draft": opts.draft if draft_kind != "self" else "self", "export": record},
+        extra={
+            "export_seconds": round(time.time() - t0, 1),
+            "source_target": target.source,
+            "source_draft": opts.draft if draft_kind != "self" else "self",
+            "export": record,
+        },
     )
     write_json_atomic(tmp / MANIFEST_NAME, m.to_json())
     # Round-trip through the loader: never ship a bundle our own runtime would refuse.

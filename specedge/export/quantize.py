@@ -16,10 +16,19 @@ BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
 
 
-def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
-                     accuracy_level: int = ACCURACY_LEVEL, *, gguf: str | None = None, say=None,
-                     info: dict | None = None, min_form: str = "correction",
-                     blocksum: str = "reduce", kernel: str = "matmulnbits") -> onnx.ModelProto:
+def quantize_weights(
+    proto: onnx.ModelProto,
+    bits: int,
+    block_size: int = BLOCK_SIZE,
+    accuracy_level: int = ACCURACY_LEVEL,
+    *,
+    gguf: str | None = None,
+    say=None,
+    info: dict | None = None,
+    min_form: str = "correction",
+    blocksum: str = "reduce",
+    kernel: str = "matmulnbits",
+) -> onnx.ModelProto:
     """Weight-only quantization of every MatMul with a constant weight (lm_head included).
 
     With `gguf` (the checkpoint's GGUF file), weights that came from its Q4_0/Q4_1/Q4_K/Q8_0
@@ -34,8 +43,9 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
         from .gguf_exact import rewrite_exact, row_index
 
         index = row_index(gguf, say=say)
-        exact = rewrite_exact(proto, index, bits, accuracy_level, say=say, min_form=min_form, blocksum=blocksum,
-                              kernel=kernel)
+        exact = rewrite_exact(
+            proto, index, bits, accuracy_level, say=say, min_form=min_form, blocksum=blocksum, kernel=kernel
+        )
     inits = {t.name for t in proto.graph.initializer}
     keep = exact.helper_nodes if exact is not None else set()
     rest = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep]
@@ -46,8 +56,14 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
         say(f"re-quantizing {len(rest)} MatMul weights (int{bits}, block {block_size})")
         for name in ("onnxruntime.quantization", "root"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        q = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level, nodes_to_exclude=sorted(keep))
+        q = MatMulNBitsQuantizer(
+            proto,
+            bits=bits,
+            block_size=block_size,
+            is_symmetric=True,
+            accuracy_level=accuracy_level,
+            nodes_to_exclude=sorted(keep),
+        )
         q.process()
         out = q.model.model
     attention = q8 = 0
@@ -65,15 +81,18 @@ def quantize_weights(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_
     if info is not None:
         n_exact = exact.exact if exact is not None else 0
         info.clear()
-        info["method"] = ("gguf-exact" if n_exact == total else "gguf-exact+requantized" if n_exact
-                          else "requantized")
+        info["method"] = "gguf-exact" if n_exact == total else "gguf-exact+requantized" if n_exact else "requantized"
         info["exact_matmuls"] = n_exact
         info["requantized_matmuls"] = total - n_exact
         if exact is not None:
             info.update(exact.to_json())
         if total - n_exact:
-            info["requantized"] = {"bits": bits, "block_size": block_size, "symmetric": True,
-                                   "tool": "onnxruntime MatMulNBitsQuantizer"}
+            info["requantized"] = {
+                "bits": bits,
+                "block_size": block_size,
+                "symmetric": True,
+                "tool": "onnxruntime MatMulNBitsQuantizer",
+            }
         info["accuracy_level"] = accuracy_level
         if attention:
             info["specedge_attention"] = attention
@@ -92,8 +111,11 @@ def quantize_matrix(w, bits: int, block_size: int, name: str = "w"):
         scale = np.abs(w).max(axis=0) / 127.0
         scale[scale == 0] = 1.0
         q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-        return (numpy_helper.from_array(q, name + "_q"), numpy_helper.from_array(scale.astype(np.float32), name + "_s"),
-                {"axis": 1})
+        return (
+            numpy_helper.from_array(q, name + "_q"),
+            numpy_helper.from_array(scale.astype(np.float32), name + "_s"),
+            {"axis": 1},
+        )
     if k % block_size:
         raise ValueError(f"{k} rows are not a multiple of the block size {block_size}")
     blocks = np.abs(w.reshape(k // block_size, block_size, n)).max(axis=1)
@@ -104,8 +126,9 @@ def quantize_matrix(w, bits: int, block_size: int, name: str = "w"):
     return qt, numpy_helper.from_array(scale.astype(np.float32), name + "_s"), {"axis": 0, "block_size": block_size}
 
 
-def quantize_dq(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE, opset: int | None = None,
-                info: dict | None = None) -> onnx.ModelProto:
+def quantize_dq(
+    proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE, opset: int | None = None, info: dict | None = None
+) -> onnx.ModelProto:
     """Weight-only quantization as standard ops: every MatMul with a constant 2-D weight reads it
     through a DequantizeLinear (quantize_matrix). `opset`: the opset the result declares (int4's
     blocked form needs 21; a graph below it is converted by onnx's version converter)."""
@@ -135,8 +158,15 @@ def quantize_dq(proto: onnx.ModelProto, bits: int, block_size: int = BLOCK_SIZE,
     proto.graph.initializer.extend(keep)
     if info is not None:
         info.clear()
-        info.update({"method": "dequantizelinear", "bits": bits, "symmetric": True,
-                     "granularity": "per-channel" if bits == 8 else f"block {block_size}", "matmuls": len(done)})
+        info.update(
+            {
+                "method": "dequantizelinear",
+                "bits": bits,
+                "symmetric": True,
+                "granularity": "per-channel" if bits == 8 else f"block {block_size}",
+                "matmuls": len(done),
+            }
+        )
     current = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     if opset is not None and opset > current:
         proto = version_converter.convert_version(proto, opset)
@@ -223,5 +253,6 @@ def _nbytes(t: onnx.TensorProto) -> int:
 
 
 def num_params(proto: onnx.ModelProto) -> int:
-    return sum(int(np.prod(t.dims)) if len(t.dims) else 1 for t in proto.graph.initializer
-               if t.data_type in (1, 10, 16))
+    return sum(
+        int(np.prod(t.dims)) if len(t.dims) else 1 for t in proto.graph.initializer if t.data_type in (1, 10, 16)
+    )

@@ -85,8 +85,11 @@ def gguf_header_check(path: Path) -> dict:
         if end > size:
             raise UserError(f"GGUF file '{path}' is truncated: tensor '{t.name}' ends past the end of the file")
     arch = field_str("general.architecture")
-    return {"architecture": arch, "chat_template": field_str("tokenizer.chat_template"),
-            "context_length": field_int(reader, f"{arch}.context_length")}
+    return {
+        "architecture": arch,
+        "chat_template": field_str("tokenizer.chat_template"),
+        "context_length": field_int(reader, f"{arch}.context_length"),
+    }
 
 
 def field_int(reader, name: str) -> int | None:
@@ -114,8 +117,11 @@ def check_header(kind: str, path: Path) -> dict:
                 f"architecture '{arch}' of '{path}' is not supported; supported families: {', '.join(_supported_types())}"
             )
         _check_arch(GGUF_ARCHS[arch], str(path))
-        return {"architecture": GGUF_ARCHS[arch], "chat_template": meta["chat_template"],
-                "max_positions": int(meta["context_length"] or 0)}
+        return {
+            "architecture": GGUF_ARCHS[arch],
+            "chat_template": meta["chat_template"],
+            "max_positions": int(meta["context_length"] or 0),
+        }
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -129,8 +135,11 @@ def check_header(kind: str, path: Path) -> dict:
     _check_arch(mt, str(path))
     _check_safetensors(path)
     positions = cfg.get("max_position_embeddings", text.get("max_position_embeddings", 0))
-    return {"architecture": mt, "chat_template": None,
-            "max_positions": positions if isinstance(positions, int) and positions > 0 else 0}
+    return {
+        "architecture": mt,
+        "chat_template": None,
+        "max_positions": positions if isinstance(positions, int) and positions > 0 else 0,
+    }
 
 
 # ----------------------------------------------------------------------------- loading

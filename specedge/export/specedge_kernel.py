@@ -62,7 +62,14 @@ def unpack_q41(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     codes = c.transpose(0, 3, 1, 2, 4).reshape(g * ROWS, nb * 32)
 
     def back(x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x).view(np.float16).reshape(g, nb, ROWS).transpose(0, 2, 1).reshape(g * ROWS, nb).astype(np.float32)
+        return (
+            np.ascontiguousarray(x)
+            .view(np.float16)
+            .reshape(g, nb, ROWS)
+            .transpose(0, 2, 1)
+            .reshape(g * ROWS, nb)
+            .astype(np.float32)
+        )
 
     return codes, back(packed[:, :, 256:288]), back(packed[:, :, 288:320])
 
@@ -78,7 +85,7 @@ def reference(a: np.ndarray, packed: np.ndarray) -> np.ndarray:
     scale = (np.abs(x).max(-1) / np.float32(127)).astype(np.float32)
     inv = np.where(scale != 0, np.float32(1) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
     aq = np.rint(x * inv[..., None])
-    cw = (codes.reshape(n, nb, 32).astype(np.float64) - 8)
+    cw = codes.reshape(n, nb, 32).astype(np.float64) - 8
     dot = np.einsum("rbj,nbj->rnb", aq.astype(np.float64), cw)
     y = np.einsum("rnb,nb,rb->rn", dot, d.astype(np.float64), scale.astype(np.float64))
     y += np.einsum("rb,nb->rn", x.sum(-1, dtype=np.float64), (m + 8 * d).astype(np.float64))
@@ -95,8 +102,14 @@ ATTENTION_OP = "GroupQueryAttention"  # ai.specedge's: com.microsoft's contract,
 # (domain, op) of nodes whose rows depend on how many rows a call has (an M = 1 path that sums
 # in another order than M >= 2 on ONNX Runtime's CPU kernels): a graph holding any of them
 # needs padded single-token steps for exact speculation (runtime/invariant.py).
-_BATCH_VARIANT = {("com.microsoft", "GroupQueryAttention"), ("com.microsoft", "MultiHeadAttention"),
-                  ("com.microsoft", "Attention"), ("", "Attention"), ("", "MatMul"), ("", "Gemm")}
+_BATCH_VARIANT = {
+    ("com.microsoft", "GroupQueryAttention"),
+    ("com.microsoft", "MultiHeadAttention"),
+    ("com.microsoft", "Attention"),
+    ("", "Attention"),
+    ("", "MatMul"),
+    ("", "Gemm"),
+}
 
 
 def _head_size(graph, past: str) -> int | None:
@@ -122,9 +135,13 @@ def use_specedge_attention(proto) -> int:
             continue
         attrs = {a.name: a for a in node.attribute}
         head = _head_size(g, node.input[3])
-        if node.input[3] not in kv_fp32 or head is None or head % 16 or \
-                ("softcap" in attrs and attrs["softcap"].f != 0) or \
-                ("rotary_interleaved" in attrs and attrs["rotary_interleaved"].i != 0):
+        if (
+            node.input[3] not in kv_fp32
+            or head is None
+            or head % 16
+            or ("softcap" in attrs and attrs["softcap"].f != 0)
+            or ("rotary_interleaved" in attrs and attrs["rotary_interleaved"].i != 0)
+        ):
             continue
         node.domain = DOMAIN
         n += 1
@@ -147,8 +164,15 @@ def use_specedge_q8(proto) -> int:
             continue
         attrs = {a.name: a.i for a in node.attribute}
         b = inits.get(node.input[1])
-        if attrs.get("bits") != 8 or attrs.get("block_size") != 32 or b is None or node.input[2] not in inits or \
-                len(b.dims) != 3 or b.dims[2] != 32 or b.dims[0] % ROWS:
+        if (
+            attrs.get("bits") != 8
+            or attrs.get("block_size") != 32
+            or b is None
+            or node.input[2] not in inits
+            or len(b.dims) != 3
+            or b.dims[2] != 32
+            or b.dims[0] % ROWS
+        ):
             continue
         node.domain, node.op_type = DOMAIN, Q8_OP
         n += 1

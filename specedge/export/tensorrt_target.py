@@ -60,8 +60,11 @@ def probe_graph(op: str, opset: int, bits: int = 8):
     if op == "TensorScatter":
         x = [helper.make_tensor_value_info(n, f, [1, 2, 8, 4]) for n in ("cache", "new")]
         node = helper.make_node("TensorScatter", ["cache", "new", "pos"], ["out"], axis=-2)
-        inputs = [x[0], helper.make_tensor_value_info("new", f, [1, 2, 1, 4]),
-                  helper.make_tensor_value_info("pos", TensorProto.INT64, [1])]
+        inputs = [
+            x[0],
+            helper.make_tensor_value_info("new", f, [1, 2, 1, 4]),
+            helper.make_tensor_value_info("pos", TensorProto.INT64, [1]),
+        ]
         outputs = [helper.make_tensor_value_info("out", f, [1, 2, 8, 4])]
         inits = []
         nodes = [node]
@@ -69,8 +72,10 @@ def probe_graph(op: str, opset: int, bits: int = 8):
         w = np.ones((32, 8), np.float32)
         qw, scale, attrs = quantize_matrix(w, bits, 32)
         inits = [qw, scale]
-        nodes = [helper.make_node("DequantizeLinear", [qw.name, scale.name], ["w"], **attrs),
-                 helper.make_node("MatMul", ["x", "w"], ["out"])]
+        nodes = [
+            helper.make_node("DequantizeLinear", [qw.name, scale.name], ["w"], **attrs),
+            helper.make_node("MatMul", ["x", "w"], ["out"]),
+        ]
         inputs = [helper.make_tensor_value_info("x", f, [1, 32])]
         outputs = [helper.make_tensor_value_info("out", f, [1, 8])]
     g = helper.make_graph(nodes, "probe", inputs, outputs, inits)
@@ -92,23 +97,40 @@ def resolve(version_text: str) -> TensorRTTarget:
     )
 
 
-def check_options(t: TensorRTTarget, *, kv_mode: str | None, graphs: str, precision: str,
-                  draft_kind: str, draft_precision: str, int4_kernel: str) -> None:
+def check_options(
+    t: TensorRTTarget,
+    *,
+    kv_mode: str | None,
+    graphs: str,
+    precision: str,
+    draft_kind: str,
+    draft_precision: str,
+    int4_kernel: str,
+) -> None:
     """Refuse, in one sentence, export options that contradict --tensorrt."""
     flag = f"--tensorrt {t.version}"
     if kv_mode == "scatter" and t.kv_mode != "scatter":
-        raise UserError(f"{flag} needs --kv-update delta: TensorRT {t.version} does not import TensorScatter "
-                        "(scatter mode); leave --kv-update out")
+        raise UserError(
+            f"{flag} needs --kv-update delta: TensorRT {t.version} does not import TensorScatter "
+            "(scatter mode); leave --kv-update out"
+        )
     if graphs == "ort":
         raise UserError(f"{flag} needs the portable graphs, and --graphs ort has none; leave --graphs out")
     if int4_kernel == "specedge":
-        raise UserError(f"--int4-kernel specedge is specedge's own CPU kernel, which {flag} graphs never hold; "
-                        "leave --int4-kernel out")
-    for what, p in (("--precision", precision), ("--draft-precision", draft_precision if draft_kind == "self" else None)):
+        raise UserError(
+            f"--int4-kernel specedge is specedge's own CPU kernel, which {flag} graphs never hold; "
+            "leave --int4-kernel out"
+        )
+    for what, p in (
+        ("--precision", precision),
+        ("--draft-precision", draft_precision if draft_kind == "self" else None),
+    ):
         if p in ("int4", "int8") and p not in t.weight_precisions():
             ok = ", ".join(t.weight_precisions()) or "none"
-            raise UserError(f"{what} {p} does not build on TensorRT {t.version} (weight-only forms it takes: {ok}); "
-                            f"choose another {what} or a newer --tensorrt")
+            raise UserError(
+                f"{what} {p} does not build on TensorRT {t.version} (weight-only forms it takes: {ok}); "
+                f"choose another {what} or a newer --tensorrt"
+            )
 
 
 def default_draft(t: TensorRTTarget, precision: str) -> str:

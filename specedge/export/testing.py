@@ -79,8 +79,16 @@ def tiny_bundle(
     if draft == "model":
         d = str(tiny_checkpoint(out_dir.parent / f"{out_dir.name}-draft-ckpt", family, seed + 1))
     opts = ExportOptions(
-        target=str(ck), draft=d, out=str(out_dir), precision=precision, draft_precision=draft_precision,
-        max_seq=max_seq, spec_tokens=spec_tokens, kv_mode=kv_mode, prefill_chunk=prefill_chunk, force=True,
+        target=str(ck),
+        draft=d,
+        out=str(out_dir),
+        precision=precision,
+        draft_precision=draft_precision,
+        max_seq=max_seq,
+        spec_tokens=spec_tokens,
+        kv_mode=kv_mode,
+        prefill_chunk=prefill_chunk,
+        force=True,
         features=features,
     )
     path, _ = export_bundle(opts)

@@ -80,7 +80,7 @@ def load_weights(model: torch.nn.Module, state: dict) -> None:
     conv = getattr(model, "convert_state_dict", None)
     sd = {}
     for k, v in state.items():
-        k2 = k[len("model."):] if k.startswith("model.") else k
+        k2 = k[len("model.") :] if k.startswith("model.") else k
         sd[k2] = v
     if conv is not None:
         sd = conv(sd)

@@ -70,8 +70,9 @@ def _tree_keys(position: torch.Tensor, tree: torch.Tensor, slots: int):
     return inside, seen, kpos
 
 
-def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | None,
-                   tree: torch.Tensor | None = None) -> torch.Tensor:
+def attention_mask(
+    position: torch.Tensor, t: int, slots: int, window: int | None, tree: torch.Tensor | None = None
+) -> torch.Tensor:
     """Bool [B, 1, T, slots]: query t sees cache slot j iff j <= position + t (and, for sliding
     layers, j > position + t - window). With an ancestor mask `tree` [B, T, T] a slot holding
     one of the call's tokens is seen only by its descendants, and windows count positions
@@ -91,8 +92,9 @@ def attention_mask(position: torch.Tensor, t: int, slots: int, window: int | Non
     return m
 
 
-def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None,
-               tree: torch.Tensor | None = None) -> torch.Tensor:
+def delta_mask(
+    position: torch.Tensor, t: int, slots: int, window: int | None, tree: torch.Tensor | None = None
+) -> torch.Tensor:
     """Bool [B, 1, T, slots + T] for delta mode, where keys are the old cache followed by the new
     entries: old slot j is visible iff j < position (stale slots beyond it are masked), new entry
     u iff u <= t (with an ancestor mask `tree`: iff u is t or an ancestor of it); sliding layers
@@ -115,12 +117,7 @@ def delta_mask(position: torch.Tensor, t: int, slots: int, window: int | None,
 
 
 def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    softcap: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
 ) -> torch.Tensor:
     """q [B, H, T, D], k/v [B, KVH, S, D] -> [B, T, H*D]. Plain matmul + softmax so the graph
     uses standard ONNX ops that TensorRT parses."""

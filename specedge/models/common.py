@@ -84,7 +84,7 @@ def rope_inv_freq(
     return inv.float(), float(scale)
 
 
-def make_rotary(config, head_dim: int, layer_type: str | None = None) -> "Rotary":
+def make_rotary(config, head_dim: int, layer_type: str | None = None) -> Rotary:
     """The rotary embedding of a config (per layer type where the config has several).
 
     Dynamic NTK only grows past max_position_embeddings, so within the model's context it is
@@ -266,10 +266,17 @@ def _concat_linears(linears: list[nn.Linear]) -> nn.Linear:
     first = linears[0]
     bias = [lin.bias for lin in linears]
     if any(b is not None for b in bias):
-        bias = [b if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
-                for b, lin in zip(bias, linears)]
-    fused = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=bias[0] is not None,
-                      dtype=first.weight.dtype, device=first.weight.device)
+        bias = [
+            b if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
+            for b, lin in zip(bias, linears)
+        ]
+    fused = nn.Linear(
+        first.in_features,
+        sum(lin.out_features for lin in linears),
+        bias=bias[0] is not None,
+        dtype=first.weight.dtype,
+        device=first.weight.device,
+    )
     fused.weight.copy_(torch.cat([lin.weight for lin in linears], 0))
     if fused.bias is not None:
         fused.bias.copy_(torch.cat(bias, 0))
@@ -397,7 +404,6 @@ class CausalLM(nn.Module):
                 self.rope_tables[name] = t
         for i, layer in enumerate(self.layers):
             layer.self_attn.rope_in_op = self.layer_rope[i] in self.rope_tables
-
 
     @property
     def num_layers(self) -> int:

@@ -35,14 +35,21 @@ from .common import GatedMLP, RMSNorm, Rotary
 __all__ = ["EagleHead", "HeadConfig", "head_for_target", "unrolled_mask"]
 
 
-def head_for_target(target, feature_dim: int, draft_vocab: int) -> "EagleHead":
+def head_for_target(target, feature_dim: int, draft_vocab: int) -> EagleHead:
     """A new head for `target`: its widths, a copy of its rotary embedding (the last layer's kind)
     and of its token embedding, which stays frozen (the head embeds tokens as the target does;
     the RMSNorm after it makes a family's embedding scale irrelevant)."""
     hc = HeadConfig.for_target(target, feature_dim, draft_vocab)
     rot = target.rotaries[target.layer_rope[-1]]
-    head = EagleHead(hc, Rotary(rot.inv_freq.clone(), rot.scaling, None if rot.long_inv_freq is None
-                                else rot.long_inv_freq.clone(), rot.original_max))
+    head = EagleHead(
+        hc,
+        Rotary(
+            rot.inv_freq.clone(),
+            rot.scaling,
+            None if rot.long_inv_freq is None else rot.long_inv_freq.clone(),
+            rot.original_max,
+        ),
+    )
     with torch.no_grad():
         head.embed_tokens.weight.copy_(target.embed_tokens.weight)
     head.embed_tokens.weight.requires_grad_(False)
@@ -66,18 +73,25 @@ class HeadConfig:
         return asdict(self)
 
     @classmethod
-    def for_target(cls, target, feature_dim: int, draft_vocab: int) -> "HeadConfig":
+    def for_target(cls, target, feature_dim: int, draft_vocab: int) -> HeadConfig:
         """The head of `target` (a specedge.models module of any family): its widths, one layer.
         Read from the module rather than the config, so families with nested or renamed config
         fields need nothing of their own."""
         attn = target.layers[0].self_attn
         mlp = target.layers[0].mlp
         inter = mlp.down_proj.in_features
-        return cls(hidden_size=target.embed_tokens.weight.shape[1], num_heads=attn.heads,
-                   num_kv_heads=attn.kv_heads, head_dim=attn.head_dim, intermediate_size=inter,
-                   rms_norm_eps=float(target.norm.eps), feature_dim=int(feature_dim),
-                   target_vocab=target.embed_tokens.weight.shape[0], draft_vocab=int(draft_vocab),
-                   hidden_act=getattr(mlp, "act", None) or getattr(target.config, "hidden_act", None) or "silu")
+        return cls(
+            hidden_size=target.embed_tokens.weight.shape[1],
+            num_heads=attn.heads,
+            num_kv_heads=attn.kv_heads,
+            head_dim=attn.head_dim,
+            intermediate_size=inter,
+            rms_norm_eps=float(target.norm.eps),
+            feature_dim=int(feature_dim),
+            target_vocab=target.embed_tokens.weight.shape[0],
+            draft_vocab=int(draft_vocab),
+            hidden_act=getattr(mlp, "act", None) or getattr(target.config, "hidden_act", None) or "silu",
+        )
 
 
 class EagleHead(nn.Module):
@@ -102,7 +116,7 @@ class EagleHead(nn.Module):
         self.norm = RMSNorm(h, hc.rms_norm_eps)
         self.lm_head = nn.Linear(h, hc.draft_vocab, bias=False)
         self.rotary = rotary  # the target's rotary embedding (models/common.py Rotary)
-        self.scale = d ** -0.5
+        self.scale = d**-0.5
         # draft id -> target id; a buffer so that it travels with the state dict
         self.register_buffer("d2t", torch.arange(hc.draft_vocab, dtype=torch.int64))
         # per feature column: 1 / RMS of its tapped layer over the training data (set_feature_scale),
@@ -147,8 +161,13 @@ class EagleHead(nn.Module):
             attn = attend(q, kc, vc, attention_mask(position, t, slots, None), self.scale)
         else:
             kc, vc = k, v
-            attn = attend(q, torch.cat([past_key, k], 2), torch.cat([past_value, v], 2),
-                          delta_mask(position, t, slots, None), self.scale)
+            attn = attend(
+                q,
+                torch.cat([past_key, k], 2),
+                torch.cat([past_value, v], 2),
+                delta_mask(position, t, slots, None),
+                self.scale,
+            )
         logits, h = self._finish(g, attn)
         return logits, h, kc, vc
 

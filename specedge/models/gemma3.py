@@ -74,9 +74,16 @@ class Gemma3(CausalLM):
         for i in range(n):
             window = effective_window(cfg.sliding_window, cfg) if types[i] == "sliding_attention" else None
             attn = StaticKVAttention(
-                cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd,
-                bias=bool(cfg.attention_bias), o_bias=bool(cfg.attention_bias),
-                qk_norm_eps=cfg.rms_norm_eps, qk_norm_offset=NORM_OFFSET, scale=scale, window=window,
+                cfg.hidden_size,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                hd,
+                bias=bool(cfg.attention_bias),
+                o_bias=bool(cfg.attention_bias),
+                qk_norm_eps=cfg.rms_norm_eps,
+                qk_norm_offset=NORM_OFFSET,
+                scale=scale,
+                window=window,
                 # transformers' Gemma 3 keeps attn_logit_softcapping in its config but never applies
                 # it (Gemma 3 replaced softcapping by q/k norms; released configs set None). We
                 # follow the reference we are checked against rather than the field's docstring.
@@ -102,7 +109,7 @@ class Gemma3(CausalLM):
         out = {}
         for k, v in sd.items():
             if k.startswith("language_model."):
-                out[k[len("language_model."):]] = v
+                out[k[len("language_model.") :]] = v
             elif k.startswith("lm_head."):
                 out[k] = v
         return out

@@ -67,8 +67,10 @@ def _gqa_schema():
     ins[2] = FP("value", "T", param_option=OpSchema.FormalParameterOption.Optional)
     ins += [FP("seqlens_k", "M"), FP("total_sequence_length", "M")]
     ins += [FP(n, "T", param_option=OpSchema.FormalParameterOption.Optional) for n in ("cos_cache", "sin_cache")]
-    ins += [FP("position_ids", "P", param_option=OpSchema.FormalParameterOption.Optional),
-            FP("attention_bias", "T", param_option=OpSchema.FormalParameterOption.Optional)]
+    ins += [
+        FP("position_ids", "P", param_option=OpSchema.FormalParameterOption.Optional),
+        FP("attention_bias", "T", param_option=OpSchema.FormalParameterOption.Optional),
+    ]
     outs = [FP(n, "T") for n in ("output", "present_key", "present_value")]
     A = OpSchema.AttrType
     attrs = [
@@ -81,14 +83,36 @@ def _gqa_schema():
         OpSchema.Attribute("rotary_interleaved", A.INT, "0: rotate-half layout"),
     ]
     return OpSchema(
-        "GroupQueryAttention", "com.microsoft", 1, inputs=ins, outputs=outs,
-        type_constraints=[("T", T, "float types"), ("M", ["tensor(int32)"], "lengths"),
-                          ("P", ["tensor(int64)"], "positions")], attributes=attrs,
+        "GroupQueryAttention",
+        "com.microsoft",
+        1,
+        inputs=ins,
+        outputs=outs,
+        type_constraints=[
+            ("T", T, "float types"),
+            ("M", ["tensor(int32)"], "lengths"),
+            ("P", ["tensor(int64)"], "positions"),
+        ],
+        attributes=attrs,
     )
 
 
-def gqa_onnx(q, k, v, past_k, past_v, cos, sin, seqlens_k, total_len, tree, scale: float, window: int,
-             softcap: float, num_heads: int):
+def gqa_onnx(
+    q,
+    k,
+    v,
+    past_k,
+    past_v,
+    cos,
+    sin,
+    seqlens_k,
+    total_len,
+    tree,
+    scale: float,
+    window: int,
+    softcap: float,
+    num_heads: int,
+):
     """ONNX translation: com.microsoft GroupQueryAttention. With cos/sin tables the op rotates q
     and k itself (do_rotary=1, positions from seqlens_k, or from position_ids in a tree call);
     without, rope was applied in the graph (longrope, or tables the kernel cannot take).
@@ -109,10 +133,24 @@ def gqa_onnx(q, k, v, past_k, past_v, cos, sin, seqlens_k, total_len, tree, scal
             position_ids = None
         window = 0  # the bias holds the window (see _tree_inputs)
     out, pk, pv = group_query_attention(
-        q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, position_ids, bias,
-        num_heads=int(num_heads), kv_num_heads=int(kv_heads), scale=float(scale),
-        local_window_size=int(window) if window > 0 else -1, softcap=float(softcap) if softcap > 0 else 0.0,
-        do_rotary=int(rotary), rotary_interleaved=0,
+        q,
+        k,
+        v,
+        past_k,
+        past_v,
+        seqlens_k,
+        total_len,
+        cos,
+        sin,
+        position_ids,
+        bias,
+        num_heads=int(num_heads),
+        kv_num_heads=int(kv_heads),
+        scale=float(scale),
+        local_window_size=int(window) if window > 0 else -1,
+        softcap=float(softcap) if softcap > 0 else 0.0,
+        do_rotary=int(rotary),
+        rotary_interleaved=0,
     )
     return out, pk, pv
 
@@ -134,8 +172,9 @@ def _tree_inputs(q, tree, seqlens_k, total_len, window: int):
     one = op.Constant(value_ints=[1])
     t = op.Shape(q, start=1, end=2)
     b = op.Shape(q, start=0, end=1)
-    depth = op.Sub(op.ReduceSum(op.Cast(tree, to=i64), op.Constant(value_ints=[-1]), keepdims=0),
-                   op.Constant(value_int=1))
+    depth = op.Sub(
+        op.ReduceSum(op.Cast(tree, to=i64), op.Constant(value_ints=[-1]), keepdims=0), op.Constant(value_int=1)
+    )
     # seqlens_k = position + T - 1
     position = op.Sub(op.Add(op.Cast(seqlens_k, to=i64), op.Constant(value_int=1)), t)
     position_ids = op.Add(op.Unsqueeze(position, one), depth)  # [B, T]
@@ -147,7 +186,9 @@ def _tree_inputs(q, tree, seqlens_k, total_len, window: int):
         # its position > position_ids[t] - window
         lo = op.Unsqueeze(op.Sub(position_ids, op.Constant(value_int=int(window))), op.Constant(value_ints=[-1]))
         j = op.Range(op.Constant(value_int=0), op.Reshape(past, op.Constant(value_ints=[])), op.Constant(value_int=1))
-        old_seen = op.Greater(op.Unsqueeze(op.Unsqueeze(j, op.Constant(value_ints=[0])), op.Constant(value_ints=[0])), lo)
+        old_seen = op.Greater(
+            op.Unsqueeze(op.Unsqueeze(j, op.Constant(value_ints=[0])), op.Constant(value_ints=[0])), lo
+        )
         new_seen = op.And(tree, op.Greater(op.Unsqueeze(position_ids, one), lo))
         seen = op.Concat(op.Expand(old_seen, op.Concat(b, t, past, axis=0)), new_seen, axis=-1)
         return position_ids, op.Unsqueeze(op.Where(seen, zero, ninf), one)

@@ -31,7 +31,12 @@ class Llama(CausalLM):
     def make_attention(self, cfg, i: int, hd: int) -> nn.Module:
         bias = bool(getattr(cfg, "attention_bias", False))
         return StaticKVAttention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd, bias=bias, o_bias=bias,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+            bias=bias,
+            o_bias=bias,
             window=self.window_for(cfg, i),
         )
 

@@ -23,7 +23,12 @@ class Qwen2(Llama):
 
     def make_attention(self, cfg, i: int, hd: int) -> nn.Module:
         return StaticKVAttention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd, bias=True, o_bias=False,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+            bias=True,
+            o_bias=False,
             window=self.window_for(cfg, i),
         )
 

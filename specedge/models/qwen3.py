@@ -15,8 +15,14 @@ class Qwen3(Llama):
     def make_attention(self, cfg, i: int, hd: int) -> nn.Module:
         bias = bool(getattr(cfg, "attention_bias", False))
         return StaticKVAttention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd, bias=bias, o_bias=bias,
-            qk_norm_eps=cfg.rms_norm_eps, window=self.window_for(cfg, i),
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+            bias=bias,
+            o_bias=bias,
+            qk_norm_eps=cfg.rms_norm_eps,
+            window=self.window_for(cfg, i),
         )
 
     def window_for(self, cfg, i: int) -> int | None:

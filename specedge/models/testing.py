@@ -36,25 +36,42 @@ def tiny_config(family: str, seed: int = 0):
     c = dict(_COMMON)
     if family == "llama":
         # Tied embeddings and llama3 rope scaling, as in SmolLM2 / Llama 3.2.
-        return tf.LlamaConfig(**{**c, "tie_word_embeddings": True}, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        return tf.LlamaConfig(
+            **{**c, "tie_word_embeddings": True},
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500_000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     if family == "mistral":
         return tf.MistralConfig(**c, sliding_window=WINDOW)
     if family == "qwen2":
         # Layers from max_window_layers on slide; the first one stays full.
-        return tf.Qwen2Config(**{**c, "num_hidden_layers": 3}, use_sliding_window=True,
-                              sliding_window=WINDOW, max_window_layers=1)
+        return tf.Qwen2Config(
+            **{**c, "num_hidden_layers": 3}, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+        )
     if family == "qwen3":
-        return tf.Qwen3Config(**{**c, "num_hidden_layers": 3, "tie_word_embeddings": True}, head_dim=16,
-                              use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        return tf.Qwen3Config(
+            **{**c, "num_hidden_layers": 3, "tie_word_embeddings": True},
+            head_dim=16,
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            max_window_layers=1,
+        )
     if family == "phi3":
-        return tf.Phi3Config(**c, partial_rotary_factor=0.5, sliding_window=WINDOW, pad_token_id=0, bos_token_id=1,
-                             eos_token_id=2)
+        return tf.Phi3Config(
+            **c, partial_rotary_factor=0.5, sliding_window=WINDOW, pad_token_id=0, bos_token_id=1, eos_token_id=2
+        )
     if family in ("gemma3_text", "gemma3"):
         text = tf.Gemma3TextConfig(
-            **{**c, "num_hidden_layers": 4, "tie_word_embeddings": True}, head_dim=16,
-            query_pre_attn_scalar=24, sliding_window=WINDOW,
+            **{**c, "num_hidden_layers": 4, "tie_word_embeddings": True},
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=WINDOW,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -63,8 +80,14 @@ def tiny_config(family: str, seed: int = 0):
         )
         if family == "gemma3_text":
             return text
-        vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                       num_attention_heads=2, image_size=28, patch_size=14)
+        vision = tf.SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        )
         return tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
     raise ValueError(f"no tiny config for family '{family}'")
 
@@ -79,11 +102,19 @@ def phi3_longrope_config(seed: int = 0, original_max: int = 16):
     short = (1.0 + torch.rand(rot // 2, generator=g)).tolist()
     long = (2.0 + 4.0 * torch.rand(rot // 2, generator=g)).tolist()
     return tf.Phi3Config(
-        **{**_COMMON, "max_position_embeddings": 4 * original_max}, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        **{**_COMMON, "max_position_embeddings": 4 * original_max},
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         original_max_position_embeddings=original_max,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5,
-                         "short_factor": short, "long_factor": long,
-                         "original_max_position_embeddings": original_max},
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.5,
+            "short_factor": short,
+            "long_factor": long,
+            "original_max_position_embeddings": original_max,
+        },
     )
 
 

@@ -36,8 +36,17 @@ from .requests import MAX_THREADS, check_draft_kv, check_load_options, check_pro
 from .stream import PipelineBusyError, PipelineClosedError, RequestLock, TextStream
 from .tokenizer import Tokenizer
 
-__all__ = ["load", "Pipeline", "PipelineBusyError", "PipelineClosedError", "Tokenizer", "TextStream", "Result",
-           "GenerationConfig", "MAX_THREADS"]
+__all__ = [
+    "load",
+    "Pipeline",
+    "PipelineBusyError",
+    "PipelineClosedError",
+    "Tokenizer",
+    "TextStream",
+    "Result",
+    "GenerationConfig",
+    "MAX_THREADS",
+]
 
 VERIFY_STEPS = {"full": "checking files (sha256)", "size": "checking file sizes", "none": "reading the manifest"}
 
@@ -56,9 +65,18 @@ class Pipeline:
     requests that run at the same time, load one pipeline per concurrent request.
     """
 
-    def __init__(self, manifest: Manifest, tokenizer: Tokenizer, target, drafter, backend_name: str,
-                 draft_backend_name: str | None, draft_backend=None, draft_kv: str = "auto",
-                 invariant_steps: bool = False):
+    def __init__(
+        self,
+        manifest: Manifest,
+        tokenizer: Tokenizer,
+        target,
+        drafter,
+        backend_name: str,
+        draft_backend_name: str | None,
+        draft_backend=None,
+        draft_kv: str = "auto",
+        invariant_steps: bool = False,
+    ):
         check_draft_kv(draft_kv)
         self.manifest = manifest
         self.tokenizer = tokenizer
@@ -76,8 +94,15 @@ class Pipeline:
         self._closed = False
         self._open_stream = None  # weakref to the stream holding the pipeline, if any
         self.generator = Generator(
-            target, drafter, vocab=vocab, eos_ids=manifest.eos_token_ids, prefill_chunk=manifest.prefill_chunk,
-            max_seq=manifest.max_seq, spec_tokens=manifest.spec_tokens, decode=tokenizer.decode, costs=self.costs,
+            target,
+            drafter,
+            vocab=vocab,
+            eos_ids=manifest.eos_token_ids,
+            prefill_chunk=manifest.prefill_chunk,
+            max_seq=manifest.max_seq,
+            spec_tokens=manifest.spec_tokens,
+            decode=tokenizer.decode,
+            costs=self.costs,
             static_costs=static_cost_model(drafter.step_cost(manifest) if drafter is not None else LOOKUP_DRAFT_STEP),
             invariant_steps=invariant_steps,
         )
@@ -106,6 +131,7 @@ class Pipeline:
 
     def _calibrate(self, repeats: int) -> dict:
         k = self.manifest.spec_tokens
+
         def timeit(backend, t):  # a backend, or the target's cache tracker (padded steps)
             ids = np.zeros(t, dtype=np.int64)
             backend.run(ids, 0)  # first call of a shape: allocation planning
@@ -138,8 +164,10 @@ class Pipeline:
         self._requests.acquire(what)
         if self._closed:
             self._requests.release()
-            raise PipelineClosedError(f"the pipeline is closed: close() freed its sessions, so {what.split('(')[0]} "
-                                      "cannot run (load() the bundle again)")
+            raise PipelineClosedError(
+                f"the pipeline is closed: close() freed its sessions, so {what.split('(')[0]} "
+                "cannot run (load() the bundle again)"
+            )
 
     @property
     def closed(self) -> bool:
@@ -191,8 +219,9 @@ class Pipeline:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-               token_ids: Sequence[int] | None = None) -> list[int]:
+    def encode(
+        self, prompt: str | None = None, messages: Sequence[dict] | None = None, token_ids: Sequence[int] | None = None
+    ) -> list[int]:
         """The prompt's token ids from exactly one of: plain text, chat messages, token ids."""
         given = [x is not None for x in (prompt, messages, token_ids)]
         if sum(given) != 1:
@@ -218,19 +247,36 @@ class Pipeline:
         tokenizer may hold added tokens past the model's embedding rows (a checkpoint whose
         tokenizer grew), which text can name; refused here, not inside the graph's Gather."""
         name = self.tokenizer.tok.id_to_token(tok) if 0 <= tok < self.tokenizer.vocab_size else None
-        return "" if name is None else f": the prompt holds token {tok} ('{name}'), which the tokenizer has but the model does not"
+        return (
+            ""
+            if name is None
+            else f": the prompt holds token {tok} ('{name}'), which the tokenizer has but the model does not"
+        )
 
-    def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-               token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
-               spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
-               guard: bool = True, tree: bool = False) -> TextStream:
+    def stream(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        token_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        spec_tokens: int | None = None,
+        speculative: bool = True,
+        adaptive_k: bool = False,
+        guard: bool = True,
+        tree: bool = False,
+    ) -> TextStream:
         """Like `generate`, but returns a TextStream yielding text pieces as tokens are accepted;
         its `result` attribute holds the Result once the stream is exhausted. Arguments are checked
         before the first piece is requested. The stream holds the pipeline from this call until it
         is exhausted or closed (see the class docstring)."""
-        cfg = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative,
-                               adaptive_k, guard, tree).validate()
+        cfg = GenerationConfig(
+            max_new_tokens, temperature, top_k, top_p, seed, stop, spec_tokens, speculative, adaptive_k, guard, tree
+        ).validate()
         self.generator.check_tree(cfg)
         ids = self.encode(prompt, messages, token_ids)
         self._begin("stream()")
@@ -238,11 +284,23 @@ class Pipeline:
         self._open_stream = weakref.ref(stream)
         return stream
 
-    def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-                 token_ids: Sequence[int] | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str | None = None,
-                 spec_tokens: int | None = None, speculative: bool = True, adaptive_k: bool = False,
-                 guard: bool = True, tree: bool = False) -> Result:
+    def generate(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        token_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        spec_tokens: int | None = None,
+        speculative: bool = True,
+        adaptive_k: bool = False,
+        guard: bool = True,
+        tree: bool = False,
+    ) -> Result:
         """Generate a completion.
 
         prompt / messages / token_ids: exactly one (plain text gets BOS if the bundle says so;
@@ -263,19 +321,45 @@ class Pipeline:
         Calls from several threads take turns; a call from a thread whose own stream on this
         pipeline is still open raises PipelineBusyError.
         """
-        s = self.stream(prompt, messages, token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                        spec_tokens, speculative, adaptive_k, guard, tree)
+        s = self.stream(
+            prompt,
+            messages,
+            token_ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            stop,
+            spec_tokens,
+            speculative,
+            adaptive_k,
+            guard,
+            tree,
+        )
         with s:
             for _ in s:
                 pass
         return s.result
 
 
-def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | None = None, threads: int | None = None,
-         providers=None, draft: str | None = None, verify: str = "full", warmup: bool = True,
-         spinning: bool | None = None, shared_pool: bool = False, draft_kv: str = "auto",
-         backend_options: dict | None = None, progress=None, invariant_steps: bool | None = None,
-         int4_kernel: str = "auto") -> Pipeline:
+def load(
+    bundle: str | os.PathLike,
+    backend: str = "auto",
+    draft_backend: str | None = None,
+    threads: int | None = None,
+    providers=None,
+    draft: str | None = None,
+    verify: str = "full",
+    warmup: bool = True,
+    spinning: bool | None = None,
+    shared_pool: bool = False,
+    draft_kv: str = "auto",
+    backend_options: dict | None = None,
+    progress=None,
+    invariant_steps: bool | None = None,
+    int4_kernel: str = "auto",
+) -> Pipeline:
     """Load a bundle and return a Pipeline.
 
     backend: "auto" (ort-cuda when onnxruntime-gpu's CUDA provider is usable, else ort-cpu),
@@ -309,8 +393,9 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
       which ran and why.
     """
     say = progress or (lambda step: None)
-    check_load_options(verify=verify, threads=threads, draft_kv=draft_kv, invariant_steps=invariant_steps,
-                       int4_kernel=int4_kernel)
+    check_load_options(
+        verify=verify, threads=threads, draft_kv=draft_kv, invariant_steps=invariant_steps, int4_kernel=int4_kernel
+    )
     check_draft_name(draft)
     say(VERIFY_STEPS[verify])
     manifest = load_manifest(bundle, verify=verify)
@@ -321,8 +406,14 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
     tname = resolve_backend_name(backend)
     dname = drafter_kind.backend_name(tname, draft_backend)
     _check_backends(manifest, tname, dname, providers)
-    session = SessionOptions(threads=threads, providers=providers, allow_spinning=spinning,
-                             alternating=dname is not None, shared_pool=shared_pool, int4_kernel=int4_kernel)
+    session = SessionOptions(
+        threads=threads,
+        providers=providers,
+        allow_spinning=spinning,
+        alternating=dname is not None,
+        shared_pool=shared_pool,
+        int4_kernel=int4_kernel,
+    )
     say(f"target session ({tname})")
     target = backend_class(tname).open(manifest, manifest.target, session, backend_options)
     if invariant_steps is None:
@@ -334,8 +425,17 @@ def load(bundle: str | os.PathLike, backend: str = "auto", draft_backend: str | 
             dbackend = drafter_kind.open_backend(dname, manifest, session, backend_options, tname)
         vocab = min(manifest.tokenizer_vocab_size, manifest.target.vocab_size)
         drafter = drafter_kind.from_bundle(manifest, dbackend, vocab)
-        pipe = Pipeline(manifest, tokenizer, target, drafter, tname, dname, dbackend, draft_kv=draft_kv,
-                        invariant_steps=invariant_steps)
+        pipe = Pipeline(
+            manifest,
+            tokenizer,
+            target,
+            drafter,
+            tname,
+            dname,
+            dbackend,
+            draft_kv=draft_kv,
+            invariant_steps=invariant_steps,
+        )
         if warmup:
             say("warm-up")
             pipe.calibrate()

@@ -48,6 +48,7 @@ try:  # peak RSS: the backstop for blow-ups no pre-check foresees (Unix only)
     def _peak_rss() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 except ImportError:  # pragma: no cover - Windows
+
     def _peak_rss() -> int:
         return 0
 
@@ -150,7 +151,9 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
         name = getattr(__obj, "__name__", "")
         # integers are sizes for range/lipsum and the methods of strings and lists (ljust, zfill,
         # expandtabs, ...); for other calls (namespace(total=10**6), str.format's values) they are data
-        if any(__obj is g for g in __self._sized_globals) or (isinstance(owner, (str, list)) and name not in ("format", "format_map")):
+        if any(__obj is g for g in __self._sized_globals) or (
+            isinstance(owner, (str, list)) and name not in ("format", "format_map")
+        ):
             __self._check_ints(args, kwargs)
         if isinstance(owner, str):
             if name in ("format", "format_map"):
@@ -190,8 +193,11 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
 
         def guarded(*args, **kwargs):
             env.budget.tick()
-            plain = [a for a in args if not isinstance(a, (jinja2.runtime.Context, jinja2.nodes.EvalContext,
-                                                            jinja2.Environment))]
+            plain = [
+                a
+                for a in args
+                if not isinstance(a, (jinja2.runtime.Context, jinja2.nodes.EvalContext, jinja2.Environment))
+            ]
             if name in _SIZED_FILTERS:
                 env._check_ints(plain[1:], kwargs)
             if name == "format" and plain and isinstance(plain[0], str):
@@ -229,8 +235,9 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
         if isinstance(source, str):
             source = self.parse(source, name, filename)
         for loop in source.find_all(nodes.For):
-            loop.iter = nodes.Call(nodes.EnvironmentAttribute("guard_loop"), [loop.iter], [], None, None,
-                                   lineno=loop.lineno)
+            loop.iter = nodes.Call(
+                nodes.EnvironmentAttribute("guard_loop"), [loop.iter], [], None, None, lineno=loop.lineno
+            )
         return super().compile(source, name, filename, raw, defer_init)
 
 
@@ -256,7 +263,9 @@ class ChatTemplate:
         except _LimitExceeded as e:  # constant folding at compile time
             raise ChatTemplateError(f"the bundle's chat template is invalid: {e}") from None
         except (Exception, RecursionError) as e:  # noqa: BLE001 - any parse failure of untrusted text
-            raise ChatTemplateError(f"the bundle's chat template is invalid: {type(e).__name__}: {_first_line(e)}") from None
+            raise ChatTemplateError(
+                f"the bundle's chat template is invalid: {type(e).__name__}: {_first_line(e)}"
+            ) from None
         finally:
             self.env._local.budget = None
 
@@ -266,8 +275,9 @@ class ChatTemplate:
         pieces: list[str] = []
         size = 0
         try:
-            for piece in self.template.generate(messages=[dict(m) for m in messages],
-                                                add_generation_prompt=add_generation_prompt, **variables):
+            for piece in self.template.generate(
+                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **variables
+            ):
                 size += len(piece)
                 if size > self.limits.max_output:
                     raise _LimitExceeded(f"its output passed {self.limits.max_output:,} characters")

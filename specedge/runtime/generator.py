@@ -21,10 +21,10 @@ from .drafters.base import Drafter
 from .policy import DEFAULT_DRAFT_STEP, CostModel, SpecController, static_cost_model
 from .requests import GenerationConfig, check_prompt
 from .rounds import Round, TargetView, speculative_round, target_step
-from .tree_round import tree_round
-from .tree_size import tree_nodes
 from .sampling import SamplingParams, make_rng
 from .text import TextStreamer
+from .tree_round import tree_round
+from .tree_size import tree_nodes
 from .verify import AcceptanceStats
 
 __all__ = ["Generator", "GenerationConfig", "Result", "FINISH_REASONS"]
@@ -41,8 +41,10 @@ def tree_refusal(backend) -> str:
     a backend that runs no tree calls on a bundle whose graph takes them (re-exporting would not help)."""
     graphs = getattr(getattr(backend, "spec", None), "graphs", None) or ()
     if any(getattr(g, "tree", False) for g in graphs):
-        return (f"tree verification is not available on the {backend.name} backend, although the bundle's target "
-                "graph takes trees: use the ort-cpu or torch backend, or leave tree off")
+        return (
+            f"tree verification is not available on the {backend.name} backend, although the bundle's target "
+            "graph takes trees: use the ort-cpu or torch backend, or leave tree off"
+        )
     return "tree verification needs a target graph that takes trees: export the bundle with --tree"
 
 
@@ -52,10 +54,15 @@ def inexact_tree_refusal(precision: str) -> str:
     one (ONNX Runtime's attention) also sum a tree node's keys in another order than the chain's
     when masked siblings sit between them, which flips greedy picks at this precision (specedge's
     int4 kernels sum in key order and do not: scripts/tree_exactness.py)."""
-    fix = (", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
-           if precision == "int4" else "")
-    return (f"tree verification would not be exact on this {precision} target: ONNX Runtime's attention "
-            f"orders a tree node's sums differently from a chain's, enough to change its picks; leave tree off{fix}")
+    fix = (
+        ", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
+        if precision == "int4"
+        else ""
+    )
+    return (
+        f"tree verification would not be exact on this {precision} target: ONNX Runtime's attention "
+        f"orders a tree node's sums differently from a chain's, enough to change its picks; leave tree off{fix}"
+    )
 
 
 @dataclass
@@ -108,8 +115,16 @@ class _Request:
         self.t_verify += r.verify_s
         if r.drafted:
             self.acc.record(r.drafted, r.accepted)
-            self.ctl.record_round(r.k, r.accepted, r.draft_s, r.verify_s, r.drafted, call=r.call_size,
-                                  depth=r.draft_depth, chain_accepted=r.chain_accepted)
+            self.ctl.record_round(
+                r.k,
+                r.accepted,
+                r.draft_s,
+                r.verify_s,
+                r.drafted,
+                call=r.call_size,
+                depth=r.draft_depth,
+                chain_accepted=r.chain_accepted,
+            )
         elif speculative:
             self.ctl.record_plain(1, r.verify_s)
 
@@ -134,10 +149,21 @@ class Generator:
     invariant_steps: pad the target's single-token steps (runtime/cache.py, runtime/invariant.py).
     """
 
-    def __init__(self, target: Backend, drafter: Drafter | None, *, vocab: int, eos_ids: Sequence[int],
-                 prefill_chunk: int, max_seq: int, spec_tokens: int, decode: Callable[[list[int]], str],
-                 costs: CostModel | None = None, static_costs: CostModel | None = None,
-                 invariant_steps: bool = False):
+    def __init__(
+        self,
+        target: Backend,
+        drafter: Drafter | None,
+        *,
+        vocab: int,
+        eos_ids: Sequence[int],
+        prefill_chunk: int,
+        max_seq: int,
+        spec_tokens: int,
+        decode: Callable[[list[int]], str],
+        costs: CostModel | None = None,
+        static_costs: CostModel | None = None,
+        invariant_steps: bool = False,
+    ):
         self.target = CacheTracker(target, prefill_chunk, invariant_steps)
         self.drafter = drafter
         self.int4_kernels = int4_kernels(target, drafter)
@@ -176,9 +202,12 @@ class Generator:
         deterministic = not params.greedy and params.seed is not None
         costs = self.static_costs.copy() if deterministic else self.costs
         k = int(cfg.spec_tokens or self.spec_tokens)
-        ctl = SpecController(k, costs, adaptive=cfg.adaptive_k, guard=cfg.guard, learn=not deterministic,
-                             trees=cfg.tree)
-        return _Request(cfg, params, make_rng(params.seed), ctl, TextStreamer(self.decode, cfg.stop or ()), list(prompt))
+        ctl = SpecController(
+            k, costs, adaptive=cfg.adaptive_k, guard=cfg.guard, learn=not deterministic, trees=cfg.tree
+        )
+        return _Request(
+            cfg, params, make_rng(params.seed), ctl, TextStreamer(self.decode, cfg.stop or ()), list(prompt)
+        )
 
     def _step(self, req: _Request, speculative: bool) -> Round:
         """The next round: k limited by what is left to generate and by the context."""
@@ -242,8 +271,9 @@ class Generator:
             stats["draft_kv_copied"] = self.drafter.copied - copied0
         return Result(text=req.text.text, token_ids=req.out, finish_reason=req.finish, stats=stats)
 
-    def _stats(self, req: _Request, prompt, reused: int, speculative: bool, t_start: float, t_first: float,
-               t_end: float) -> dict:
+    def _stats(
+        self, req: _Request, prompt, reused: int, speculative: bool, t_start: float, t_first: float, t_end: float
+    ) -> dict:
         n, acc = len(req.out), req.acc
         decode_s = t_end - t_first
         stats = {

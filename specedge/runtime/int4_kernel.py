@@ -59,8 +59,10 @@ def choose(spec: ModelSpec, backend: str, want: str = "auto", note: bool = True)
         only = fast or plain
         kind = "specedge" if only is fast else "matmulnbits"
         if int4 and want not in ("auto", kind):
-            raise KernelChoiceError(f"--int4-kernel {want}: the {spec.role} model has only a {kind} graph "
-                                    f"(exported with --int4-kernel {kind}); re-export it without --int4-kernel")
+            raise KernelChoiceError(
+                f"--int4-kernel {want}: the {spec.role} model has only a {kind} graph "
+                f"(exported with --int4-kernel {kind}); re-export it without --int4-kernel"
+            )
         return Choice(only, kind if int4 else None, "the bundle's only graph" if int4 else "")
     if want == "matmulnbits":
         return Choice(plain, "matmulnbits", "asked for with --int4-kernel matmulnbits")
@@ -85,5 +87,9 @@ def _note_once(why: str) -> None:
     if _noted:
         return
     _noted = True
-    warnings.warn(f"int4 graphs run on ONNX Runtime's MatMulNBits: {why} (exact either way; specedge's kernels "
-                  "are faster where they run)", RuntimeWarning, stacklevel=4)
+    warnings.warn(
+        f"int4 graphs run on ONNX Runtime's MatMulNBits: {why} (exact either way; specedge's kernels "
+        "are faster where they run)",
+        RuntimeWarning,
+        stacklevel=4,
+    )

@@ -62,7 +62,10 @@ def choose_invariant_steps(manifest: Manifest, backend_name: str, target: Backen
         return True
     if rows_independent_of_t(target):
         return False
-    warnings.warn("the target graph is marked batch-invariant, but on this machine a single-token call's row differs "
-                  "from a verification row: single-token steps run as 2 tokens to stay exact", RuntimeWarning,
-                  stacklevel=3)
+    warnings.warn(
+        "the target graph is marked batch-invariant, but on this machine a single-token call's row differs "
+        "from a verification row: single-token steps run as 2 tokens to stay exact",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return True

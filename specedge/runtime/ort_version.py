@@ -36,8 +36,7 @@ def bundle_opset(manifest) -> int:
     """The highest opset among the bundle's model graphs (what its onnxruntime must run)."""
     from ..manifest import GRAPH_OPSET
 
-    opsets = [g.onnx_opset for s in (manifest.target, manifest.draft, manifest.head) if s is not None
-              for g in s.graphs]
+    opsets = [g.onnx_opset for s in (manifest.target, manifest.draft, manifest.head) if s is not None for g in s.graphs]
     return max(opsets, default=GRAPH_OPSET)
 
 
@@ -48,8 +47,12 @@ def check_onnxruntime_version(version: str, opset: int = 24) -> None:
 
     need = required_version(opset)
     if _parts(version) < _parts(need):
-        jetson = ("; on a Jetson, whose onnxruntime-gpu comes from NVIDIA's index, export the bundle with "
-                  "`export-models --tensorrt VERSION` (docs/jetson.md)" if need == ORT_MIN_VERSION else "")
+        jetson = (
+            "; on a Jetson, whose onnxruntime-gpu comes from NVIDIA's index, export the bundle with "
+            "`export-models --tensorrt VERSION` (docs/jetson.md)"
+            if need == ORT_MIN_VERSION
+            else ""
+        )
         raise BackendError(
             f"onnxruntime {version} is too old: this bundle's graphs (ONNX opset {opset}) need onnxruntime >= "
             f"{need}; pip install -U 'onnxruntime>={need}'{jetson}"

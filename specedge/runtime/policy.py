@@ -96,8 +96,15 @@ class CostModel:
         self.draft = self._ema(self.draft, seconds_per_token)
 
     def copy(self) -> CostModel:
-        return CostModel(dict(self.target), self.draft, self.alpha, self.carry_fallback, self.carry_backoff,
-                         self.carry_chain, self.tree_backoff)
+        return CostModel(
+            dict(self.target),
+            self.draft,
+            self.alpha,
+            self.carry_fallback,
+            self.carry_backoff,
+            self.carry_chain,
+            self.tree_backoff,
+        )
 
 
 def static_cost_model(draft_step: float) -> CostModel:
@@ -130,9 +137,20 @@ class SpecController:
     runtime implements the same, and tests/data/policy_vectors.json pins both.
     """
 
-    def __init__(self, k: int, costs: CostModel, *, adaptive: bool = False, guard: bool = True,
-                 learn: bool = True, k_max: int = MAX_SPEC_TOKENS, min_rounds: int = MIN_ROUNDS, decay: float = DECAY,
-                 keep: float = KEEP, trees: bool = True):
+    def __init__(
+        self,
+        k: int,
+        costs: CostModel,
+        *,
+        adaptive: bool = False,
+        guard: bool = True,
+        learn: bool = True,
+        k_max: int = MAX_SPEC_TOKENS,
+        min_rounds: int = MIN_ROUNDS,
+        decay: float = DECAY,
+        keep: float = KEEP,
+        trees: bool = True,
+    ):
         self.k = self.k_start = int(k)
         self.k_max = max(int(k_max), self.k)
         self.costs = costs
@@ -296,8 +314,17 @@ class SpecController:
             elif self.learn and self.tree_rounds == self.min_rounds:
                 self.costs.tree_backoff = 0  # trees pay again: the next turn-off starts afresh
 
-    def record_round(self, k: int, n_accepted: int, draft_s: float, verify_s: float, drafted: int,
-                     call: int | None = None, depth: int | None = None, chain_accepted: int | None = None) -> None:
+    def record_round(
+        self,
+        k: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        drafted: int,
+        call: int | None = None,
+        depth: int | None = None,
+        chain_accepted: int | None = None,
+    ) -> None:
         """One round: k asked for, n_accepted drafts kept, `drafted` drafts verified in a target
         call of `call` tokens (default drafted + 1) made of `depth` draft steps (default drafted):
         a tree's call and depth differ from its node count. `chain_accepted`: for a tree round,

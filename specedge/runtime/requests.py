@@ -15,7 +15,15 @@ from ..contract import MAX_SPEC_TOKENS
 from .int4_kernel import CHOICES as INT4_KERNELS
 from .sampling import SamplingParams
 
-__all__ = ["CLI_FLAGS", "MAX_THREADS", "GenerationConfig", "check_load_options", "check_messages", "check_prompt", "check_text"]
+__all__ = [
+    "CLI_FLAGS",
+    "MAX_THREADS",
+    "GenerationConfig",
+    "check_load_options",
+    "check_messages",
+    "check_prompt",
+    "check_text",
+]
 
 # ONNX Runtime intra-op threads per session: more than any CPU has cores; a larger number is a
 # typo that would spawn threads until memory runs out (the C API and both CLIs share the cap).
@@ -29,8 +37,9 @@ def check_load_options(*, verify: str, threads, draft_kv: str, invariant_steps, 
     """load()'s options that need no bundle (the drafter's name is drafters.check_draft_name)."""
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be full, size or none, got {verify!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= MAX_THREADS):
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
+    ):
         raise ValueError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
     check_draft_kv(draft_kv)
     if invariant_steps is not None and not isinstance(invariant_steps, bool):
@@ -76,8 +85,12 @@ class GenerationConfig:
             raise ValueError(f"{n('max_new_tokens', 'max_new_tokens')} must be an integer >= 1, got {m!r}")
         self.sampling.validate(names)
         k = self.spec_tokens
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_TOKENS):
-            raise ValueError(f"{n('spec_tokens', 'spec_tokens (k)')} must be between 1 and {MAX_SPEC_TOKENS}, got {k!r}")
+        if k is not None and (
+            isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_SPEC_TOKENS
+        ):
+            raise ValueError(
+                f"{n('spec_tokens', 'spec_tokens (k)')} must be between 1 and {MAX_SPEC_TOKENS}, got {k!r}"
+            )
         if self.stop is not None:
             if isinstance(self.stop, str):
                 self.stop = [self.stop]
@@ -90,8 +103,15 @@ class GenerationConfig:
 
 
 # The generate and chat commands' flag for each field, for validate(names=CLI_FLAGS).
-CLI_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
-             "top_p": "--top-p", "seed": "--seed", "spec_tokens": "--spec-tokens", "stop": "--stop"}
+CLI_FLAGS = {
+    "max_new_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "spec_tokens": "--spec-tokens",
+    "stop": "--stop",
+}
 
 
 def check_prompt(prompt: Sequence[int], max_seq: int) -> list[int]:
@@ -124,6 +144,6 @@ def check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start}: "
-                         "bytes that were not UTF-8)") from None
-
+        raise ValueError(
+            f"{what} is not valid Unicode text (a lone surrogate at character {e.start}: bytes that were not UTF-8)"
+        ) from None

@@ -88,8 +88,9 @@ def target_step(target: TargetView, tokens: list[int], params: SamplingParams, r
     return Round(new, 0, 0.0, clock() - t0)
 
 
-def speculative_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, params: SamplingParams,
-                      rng) -> Round:
+def speculative_round(
+    target: TargetView, drafter: Drafter, tokens: list[int], k: int, params: SamplingParams, rng
+) -> Round:
     """Draft up to k tokens after `tokens` (the committed sequence), verify them with one target
     call, keep the accepted prefix plus one target token, roll the target back to what was kept.
     A drafter that finds nothing to propose (an n-gram miss) makes this a plain target step."""

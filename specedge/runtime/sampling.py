@@ -74,7 +74,6 @@ def check_seed(seed, name: str = "seed") -> None:
         raise ValueError(f"{name} must be an integer from 0 to {SEED_MAX} (2^64-1), got {seed!r}")
 
 
-
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Return float64 probabilities with the shape of `logits` ([V] or [N, V]); rows sum to 1.
 

@@ -94,4 +94,3 @@ class RequestLock:
     @property
     def busy(self) -> bool:
         return self._lock.locked()
-

@@ -28,7 +28,9 @@ class Tokenizer:
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:  # pragma: no cover - a hard dependency
-            raise BundleError("the tokenizers package is needed to read the bundle's tokenizer: pip install tokenizers") from None
+            raise BundleError(
+                "the tokenizers package is needed to read the bundle's tokenizer: pip install tokenizers"
+            ) from None
         files = {Path(f).name: f for f in manifest.tokenizer_files}
         if "tokenizer.json" not in files:
             raise BundleError("the bundle lists no tokenizer.json")
@@ -36,7 +38,9 @@ class Tokenizer:
         try:
             self.tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises plain Exception subclasses
-            raise BundleError(f"cannot read the bundle's tokenizer.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise BundleError(
+                f"cannot read the bundle's tokenizer.json: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None
         self.config: dict = {}
         if "tokenizer_config.json" in files:
             try:
@@ -103,4 +107,3 @@ class Tokenizer:
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
         """Rendered template -> ids, without adding special tokens (the template has them)."""
         return self.encode(self.render_chat(messages), add_bos=False)
-

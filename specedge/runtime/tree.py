@@ -32,7 +32,15 @@ import numpy as np
 
 from .sampling import sample
 
-__all__ = ["Tree", "chain_accepted", "compaction_moves", "first_line_kept", "sibling_rule", "verify_tree_greedy", "verify_tree_sampling"]
+__all__ = [
+    "Tree",
+    "chain_accepted",
+    "compaction_moves",
+    "first_line_kept",
+    "sibling_rule",
+    "verify_tree_greedy",
+    "verify_tree_sampling",
+]
 
 
 @dataclass
@@ -158,7 +166,9 @@ def first_line_kept(tree: Tree, path: Sequence[int], limit: int | None = None) -
     return n
 
 
-def sibling_rule(p: np.ndarray, tokens: Sequence[int], qs: Sequence[np.ndarray | None]) -> tuple[list[float], np.ndarray]:
+def sibling_rule(
+    p: np.ndarray, tokens: Sequence[int], qs: Sequence[np.ndarray | None]
+) -> tuple[list[float], np.ndarray]:
     """The recursive rejection over one node's children: (a, r) where a[i] is the probability of
     accepting child i given that every child before it was rejected, and r the distribution to
     emit from when all are rejected (normalised; p itself where rounding leaves no mass)."""

@@ -17,8 +17,16 @@ from .tree import chain_accepted, first_line_kept, verify_tree_greedy, verify_tr
 __all__ = ["tree_round"]
 
 
-def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, nodes: int,
-               params: SamplingParams, rng, depth: int | None = None) -> Round:
+def tree_round(
+    target: TargetView,
+    drafter: Drafter,
+    tokens: list[int],
+    k: int,
+    nodes: int,
+    params: SamplingParams,
+    rng,
+    depth: int | None = None,
+) -> Round:
     """Draft a tree of at most `nodes` nodes after `tokens` in place of a chain of k, at most
     `depth` deep (>= k, default k; the drafter may stay shallower), verify it in one target call,
     commit the accepted path. `Round.drafted` counts the tree's drafted nodes; its chain_accepted
@@ -45,5 +53,6 @@ def tree_round(target: TargetView, drafter: Drafter, tokens: list[int], k: int, 
         path, new = verify_tree_sampling(tree, probs_from_logits(logits, params), rng)
         chain = first_line_kept(tree, path, k)
     cache.keep_path(position, path)  # the root + the accepted nodes, == position + len(new)
-    return Round(new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()),
-                 chain_accepted=chain)
+    return Round(
+        new, len(tree) - 1, t1 - t0, clock() - t1, k, call=len(tree), depth=max(tree.depths()), chain_accepted=chain
+    )

@@ -64,10 +64,7 @@ def accept_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
 
 
 def verify_sampling(
-    draft_tokens: Sequence[int],
-    draft_probs: np.ndarray | None,
-    target_probs: np.ndarray,
-    rng,
+    draft_tokens: Sequence[int], draft_probs: np.ndarray | None, target_probs: np.ndarray, rng
 ) -> list[int]:
     """Exact speculative sampling: the emitted tokens are distributed as target-only sampling.
 

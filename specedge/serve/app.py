@@ -35,8 +35,18 @@ __all__ = ["create_app", "DEFAULT_MAX_BODY"]
 log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY = 1 << 20  # bytes of a request body
 POLL_S = 0.2  # how often a waiting request checks that its client is still connected
-_STATUS_KIND = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 408: "timeout",
-                413: "too_large", 422: "bad_request", 429: "queue_full", 503: "shutdown", 504: "timeout"}
+_STATUS_KIND = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "bad_request",
+    408: "timeout",
+    413: "too_large",
+    422: "bad_request",
+    429: "queue_full",
+    503: "shutdown",
+    504: "timeout",
+}
 
 
 class _ClientGone(Exception):
@@ -55,8 +65,11 @@ class _BodyLimit:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             self.metrics.error("too_large" if declared.isdigit() else "bad_request")
-            err = (ApiError(413, f"the request body is over the server's limit of {self.limit} bytes", kind="too_large")
-                   if declared.isdigit() else bad_request("the Content-Length header is not a number"))
+            err = (
+                ApiError(413, f"the request body is over the server's limit of {self.limit} bytes", kind="too_large")
+                if declared.isdigit()
+                else bad_request("the Content-Length header is not a number")
+            )
             return await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
         seen = 0
 
@@ -66,16 +79,26 @@ class _BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise StarletteHTTPException(413, f"the request body is over the server's limit of {self.limit} bytes")
+                    raise StarletteHTTPException(
+                        413, f"the request body is over the server's limit of {self.limit} bytes"
+                    )
             return message
 
         await self.app(scope, limited, send)
 
 
-def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, timeout: float = 300.0,
-               max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 256,
-               metrics: ServeMetrics | None = None, instance: str | None = None,
-               max_tasks: int = DEFAULT_MAX_TASKS) -> FastAPI:
+def create_app(
+    scheduler: Scheduler,
+    model: str,
+    *,
+    api_key: str | None = None,
+    timeout: float = 300.0,
+    max_body: int = DEFAULT_MAX_BODY,
+    default_max_tokens: int = 256,
+    metrics: ServeMetrics | None = None,
+    instance: str | None = None,
+    max_tasks: int = DEFAULT_MAX_TASKS,
+) -> FastAPI:
     """The app serving `scheduler`'s replicas as model `model`. The scheduler's threads start
     with the app and stop when it shuts down. `instance` names this server among several behind
     one endpoint (Ray Serve's replica id): /health and each response's `specedge` object carry it.
@@ -116,7 +139,8 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
         detail = str(exc.detail)
         if status == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not decode the body
             detail = "the request body is not valid JSON" + (
-                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else "")
+                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else ""
+            )
         return answer(ApiError(status, detail, kind=kind))
 
     @app.exception_handler(Exception)
@@ -131,16 +155,27 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY)" if given
-                           else "missing API key (send Authorization: Bearer KEY)",
-                           type="authentication_error", code="invalid_api_key", kind="unauthorized")
+            raise ApiError(
+                401,
+                "a valid API key is required (Authorization: Bearer KEY)"
+                if given
+                else "missing API key (send Authorization: Bearer KEY)",
+                type="authentication_error",
+                code="invalid_api_key",
+                kind="unauthorized",
+            )
 
     auth = [Depends(authorized)]
 
     @app.get("/health")
     async def health():
-        h = {"status": "ok", "model": model, "replicas": len(scheduler.replicas), "busy": scheduler.busy,
-             "waiting": scheduler.waiting}
+        h = {
+            "status": "ok",
+            "model": model,
+            "replicas": len(scheduler.replicas),
+            "busy": scheduler.busy,
+            "waiting": scheduler.waiting,
+        }
         if instance is not None:
             h["instance"] = instance
         if scheduler.closed:  # a load balancer takes this server out of rotation while it stops
@@ -165,8 +200,12 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
     @app.get("/v1/models/{name:path}", dependencies=auth)
     async def model_info(name: str):
         if name != model:
-            raise ApiError(404, f"the model '{name}' is not served here (this server serves '{model}')",
-                           code="model_not_found", kind="not_found")
+            raise ApiError(
+                404,
+                f"the model '{name}' is not served here (this server serves '{model}')",
+                code="model_not_found",
+                kind="not_found",
+            )
         return model_card()
 
     @app.post("/v1/chat/completions", dependencies=auth)
@@ -186,8 +225,11 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
         if drafter == "none":
             kwargs["speculative"] = False
         elif drafter is not None and drafter != served:
-            raise bad_request(f"this server drafts with '{served}' (start `specedge serve` with --draft {drafter} "
-                              "for that drafter); a request may name it or 'none' (target only)", "specedge.drafter")
+            raise bad_request(
+                f"this server drafts with '{served}' (start `specedge serve` with --draft {drafter} "
+                "for that drafter); a request may name it or 'none' (target only)",
+                "specedge.drafter",
+            )
         try:
             GenerationConfig(**kwargs).validate()
             ids = pipe.encode(messages=body.message_dicts()) if chat else pipe.encode(**body.prompt_kwargs())
@@ -214,8 +256,14 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             scheduler.submit(job)
         except QueueFull as e:
             metrics.ended(endpoint, task, "rejected")
-            raise ApiError(429, "the server is busy: its request queue is full; retry later", type="rate_limit_error",
-                           code="queue_full", kind="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
+            raise ApiError(
+                429,
+                "the server is busy: its request queue is full; retry later",
+                type="rate_limit_error",
+                code="queue_full",
+                kind="queue_full",
+                headers={"Retry-After": str(e.retry_after)},
+            ) from None
         deadline = t0 + timeout
         fmt = Formatter(chat, model)
         run = _Run(job, endpoint, task, t0, len(ids))
@@ -225,8 +273,13 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
                 left = deadline - time.monotonic()
                 if left <= 0:
                     scheduler.cancel(job)
-                    raise ApiError(504, f"the request ran past the server's deadline of {timeout:g} s",
-                                   type="timeout_error", code="timeout", kind="timeout")
+                    raise ApiError(
+                        504,
+                        f"the request ran past the server's deadline of {timeout:g} s",
+                        type="timeout_error",
+                        code="timeout",
+                        kind="timeout",
+                    )
                 if not events.empty():  # the common case while tokens flow: no timer, no task
                     return events.get_nowait()
                 try:
@@ -253,8 +306,11 @@ def create_app(scheduler: Scheduler, model: str, *, api_key: str | None = None, 
             run.end(metrics, "shutdown" if err.kind == "shutdown" else "error")
             raise err
         if body.stream:
-            return StreamingResponse(_stream(ev, next_event, events, fmt, run, body.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(ev, next_event, events, fmt, run, body.include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         result = ev[1]
         ext = run.done(metrics, result, instance)
         return fmt.response(result.text, FINISH[result.finish_reason], usage(len(ids), len(result.token_ids)), ext)
@@ -338,11 +394,25 @@ class _Run:
         s = result.stats
         metrics.finished(self.endpoint, self.task, s, self.job.queue_wait, ttft, total)
         metrics.queue_wait.observe(self.job.queue_wait)
-        log.info("specedge serve: %s ok task=%s replica=%s prompt=%d reused=%d tokens=%d finish=%s ttft=%.3fs "
-                 "total=%.3fs queue=%.3fs tok/s=%.1f acceptance=%.2f mean_accepted=%.2f k=%s fallbacks=%d",
-                 self.endpoint, self.task, self.job.replica, s["prompt_tokens"], s.get("prefix_reused_tokens", 0),
-                 s["tokens"], result.finish_reason, ttft, total, self.job.queue_wait, s["tokens_per_s"],
-                 s["acceptance_rate"], s["mean_accepted"], s.get("k"), s.get("fallbacks", 0))
+        log.info(
+            "specedge serve: %s ok task=%s replica=%s prompt=%d reused=%d tokens=%d finish=%s ttft=%.3fs "
+            "total=%.3fs queue=%.3fs tok/s=%.1f acceptance=%.2f mean_accepted=%.2f k=%s fallbacks=%d",
+            self.endpoint,
+            self.task,
+            self.job.replica,
+            s["prompt_tokens"],
+            s.get("prefix_reused_tokens", 0),
+            s["tokens"],
+            result.finish_reason,
+            ttft,
+            total,
+            self.job.queue_wait,
+            s["tokens_per_s"],
+            s["acceptance_rate"],
+            s["mean_accepted"],
+            s.get("k"),
+            s.get("fallbacks", 0),
+        )
         ext = extension(result, self.task, self.job.replica, self.job.queue_wait)
         if instance is not None:
             ext["instance"] = instance
@@ -350,5 +420,13 @@ class _Run:
 
     def end(self, metrics: ServeMetrics, outcome: str) -> None:
         metrics.ended(self.endpoint, self.task, outcome)
-        log.info("specedge serve: %s %s task=%s replica=%s prompt=%d total=%.3fs queue=%.3fs", self.endpoint, outcome,
-                 self.task, self.job.replica, self.prompt_tokens, time.monotonic() - self.t0, self.job.queue_wait)
+        log.info(
+            "specedge serve: %s %s task=%s replica=%s prompt=%d total=%.3fs queue=%.3fs",
+            self.endpoint,
+            outcome,
+            self.task,
+            self.job.replica,
+            self.prompt_tokens,
+            time.monotonic() - self.t0,
+            self.job.queue_wait,
+        )

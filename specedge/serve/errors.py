@@ -11,8 +11,16 @@ class ApiError(Exception):
     """An error answered to the client: HTTP `status`, one-sentence `message`, OpenAI `type`,
     and `kind` (the label of specedge_errors_total)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, kind: str = "bad_request", headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "bad_request",
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -33,6 +41,11 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 def log_fault(method: str | None, path: str | None, exc: BaseException) -> None:
     """A fault in one line (its message's first line); the traceback at debug level (--debug)."""
     first = str(exc).strip().splitlines()
-    log.error("specedge serve: %s %s: internal error: %s%s", method, path, type(exc).__name__,
-              f": {first[0]}" if first else "")
+    log.error(
+        "specedge serve: %s %s: internal error: %s%s",
+        method,
+        path,
+        type(exc).__name__,
+        f": {first[0]}" if first else "",
+    )
     log.debug("specedge serve: the traceback of that error", exc_info=exc)

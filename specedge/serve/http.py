@@ -29,8 +29,14 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .errors import ApiError, log_fault
 
-__all__ = ["HttpLimits", "protocol_class", "uvicorn_config",
-           "DEFAULT_HEADER_TIMEOUT", "DEFAULT_BODY_TIMEOUT", "DEFAULT_MAX_HEADER_BYTES"]
+__all__ = [
+    "HttpLimits",
+    "protocol_class",
+    "uvicorn_config",
+    "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_MAX_HEADER_BYTES",
+]
 
 DEFAULT_HEADER_TIMEOUT = 10.0  # seconds for a request's head
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for its body, once the head is in
@@ -55,8 +61,15 @@ class _HeadTooLarge(Exception):
 
 def _answer(err: ApiError) -> bytes:
     body = json.dumps(err.body(), separators=(",", ":")).encode()
-    return b"".join([STATUS_LINE[err.status], b"content-type: application/json\r\n",
-                     b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body])
+    return b"".join(
+        [
+            STATUS_LINE[err.status],
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -150,8 +163,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if not self._received:
             self.transport.close()  # connected and said nothing: no request to answer
             return
-        self._refuse(ApiError(408, f"the request head did not arrive within {self.limits.header_timeout:g} s",
-                              code="request_timeout", kind="timeout"))
+        self._refuse(
+            ApiError(
+                408,
+                f"the request head did not arrive within {self.limits.header_timeout:g} s",
+                code="request_timeout",
+                kind="timeout",
+            )
+        )
 
     def _body_timed_out(self) -> None:
         self._timer = None
@@ -163,8 +182,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if cycle.response_complete:
                 self.transport.close()
             return
-        self._refuse(ApiError(408, f"the request body did not arrive within {self.limits.body_timeout:g} s",
-                              code="request_timeout", kind="timeout"))
+        self._refuse(
+            ApiError(
+                408,
+                f"the request body did not arrive within {self.limits.body_timeout:g} s",
+                code="request_timeout",
+                kind="timeout",
+            )
+        )
 
     # --- parsing
     def data_received(self, data: bytes) -> None:
@@ -179,8 +204,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             pass  # no protocol upgrades are served (ws="none"): the request is answered as plain HTTP
         except httptools.HttpParserError as e:
             if isinstance(e.__context__, _HeadTooLarge):
-                self._refuse(ApiError(431, f"the request head is over the server's limit of "
-                                           f"{self.limits.max_header_bytes} bytes", kind="too_large"))
+                self._refuse(
+                    ApiError(
+                        431,
+                        f"the request head is over the server's limit of {self.limits.max_header_bytes} bytes",
+                        kind="too_large",
+                    )
+                )
             else:
                 reason = str(e).strip().rstrip(".") or "malformed"
                 self._refuse(ApiError(400, f"the request is not valid HTTP/1.1: {reason}"))

@@ -84,8 +84,11 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         if self.signal is None:
             self.signal = sig
-            log.info("specedge serve: %s: stopping (no new requests; running ones get %g s; a second signal "
-                     "ends them now)", signal.Signals(sig).name, self.grace)
+            log.info(
+                "specedge serve: %s: stopping (no new requests; running ones get %g s; a second signal ends them now)",
+                signal.Signals(sig).name,
+                self.grace,
+            )
             self._drain()
             self.should_exit = True
         else:

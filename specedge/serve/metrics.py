@@ -57,39 +57,62 @@ class ServeMetrics:
         self.model = model
         r = self.registry = CollectorRegistry()
         t = ("task",)
-        self.requests = Counter("specedge_requests", "Requests by endpoint, task and outcome (ok, cancelled, timeout, error)",
-                                ("endpoint", "task", "outcome"), registry=r)
+        self.requests = Counter(
+            "specedge_requests",
+            "Requests by endpoint, task and outcome (ok, cancelled, timeout, error)",
+            ("endpoint", "task", "outcome"),
+            registry=r,
+        )
         self.errors = Counter("specedge_errors", "Error answers by kind", ("kind",), registry=r)
         self.generated = Counter("specedge_generated_tokens", "Tokens generated", t, registry=r)
         self.prompt = Counter("specedge_prompt_tokens", "Prompt tokens", t, registry=r)
-        self.reused = Counter("specedge_prefix_reused_tokens", "Prompt tokens served from a replica's cache", t, registry=r)
+        self.reused = Counter(
+            "specedge_prefix_reused_tokens", "Prompt tokens served from a replica's cache", t, registry=r
+        )
         self.drafted = Counter("specedge_drafted_tokens", "Draft tokens proposed", t, registry=r)
         self.accepted = Counter("specedge_accepted_tokens", "Draft tokens accepted", t, registry=r)
         self.target_calls = Counter("specedge_target_calls", "Target calls during decoding", t, registry=r)
-        self.fallbacks = Counter("specedge_guard_fallbacks", "Speculation guard fallbacks to target-only", t, registry=r)
+        self.fallbacks = Counter(
+            "specedge_guard_fallbacks", "Speculation guard fallbacks to target-only", t, registry=r
+        )
         self.acceptance = Gauge("specedge_acceptance_rate", "Accepted / drafted tokens since start", t, registry=r)
-        self.mean_accepted = Gauge("specedge_mean_accepted_tokens", "Tokens committed per target call since start",
-                                   t, registry=r)
-        self.tokens_per_s = Histogram("specedge_tokens_per_second", "Decode tokens/s per request", t, buckets=_RATE,
-                                      registry=r)
-        self.ttft = Histogram("specedge_time_to_first_token_seconds", "Time to first token (queue wait included)", t,
-                              buckets=_LATENCY, registry=r)
-        self.latency = Histogram("specedge_request_duration_seconds", "Request time (queue wait included)", t,
-                                 buckets=_LATENCY, registry=r)
-        self.queue_wait = Histogram("specedge_queue_wait_seconds", "Time a request waited for a replica",
-                                    buckets=_LATENCY, registry=r)
+        self.mean_accepted = Gauge(
+            "specedge_mean_accepted_tokens", "Tokens committed per target call since start", t, registry=r
+        )
+        self.tokens_per_s = Histogram(
+            "specedge_tokens_per_second", "Decode tokens/s per request", t, buckets=_RATE, registry=r
+        )
+        self.ttft = Histogram(
+            "specedge_time_to_first_token_seconds",
+            "Time to first token (queue wait included)",
+            t,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "specedge_request_duration_seconds", "Request time (queue wait included)", t, buckets=_LATENCY, registry=r
+        )
+        self.queue_wait = Histogram(
+            "specedge_queue_wait_seconds", "Time a request waited for a replica", buckets=_LATENCY, registry=r
+        )
         self.queue_depth = Gauge("specedge_queue_depth", "Requests waiting for a replica", registry=r)
         self.busy = Gauge("specedge_replicas_busy", "Replicas running a request", registry=r)
         # vLLM's names and meanings (vllm/v1/spec_decode/metrics.py): drafts are verification
         # calls that checked draft tokens; position i counts the drafts whose token i was accepted
         vt = ("model_name", "task")
         self.sd_drafts = Counter("specedge:spec_decode_num_drafts", "Number of spec decoding drafts.", vt, registry=r)
-        self.sd_draft_tokens = Counter("specedge:spec_decode_num_draft_tokens", "Number of draft tokens.", vt,
-                                       registry=r)
-        self.sd_accepted = Counter("specedge:spec_decode_num_accepted_tokens", "Number of accepted tokens.", vt,
-                                   registry=r)
-        self.sd_per_pos = Counter("specedge:spec_decode_num_accepted_tokens_per_pos",
-                                  "Accepted tokens per draft position.", (*vt, "position"), registry=r)
+        self.sd_draft_tokens = Counter(
+            "specedge:spec_decode_num_draft_tokens", "Number of draft tokens.", vt, registry=r
+        )
+        self.sd_accepted = Counter(
+            "specedge:spec_decode_num_accepted_tokens", "Number of accepted tokens.", vt, registry=r
+        )
+        self.sd_per_pos = Counter(
+            "specedge:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            (*vt, "position"),
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._totals: dict[str, list[float]] = {}  # task -> [drafted, accepted, committed, calls]
 

@@ -43,8 +43,16 @@ class SpecedgeDeployment:
             instance = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - a name for the logs only
             instance = str(os.getpid())
-        return create_app(scheduler, c["model"], api_key=c["api_key"], timeout=c["timeout"], max_body=c["max_body"],
-                          default_max_tokens=c["default_max_tokens"], instance=instance, max_tasks=c["max_tasks"])
+        return create_app(
+            scheduler,
+            c["model"],
+            api_key=c["api_key"],
+            timeout=c["timeout"],
+            max_body=c["max_body"],
+            default_max_tokens=c["default_max_tokens"],
+            instance=instance,
+            max_tasks=c["max_tasks"],
+        )
 
 
 def build(config: dict, replicas: int, num_cpus: float, num_gpus: float):
@@ -54,8 +62,13 @@ def build(config: dict, replicas: int, num_cpus: float, num_gpus: float):
     pkg_parent = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join([pkg_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
     options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
-    dep = serve.deployment(SpecedgeDeployment, name="specedge", num_replicas=replicas, ray_actor_options=options,
-                           max_ongoing_requests=config["queue"] + 1)
+    dep = serve.deployment(
+        SpecedgeDeployment,
+        name="specedge",
+        num_replicas=replicas,
+        ray_actor_options=options,
+        max_ongoing_requests=config["queue"] + 1,
+    )
     return dep.bind(config)
 
 
@@ -65,19 +78,33 @@ def serve_on_ray(args, model: str, api_key: str | None) -> int:
     threads = args.threads or max(1, int(args.ray_num_cpus or 1))
     num_cpus = args.ray_num_cpus if args.ray_num_cpus is not None else float(threads)
     config = {
-        "bundle": str(Path(args.bundle).resolve()), "model": model, "queue": args.queue, "timeout": args.timeout,
-        "max_body": args.max_body, "default_max_tokens": args.default_max_tokens, "api_key": api_key,
+        "bundle": str(Path(args.bundle).resolve()),
+        "model": model,
+        "queue": args.queue,
+        "timeout": args.timeout,
+        "max_body": args.max_body,
+        "default_max_tokens": args.default_max_tokens,
+        "api_key": api_key,
         "max_tasks": args.metrics_max_tasks if args.metrics_max_tasks is not None else DEFAULT_MAX_TASKS,
-        "load": {"backend": args.backend, "threads": threads, "draft": args.draft, "verify": args.verify,
-                 "shared_pool": True},  # a replica owns its process: one spinning pool, as `generate` has
+        "load": {
+            "backend": args.backend,
+            "threads": threads,
+            "draft": args.draft,
+            "verify": args.verify,
+            "shared_pool": True,
+        },  # a replica owns its process: one spinning pool, as `generate` has
     }
     ray.init(address=args.ray_address, include_dashboard=False, logging_level="WARNING")
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(build(config, args.replicas, num_cpus, args.ray_num_gpus), name="specedge", route_prefix="/")
-        print(f"specedge serve: {model} on http://{args.host}:{args.port}/v1 (Ray Serve, {args.replicas} replica(s) "
-              f"of {num_cpus:g} CPU / {args.ray_num_gpus:g} GPU, queue {args.queue} each"
-              f"{', API key required' if api_key else ''})", file=sys.stderr, flush=True)
+        print(
+            f"specedge serve: {model} on http://{args.host}:{args.port}/v1 (Ray Serve, {args.replicas} replica(s) "
+            f"of {num_cpus:g} CPU / {args.ray_num_gpus:g} GPU, queue {args.queue} each"
+            f"{', API key required' if api_key else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
         import signal
         import threading
 

@@ -99,9 +99,16 @@ class _Common(BaseModel):
         """Keyword arguments of Pipeline.stream (besides the prompt)."""
         ext = self.specedge
         return dict(
-            max_new_tokens=self._max_tokens() or default_max_tokens, temperature=self.temperature, top_k=self.top_k,
-            top_p=self.top_p, seed=self.seed, stop=self.stop, spec_tokens=ext.spec_tokens,
-            speculative=ext.speculation, adaptive_k=ext.adaptive_k, guard=ext.guard,
+            max_new_tokens=self._max_tokens() or default_max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop,
+            spec_tokens=ext.spec_tokens,
+            speculative=ext.speculation,
+            adaptive_k=ext.adaptive_k,
+            guard=ext.guard,
         )
 
     def _max_tokens(self) -> int | None:
@@ -167,12 +174,15 @@ def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     # union members appear as loc entries like 'str' / 'list[...]': keep the field path only
-    path = [x for x in loc if not (x in ("str", "int", "float", "bool") or "[" in x
-                                   or x.startswith(("function-", "constrained-")))]
+    path = [
+        x
+        for x in loc
+        if not (x in ("str", "int", "float", "bool") or "[" in x or x.startswith(("function-", "constrained-")))
+    ]
     param = ".".join(path) or None
     msg = e.get("msg", "invalid value")
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if e.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if e.get("type") == "missing":

@@ -10,8 +10,18 @@ import uuid
 # "stop"; the max_tokens limit or a full context with "length"
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
-STAT_KEYS = ("tokens_per_s", "ttft_s", "acceptance_rate", "mean_accepted", "k", "k_final", "fallbacks",
-             "drafter", "speculative", "prefix_reused_tokens")
+STAT_KEYS = (
+    "tokens_per_s",
+    "ttft_s",
+    "acceptance_rate",
+    "mean_accepted",
+    "k",
+    "k_final",
+    "fallbacks",
+    "drafter",
+    "speculative",
+    "prefix_reused_tokens",
+)
 
 
 def new_id(chat: bool) -> str:
@@ -19,8 +29,11 @@ def new_id(chat: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def extension(result, task: str, replica: int | None, queue_wait: float) -> dict:
@@ -44,8 +57,12 @@ class Formatter:
 
     def response(self, text: str, finish: str, usage_: dict, ext: dict) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                      "logprobs": None}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
             body = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
@@ -74,7 +91,7 @@ class Formatter:
 def event(data: dict | str) -> bytes:
     """One server-sent event: `data: <json>` and a blank line."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode("utf-8")
+    return f"data: {payload}\n\n".encode()
 
 
 DONE = event("[DONE]")

@@ -34,8 +34,14 @@ SHUTDOWN_RETRY_AFTER = 5  # seconds a client refused at shutdown is told to wait
 
 
 def shutting_down(message: str = "the server is shutting down; retry later") -> ApiError:
-    return ApiError(503, message, type="server_error", code="shutdown", kind="shutdown",
-                    headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
+    return ApiError(
+        503,
+        message,
+        type="server_error",
+        code="shutdown",
+        kind="shutdown",
+        headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER)},
+    )
 
 
 class QueueFull(Exception):
@@ -82,8 +88,12 @@ class Replica:
             if job is None:
                 return
             t0 = time.monotonic()
-            final = ("error", ApiError(500, "internal error: the request ended without a result", type="server_error",
-                                       kind="internal"))
+            final = (
+                "error",
+                ApiError(
+                    500, "internal error: the request ended without a result", type="server_error", kind="internal"
+                ),
+            )
             try:
                 final = self._run(job)
             finally:
@@ -111,8 +121,7 @@ class Replica:
         except ValueError as e:  # the app validated the request; a pipeline refusal is still the client's
             return ("error", ApiError(400, str(e).splitlines()[0]))
         except Exception as e:  # noqa: BLE001 - answered as a 500 without a traceback, logged by the app
-            return ("error", ApiError(500, f"internal error: {type(e).__name__}", type="server_error",
-                                      kind="internal"))
+            return ("error", ApiError(500, f"internal error: {type(e).__name__}", type="server_error", kind="internal"))
 
 
 class Scheduler:

@@ -66,8 +66,9 @@ def answer_room(prompt_tokens: int, max_new_tokens: int, max_seq: int) -> int:
     return n if n >= min(MIN_ANSWER_TOKENS, max_new_tokens) else 0
 
 
-def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0,
-                     seed: int = 0) -> list[tuple[str, list[int]]]:
+def generate_answers(
+    bundle, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0, seed: int = 0
+) -> list[tuple[str, list[int]]]:
     """(category, prompt + answer ids) for each prompt, answered greedily by the bundle's runtime,
     plus `sampled` answers per prompt sampled at SAMPLE_TEMPERATURE (seeded per prompt and answer
     from `seed`): more contexts the target itself writes, for the same teacher."""
@@ -87,8 +88,12 @@ def generate_answers(bundle, prompts, max_new_tokens: int, threads: int | None, 
             r = pipe.generate(token_ids=ids, max_new_tokens=n)
             out.append((cat, list(ids) + list(r.token_ids)))
             for j in range(sampled):
-                r = pipe.generate(token_ids=ids, max_new_tokens=n, temperature=SAMPLE_TEMPERATURE,
-                                  seed=(seed * 1_000_003 + i * 101 + j) % (1 << 62))
+                r = pipe.generate(
+                    token_ids=ids,
+                    max_new_tokens=n,
+                    temperature=SAMPLE_TEMPERATURE,
+                    seed=(seed * 1_000_003 + i * 101 + j) % (1 << 62),
+                )
                 out.append((cat, list(ids) + list(r.token_ids)))
             say(i + 1, len(prompts))
     finally:
@@ -105,15 +110,18 @@ def answer_writer(manifest, answers_by: str) -> str:
         raise UserError(f"--answers-by must be auto, target or draft, got '{answers_by}'")
     d = manifest.draft
     if answers_by == "draft" and not d.is_model:
-        raise UserError("--answers-by draft needs a bundle with a draft model (this one drafts with n-gram "
-                        "lookup): use --answers-by target")
+        raise UserError(
+            "--answers-by draft needs a bundle with a draft model (this one drafts with n-gram "
+            "lookup): use --answers-by target"
+        )
     if answers_by == "auto":
         return "draft" if d.is_model and d.source == manifest.target.source else "target"
     return answers_by
 
 
-def write_with_draft(manifest, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0,
-                     seed: int = 0) -> list[tuple[str, list[int]]]:
+def write_with_draft(
+    manifest, prompts, max_new_tokens: int, threads: int | None, say, sampled: int = 0, seed: int = 0
+) -> list[tuple[str, list[int]]]:
     """generate_answers' sequences written by the bundle's draft graph alone (greedy, then
     `sampled` answers at SAMPLE_TEMPERATURE, seeded per prompt and answer as generate_answers does),
     each ending at an end-of-sequence token or after max_new_tokens."""
@@ -235,28 +243,60 @@ def doc_piece_len(manifest, seq_len: int) -> int:
     return max(2, min(manifest.max_seq, 4 * seq_len))
 
 
-def build_data(bundle: Path, manifest, *, answer_tokens: int, doc_tokens: int, seq_len: int,
-               threads: int | None, max_prompts: int | None = None, sampled_answers: int = 0, seed: int = 0,
-               answers_by: str = "auto", top_k: int = 0, say=lambda stage, done, total: None) -> Distilled:
+def build_data(
+    bundle: Path,
+    manifest,
+    *,
+    answer_tokens: int,
+    doc_tokens: int,
+    seq_len: int,
+    threads: int | None,
+    max_prompts: int | None = None,
+    sampled_answers: int = 0,
+    seed: int = 0,
+    answers_by: str = "auto",
+    top_k: int = 0,
+    say=lambda stage, done, total: None,
+) -> Distilled:
     from ..runtime.api import Tokenizer
 
     prompts = training_prompts()[: max_prompts or None]
     seqs: list[tuple[str, list[int]]] = []
     if answer_tokens > 0 and prompts:
         if answer_writer(manifest, answers_by) == "draft":
-            written = write_with_draft(manifest, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
-                                       sampled=sampled_answers, seed=seed)
+            written = write_with_draft(
+                manifest,
+                prompts,
+                answer_tokens,
+                threads,
+                lambda d, t: say("answers", d, t),
+                sampled=sampled_answers,
+                seed=seed,
+            )
         else:
-            written = generate_answers(bundle, prompts, answer_tokens, threads, lambda d, t: say("answers", d, t),
-                                       sampled=sampled_answers, seed=seed)
+            written = generate_answers(
+                bundle,
+                prompts,
+                answer_tokens,
+                threads,
+                lambda d, t: say("answers", d, t),
+                sampled=sampled_answers,
+                seed=seed,
+            )
         seqs += [(f"answer:{c}", ids) for c, ids in written]
     if doc_tokens > 0:
         seqs += doc_sequences(Tokenizer(manifest), doc_tokens, doc_piece_len(manifest, seq_len))
     seqs = [(src, ids) for src, ids in seqs if len(ids) >= 3]
-    feats, labels, soft = target_rows(manifest, [ids for _, ids in seqs], threads,
-                                      lambda d, t: say("features", d, t), top_k)
-    return Distilled([np.asarray(ids[: manifest.max_seq], dtype=np.int64) for _, ids in seqs], feats, labels,
-                     [src for src, _ in seqs], *(soft or (None, None)))
+    feats, labels, soft = target_rows(
+        manifest, [ids for _, ids in seqs], threads, lambda d, t: say("features", d, t), top_k
+    )
+    return Distilled(
+        [np.asarray(ids[: manifest.max_seq], dtype=np.int64) for _, ids in seqs],
+        feats,
+        labels,
+        [src for src, _ in seqs],
+        *(soft or (None, None)),
+    )
 
 
 def save_data(d: Distilled, folder: Path, meta: dict) -> None:
@@ -265,8 +305,14 @@ def save_data(d: Distilled, folder: Path, meta: dict) -> None:
     offsets = np.cumsum([0] + [t.size for t in d.tokens]).astype(np.int64)
     tmp = folder / "data.tmp.npz"
     soft = {"soft_ids": np.concatenate(d.soft_ids), "soft_p": np.concatenate(d.soft_p)} if d.soft_ids else {}
-    np.savez(tmp, tokens=np.concatenate(d.tokens), features=np.concatenate(d.features),
-             labels=np.concatenate(d.labels), offsets=offsets, **soft)
+    np.savez(
+        tmp,
+        tokens=np.concatenate(d.tokens),
+        features=np.concatenate(d.features),
+        labels=np.concatenate(d.labels),
+        offsets=offsets,
+        **soft,
+    )
     tmp.replace(folder / "data.npz")
     (folder / "data.json.tmp").write_text(json.dumps({**meta, "sources": d.sources}) + "\n", encoding="utf-8")
     (folder / "data.json.tmp").replace(folder / "data.json")

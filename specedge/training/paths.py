@@ -44,19 +44,24 @@ def _probe_write(folder: Path, what: str) -> None:
 def check_paths(bundle: Path, ck_dir: Path) -> None:
     """Refuse, before any work, a checkpoint folder or a bundle this run could not write."""
     if ck_dir.exists() and not ck_dir.is_dir():
-        raise UserError(f"--checkpoint '{ck_dir}' exists and is not a folder (the checkpoint is a folder): "
-                        "choose another --checkpoint")
+        raise UserError(
+            f"--checkpoint '{ck_dir}' exists and is not a folder (the checkpoint is a folder): "
+            "choose another --checkpoint"
+        )
     try:
         ck_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         why = "a file is in the way" if e.errno in (errno.EEXIST, errno.ENOTDIR) else _reason(e)
-        raise UserError(f"cannot create the checkpoint folder '{ck_dir}' ({why}): choose another --checkpoint") from None
+        raise UserError(
+            f"cannot create the checkpoint folder '{ck_dir}' ({why}): choose another --checkpoint"
+        ) from None
     _probe_write(ck_dir, "the checkpoint folder")
     for name in ("checkpoint.pt", "data.npz", "data.json"):
         p = ck_dir / name
         if (p.exists() or p.is_symlink()) and (p.is_symlink() or not p.is_file()):
-            raise UserError(f"'{p}' in the checkpoint folder is not a regular file: remove it or choose another "
-                            "--checkpoint")
+            raise UserError(
+                f"'{p}' in the checkpoint folder is not a regular file: remove it or choose another --checkpoint"
+            )
     _probe_write(bundle, "the bundle folder (the head is written into it)")
 
 

@@ -52,10 +52,41 @@ CODE = [
 # Modules whose documentation serves as reading material (grounded questions and summaries) and as
 # plain text; the standard library is on every machine Python runs on.
 DOC_MODULES = (
-    "json", "textwrap", "string", "itertools", "functools", "collections", "pathlib", "re", "math",
-    "statistics", "random", "datetime", "csv", "argparse", "heapq", "bisect", "shutil", "glob",
-    "fnmatch", "difflib", "calendar", "fractions", "decimal", "enum", "dataclasses", "contextlib",
-    "logging", "unittest", "zipfile", "tarfile", "sqlite3", "html", "urllib.parse", "base64", "hashlib",
+    "json",
+    "textwrap",
+    "string",
+    "itertools",
+    "functools",
+    "collections",
+    "pathlib",
+    "re",
+    "math",
+    "statistics",
+    "random",
+    "datetime",
+    "csv",
+    "argparse",
+    "heapq",
+    "bisect",
+    "shutil",
+    "glob",
+    "fnmatch",
+    "difflib",
+    "calendar",
+    "fractions",
+    "decimal",
+    "enum",
+    "dataclasses",
+    "contextlib",
+    "logging",
+    "unittest",
+    "zipfile",
+    "tarfile",
+    "sqlite3",
+    "html",
+    "urllib.parse",
+    "base64",
+    "hashlib",
 )
 
 
@@ -82,11 +113,21 @@ def distill_prompts() -> list[tuple[str, str]]:
         excerpt = doc_excerpt(name)
         if not excerpt:
             continue
-        out.append(("grounded", f"Read this documentation:\n\n{excerpt}\n\nUsing only the text above, "
-                                f"what is the {name} module for, and what does it provide?"))
+        out.append(
+            (
+                "grounded",
+                f"Read this documentation:\n\n{excerpt}\n\nUsing only the text above, "
+                f"what is the {name} module for, and what does it provide?",
+            )
+        )
         out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{excerpt}"))
-        out.append(("code", f"Here is the start of the documentation of Python's {name} module:\n\n{excerpt}\n\n"
-                            f"Write a short Python example that uses it, and explain it."))
+        out.append(
+            (
+                "code",
+                f"Here is the start of the documentation of Python's {name} module:\n\n{excerpt}\n\n"
+                f"Write a short Python example that uses it, and explain it.",
+            )
+        )
     return out
 
 
@@ -95,30 +136,90 @@ def distill_prompts() -> list[tuple[str, str]]:
 # languages, and later excerpts of the same documentation than distill_prompts uses. A head
 # learns from the number of distinct contexts it sees: more prompts raised held-out first-draft
 # accuracy (BENCHMARKS.md, head experiment F).
-TOPICS = ["composting at home", "the water cycle", "time management", "learning to swim", "volcanoes",
-          "saving for retirement", "public speaking", "the history of the printing press", "house plants",
-          "electric cars", "the immune system", "chess openings", "baking bread", "solar panels", "bird migration",
-          "job interviews", "the Roman empire", "meditation", "recycling plastics", "the moon's phases",
-          "writing a CV", "caring for a puppy", "earthquakes", "healthy breakfasts", "the stock market",
-          "learning to draw", "camping safety", "the human heart", "renewable energy", "board games for families",
-          "running a first marathon", "the life of bees", "cloud computing", "first aid for burns",
-          "planning a garden", "the French revolution", "climate zones", "podcasting", "vaccines",
-          "travelling on a budget", "sleep cycles", "electric guitars", "ocean tides", "team sports for kids",
-          "personal budgeting apps", "the invention of the telephone", "desert animals", "3D printing",
-          "coffee brewing", "the theory of evolution"]
-TEMPLATES = ["Explain {t} in simple terms.", "What are three common misconceptions about {t}?",
-             "Give me a short beginner's guide to {t}.", "Write a short paragraph about {t} for a school newsletter.",
-             "What should someone know before getting started with {t}?", "List the pros and cons of {t}.",
-             "Tell me an interesting fact about {t} and why it matters.",
-             "How would you explain {t} to a friend who knows nothing about it?"]
-TASKS = ["returns the smallest value in a dictionary", "checks whether a number is a perfect square", "counts the vowels in a string",
-         "converts Celsius to Fahrenheit", "returns the factorial of n", "removes the whitespace from a string",
-         "finds the second largest value in a list", "checks whether two strings are anagrams",
-         "returns the sum of the digits of a number", "capitalizes the first letter of every word",
-         "flattens a list of lists", "returns the n-th row of Pascal's triangle", "computes the greatest common divisor",
-         "checks whether a year is a leap year", "counts how often each word appears in a text",
-         "returns the running total of a list", "rotates a list by k positions", "validates an email address roughly",
-         "converts a binary string to an integer", "returns the unique items of a list in order"]
+TOPICS = [
+    "composting at home",
+    "the water cycle",
+    "time management",
+    "learning to swim",
+    "volcanoes",
+    "saving for retirement",
+    "public speaking",
+    "the history of the printing press",
+    "house plants",
+    "electric cars",
+    "the immune system",
+    "chess openings",
+    "baking bread",
+    "solar panels",
+    "bird migration",
+    "job interviews",
+    "the Roman empire",
+    "meditation",
+    "recycling plastics",
+    "the moon's phases",
+    "writing a CV",
+    "caring for a puppy",
+    "earthquakes",
+    "healthy breakfasts",
+    "the stock market",
+    "learning to draw",
+    "camping safety",
+    "the human heart",
+    "renewable energy",
+    "board games for families",
+    "running a first marathon",
+    "the life of bees",
+    "cloud computing",
+    "first aid for burns",
+    "planning a garden",
+    "the French revolution",
+    "climate zones",
+    "podcasting",
+    "vaccines",
+    "travelling on a budget",
+    "sleep cycles",
+    "electric guitars",
+    "ocean tides",
+    "team sports for kids",
+    "personal budgeting apps",
+    "the invention of the telephone",
+    "desert animals",
+    "3D printing",
+    "coffee brewing",
+    "the theory of evolution",
+]
+TEMPLATES = [
+    "Explain {t} in simple terms.",
+    "What are three common misconceptions about {t}?",
+    "Give me a short beginner's guide to {t}.",
+    "Write a short paragraph about {t} for a school newsletter.",
+    "What should someone know before getting started with {t}?",
+    "List the pros and cons of {t}.",
+    "Tell me an interesting fact about {t} and why it matters.",
+    "How would you explain {t} to a friend who knows nothing about it?",
+]
+TASKS = [
+    "returns the smallest value in a dictionary",
+    "checks whether a number is a perfect square",
+    "counts the vowels in a string",
+    "converts Celsius to Fahrenheit",
+    "returns the factorial of n",
+    "removes the whitespace from a string",
+    "finds the second largest value in a list",
+    "checks whether two strings are anagrams",
+    "returns the sum of the digits of a number",
+    "capitalizes the first letter of every word",
+    "flattens a list of lists",
+    "returns the n-th row of Pascal's triangle",
+    "computes the greatest common divisor",
+    "checks whether a year is a leap year",
+    "counts how often each word appears in a text",
+    "returns the running total of a list",
+    "rotates a list by k positions",
+    "validates an email address roughly",
+    "converts a binary string to an integer",
+    "returns the unique items of a list in order",
+]
 LANGS = ["Python", "JavaScript", "C", "Go"]
 
 
@@ -129,13 +230,18 @@ def more_prompts() -> list[tuple[str, str]]:
     for name in DOC_MODULES:
         text = module_doc(name)
         for start in (1200, 2400):  # distill_prompts uses each module's first 1200 characters
-            piece = text[start:start + 1200]
-            piece = piece[piece.find("\n") + 1: piece.rfind("\n")]
+            piece = text[start : start + 1200]
+            piece = piece[piece.find("\n") + 1 : piece.rfind("\n")]
             if len(piece) < 400:
                 continue
             out.append(("summarization", f"Summarize the following documentation in a few sentences.\n\n{piece}"))
-            out.append(("grounded", f"Read this documentation:\n\n{piece}\n\nUsing only the text above, what "
-                                    f"can this part of the {name} module be used for?"))
+            out.append(
+                (
+                    "grounded",
+                    f"Read this documentation:\n\n{piece}\n\nUsing only the text above, what "
+                    f"can this part of the {name} module be used for?",
+                )
+            )
     return out
 
 

@@ -93,9 +93,17 @@ def parse_budget(text) -> tuple[str, float]:
 
 # (option, lowest, highest): the highest far above any useful value, low enough that no size derived
 # from it overflows or asks for absurd memory before the first step
-_BOUNDS = (("steps", 1, 64), ("draft_vocab", 2, 4_000_000), ("seq_len", 8, MAX_MAX_SEQ), ("batch", 1, 1 << 16),
-           ("warmup", 0, 1 << 30), ("answer_tokens", 0, MAX_MAX_SEQ), ("doc_tokens", 0, 1 << 30),
-           ("sampled_answers", 0, 1000), ("soft_labels", 0, 1024))
+_BOUNDS = (
+    ("steps", 1, 64),
+    ("draft_vocab", 2, 4_000_000),
+    ("seq_len", 8, MAX_MAX_SEQ),
+    ("batch", 1, 1 << 16),
+    ("warmup", 0, 1 << 30),
+    ("answer_tokens", 0, MAX_MAX_SEQ),
+    ("doc_tokens", 0, 1 << 30),
+    ("sampled_answers", 0, 1000),
+    ("soft_labels", 0, 1024),
+)
 
 
 def _check_options(o: TrainOptions) -> None:
@@ -246,8 +254,9 @@ def native_bf16(device) -> bool:
     if torch.device(device).type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     cpu = torch.cpu
-    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported",
-                                                                          "_is_amx_tile_supported"))
+    return any(
+        bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
 
 
 def step_autocast(device, train_dtype: str):
@@ -281,8 +290,8 @@ def _loss(head, ids, feats, dl, lab, steps: int, d2t, soft=None):
                 continue
             logp = F.log_softmax(logits[:, s:], -1).gather(-1, sid.clamp(min=0))
             ce = -(sp * logp).sum(-1)[rows].mean()
-        total = total + (STEP_WEIGHT ** s) * ce
-        weight += STEP_WEIGHT ** s
+        total = total + (STEP_WEIGHT**s) * ce
+        weight += STEP_WEIGHT**s
     with torch.no_grad():
         valid = lab >= 0
         pred = d2t[outs[0].argmax(-1)]
@@ -305,15 +314,19 @@ def train_draft(bundle, opts: TrainOptions | None = None, progress=None) -> Mani
     bundle = Path(bundle)
     m = load_manifest(bundle, verify="size")
     if not m.target.features:
-        raise UserError(f"the target graph of '{bundle}' returns no features (a draft head needs them): "
-                        "re-export it with `export-models --features` (or `--draft head`)")
+        raise UserError(
+            f"the target graph of '{bundle}' returns no features (a draft head needs them): "
+            "re-export it with `export-models --features` (or `--draft head`)"
+        )
     if o.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no CUDA device here")
     ck_dir = Path(o.checkpoint) if o.checkpoint else default_checkpoint(bundle)
     check_paths(bundle, ck_dir)  # before minutes of work: a path this run could not write is refused now
     lock = lock_bundle(bundle)
     try:
-        m = load_manifest(bundle, verify="size")  # read again under the lock: a run that just ended may have added a head
+        m = load_manifest(
+            bundle, verify="size"
+        )  # read again under the lock: a run that just ended may have added a head
         clean_leftovers(bundle, {rel.split("/")[0] for rel in m.files}, ck_dir)  # folders the manifest uses stay
         return _train(bundle, m, o, kind, amount, ck_dir, say)
     finally:
@@ -336,27 +349,50 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
         try:
             state = torch.load(ck_file, weights_only=True)
         except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
-            raise UserError(f"the checkpoint '{ck_file}' cannot be read ({type(e).__name__}): remove it or pass "
-                            "--no-resume") from None
+            raise UserError(
+                f"the checkpoint '{ck_file}' cannot be read ({type(e).__name__}): remove it or pass --no-resume"
+            ) from None
         if not isinstance(state, dict) or state.get("target_fingerprint") != fp:
-            raise UserError(f"the checkpoint '{ck_file}' was trained for another target (its target checksum "
-                            "differs): remove it or pass --no-resume")
+            raise UserError(
+                f"the checkpoint '{ck_file}' was trained for another target (its target checksum "
+                "differs): remove it or pass --no-resume"
+            )
 
     writer = answer_writer(m, o.answers_by) if o.answer_tokens > 0 else None
-    data_meta = {"target_fingerprint": fp, "answer_tokens": o.answer_tokens, "doc_tokens": o.doc_tokens,
-                 "prompt_set": PROMPT_SET, "answers_by": writer,
-                 "seq_len": o.seq_len, "max_prompts": o.max_prompts, "doc_piece": doc_piece_len(m, o.seq_len),
-                 # sampled answers depend on the seed too
-                 "sampled_answers": o.sampled_answers, "sample_seed": o.seed if o.sampled_answers else None}
+    data_meta = {
+        "target_fingerprint": fp,
+        "answer_tokens": o.answer_tokens,
+        "doc_tokens": o.doc_tokens,
+        "prompt_set": PROMPT_SET,
+        "answers_by": writer,
+        "seq_len": o.seq_len,
+        "max_prompts": o.max_prompts,
+        "doc_piece": doc_piece_len(m, o.seq_len),
+        # sampled answers depend on the seed too
+        "sampled_answers": o.sampled_answers,
+        "sample_seed": o.seed if o.sampled_answers else None,
+    }
     data = load_data(ck_dir, data_meta)  # the same target and data options make the same data
     if data is None:
-        data = build_data(bundle, m, answer_tokens=o.answer_tokens, doc_tokens=o.doc_tokens, seq_len=o.seq_len,
-                          threads=o.threads, max_prompts=o.max_prompts, sampled_answers=o.sampled_answers,
-                          seed=o.seed, answers_by=o.answers_by, top_k=o.soft_labels,
-                          say=lambda stage, d, t: say(stage, d, t, None))
+        data = build_data(
+            bundle,
+            m,
+            answer_tokens=o.answer_tokens,
+            doc_tokens=o.doc_tokens,
+            seq_len=o.seq_len,
+            threads=o.threads,
+            max_prompts=o.max_prompts,
+            sampled_answers=o.sampled_answers,
+            seed=o.seed,
+            answers_by=o.answers_by,
+            top_k=o.soft_labels,
+            say=lambda stage, d, t: say(stage, d, t, None),
+        )
         if not data.tokens:
-            raise UserError(f"no training data could be made: every prompt leaves too little room for an answer "
-                            f"in the bundle's max_seq ({m.max_seq}); add documentation text with --doc-tokens N")
+            raise UserError(
+                f"no training data could be made: every prompt leaves too little room for an answer "
+                f"in the bundle's max_seq ({m.max_seq}); add documentation text with --doc-tokens N"
+            )
         _save_data(save_data, data, ck_dir, data_meta)
     elif data.soft_k < o.soft_labels:
         # data saved by a run with fewer (or no) soft labels: label it again rather than write it again
@@ -389,8 +425,9 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
         if state.get("d2t") is not None and not torch.equal(state["d2t"], head.d2t):
             raise UserError(f"the checkpoint '{ck_file}' has another draft vocabulary: pass --no-resume")
         if "feature_scale" not in state["head"]:
-            raise UserError(f"the checkpoint '{ck_file}' was written by an older train-draft (no feature "
-                            "scale): pass --no-resume")
+            raise UserError(
+                f"the checkpoint '{ck_file}' was written by an older train-draft (no feature scale): pass --no-resume"
+            )
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, tokens = int(state["step"]), int(state["tokens"])
@@ -407,8 +444,18 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
         tmp = ck_file.with_suffix(".tmp")
         try:
             ck_dir.mkdir(parents=True, exist_ok=True)
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
-                        "target_fingerprint": fp, "d2t": head.d2t.cpu(), "options": asdict(o)}, tmp)
+            torch.save(
+                {
+                    "head": head.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                    "tokens": tokens,
+                    "target_fingerprint": fp,
+                    "d2t": head.d2t.cpu(),
+                    "options": asdict(o),
+                },
+                tmp,
+            )
             os.replace(tmp, ck_file)
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -429,8 +476,11 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
             order = np.random.RandomState((o.seed + epoch) % 2**32).permutation(len(wins))
             pick = [wins[order[(pos + b) % len(wins)]] for b in range(o.batch)]
             ids, feats, dl, lab = (x.to(dev) for x in _batch(data, pick, t2d, o.seq_len))
-            soft = (tuple(x.to(dev) for x in _soft_batch(data, pick, t2d, o.seq_len, o.soft_labels))
-                    if o.soft_labels else None)
+            soft = (
+                tuple(x.to(dev) for x in _soft_batch(data, pick, t2d, o.seq_len, o.soft_labels))
+                if o.soft_labels
+                else None
+            )
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             with step_autocast(dev, step_dtype):
@@ -447,8 +497,12 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
             acc = hits / max(n, 1)
             acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
             elapsed = time.monotonic() - t_start
-            say("training", tokens if total_tok else int(elapsed), total_tok or int(60 * amount),
-                {"loss": loss_ema, "top1": acc_ema, "step": step})
+            say(
+                "training",
+                tokens if total_tok else int(elapsed),
+                total_tok or int(60 * amount),
+                {"loss": loss_ema, "top1": acc_ema, "step": step},
+            )
             if time.monotonic() - last_save >= o.checkpoint_every_s:
                 save_checkpoint()
                 last_save, saved_step = time.monotonic(), step
@@ -462,19 +516,30 @@ def _train(bundle: Path, m: Manifest, o: TrainOptions, kind: str, amount: float,
     if step == 0:
         # a minutes budget counts the whole run: data building can use all of it, and a head that
         # never trained must not replace the bundle's (the data is saved: a second run starts training)
-        raise UserError(f"the budget of {o.budget} was used up before the first training step "
-                        f"({time.monotonic() - t_start:.0f} s building or loading the data, saved in '{ck_dir}'): "
-                        "run again with a larger budget; nothing was written to the bundle")
+        raise UserError(
+            f"the budget of {o.budget} was used up before the first training step "
+            f"({time.monotonic() - t_start:.0f} s building or loading the data, saved in '{ck_dir}'): "
+            "run again with a larger budget; nothing was written to the bundle"
+        )
     save_checkpoint()
     head.eval().cpu()
-    training = {"tokens": tokens, "steps": step, "loss": round(loss_ema or 0.0, 4),
-                "top1": round(acc_ema or 0.0, 4), "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
-                "seconds": round(time.monotonic() - t_start, 1), "data_seconds": round(data_seconds, 1),
-                "seed": o.seed, "budget": str(o.budget),
-                "data_tokens": data.num_tokens, "sequences": len(data.tokens), "unrolled_steps": o.steps,
-                "soft_labels": o.soft_labels,
-                "train_dtype": step_dtype,
-                "answers_by": writer}
+    training = {
+        "tokens": tokens,
+        "steps": step,
+        "loss": round(loss_ema or 0.0, 4),
+        "top1": round(acc_ema or 0.0, 4),
+        "top1_all_steps": round(hits_n[0] / max(hits_n[1], 1), 4),
+        "seconds": round(time.monotonic() - t_start, 1),
+        "data_seconds": round(data_seconds, 1),
+        "seed": o.seed,
+        "budget": str(o.budget),
+        "data_tokens": data.num_tokens,
+        "sequences": len(data.tokens),
+        "unrolled_steps": o.steps,
+        "soft_labels": o.soft_labels,
+        "train_dtype": step_dtype,
+        "answers_by": writer,
+    }
     try:
         return write_head(bundle, head, training)
     except OSError as e:

@@ -228,7 +228,9 @@ double CpuMs() {  // this thread's CPU time: a busy machine's other processes do
 
 void Bench(const std::vector<Isa>& paths) {
   // one decoder layer's Q41 weights of the default model (q|k|v, o, gate|up, down), K = 576 or 1536
-  struct Shape { int64_t n, k; };
+  struct Shape {
+    int64_t n, k;
+  };
   const Shape shapes[] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};
   Rng rng{5};
   std::vector<std::vector<uint8_t>> ws;
@@ -250,8 +252,8 @@ void Bench(const std::vector<Isa>& paths) {
       }
       ms[i++] = *std::min_element(reps.begin(), reps.end());  // the least disturbed by other processes
     }
-    std::printf("bench %-10s T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0], ms[1], ms[2], ms[3], ms[4],
-                ms[4] / ms[0]);
+    std::printf("bench %-10s T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0], ms[1],
+                ms[2], ms[3], ms[4], ms[4] / ms[0]);
   }
   // the default model's lm_head (its tied Q8_0 embedding, 49152 x 576)
   {
@@ -270,8 +272,8 @@ void Bench(const std::vector<Isa>& paths) {
         }
         ms[t - 1] = best;
       }
-      std::printf("bench %-10s q80 lm_head T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa), ms[0],
-                  ms[1], ms[2], ms[3], ms[4], ms[4] / ms[0]);
+      std::printf("bench %-10s q80 lm_head T1 %.3f T2 %.3f T3 %.3f T4 %.3f T5 %.3f ms  T5/T1 %.2f\n", IsaName(isa),
+                  ms[0], ms[1], ms[2], ms[3], ms[4], ms[4] / ms[0]);
     }
   }
   // attention: the default model's 9 heads of 64 over 105 keys, 30 layers (one T = 1 step's rows)
@@ -284,8 +286,8 @@ void Bench(const std::vector<Isa>& paths) {
     for (int rep = 0; rep < 15; ++rep) {
       const double t0 = CpuMs();
       for (int row = 0; row < 9 * 30; ++row)
-        Attend(isa, AttnRow{q.data(), kv.data(), kv.data() + kKeys * kD, nullptr, out.data(), 0, kKeys - 1}, kD,
-               0.125f, e);
+        Attend(isa, AttnRow{q.data(), kv.data(), kv.data() + kKeys * kD, nullptr, out.data(), 0, kKeys - 1}, kD, 0.125f,
+               e);
       best = std::min(best, CpuMs() - t0);
     }
     std::printf("bench %-10s attention, 270 rows: %.3f ms\n", IsaName(isa), best);

@@ -55,9 +55,7 @@ HeadDrafter::HeadDrafter(OrtBackend* head, const CacheTracker* target, std::vect
 const float* HeadDrafter::catch_up(const std::vector<int32_t>& history) {
   const int n = int(history.size()), last = n - 2;
   if (!target_) fail_arg("the head drafter was not given the target's cache");
-  if (target_->position() < n - 1 ||
-      common_prefix(target_->tokens(), 0, history, 0, size_t(n - 1)) <
-          n - 1)
+  if (target_->position() < n - 1 || common_prefix(target_->tokens(), 0, history, 0, size_t(n - 1)) < n - 1)
     fail_arg("the target's cache does not hold the committed sequence the head drafts after");
   const Backend* tb = target_->backend();
   const float* feats = tb->features();
@@ -82,8 +80,8 @@ const float* HeadDrafter::catch_up(const std::vector<int32_t>& history) {
   return logits + size_t(rows - 1) * vd_;
 }
 
-std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p,
-                                          Rng& rng, std::vector<double>* q) {
+std::vector<int32_t> HeadDrafter::propose(const std::vector<int32_t>& history, int k, const SamplingParams& p, Rng& rng,
+                                          std::vector<double>* q) {
   std::vector<int32_t> out;
   const int n = int(history.size());
   if (k >= 1 && n >= 2) k = std::min(k, head_->max_seq() - (n - 1));

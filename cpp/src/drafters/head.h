@@ -61,7 +61,7 @@ class HeadDrafter : public Drafter {
   const CacheTracker* target_;
   std::vector<int32_t> d2t_;
   int vocab_, chunk_, vd_;
-  std::vector<int32_t> fed_;  // fed_[j]: the token (history[j + 1]) whose embedding head slot j holds
+  std::vector<int32_t> fed_;   // fed_[j]: the token (history[j + 1]) whose embedding head slot j holds
   std::vector<float> hidden_;  // the last step's hidden_out row [hidden_size]
   int64_t calls_ = 0;
   std::vector<double> q_;

@@ -14,7 +14,10 @@ class ModelDrafter : public Drafter {
  public:
   ModelDrafter(Backend* b, int chunk, int vocab) : cache_(b, chunk), vocab_(vocab) {}
   std::string kind() const override { return "model"; }
-  void reset() override { cache_.reset(); base_ = 0; }
+  void reset() override {
+    cache_.reset();
+    base_ = 0;
+  }
   void start(const std::vector<int32_t>& prompt) override { base_ = cache_.reuse(prompt, false); }
   // The target's cache, for a self-draft (same architecture and cache geometry): committed tokens
   // the target has already run are copied from its K/V instead of fed (drafts are proposals only).

@@ -52,7 +52,8 @@ std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& history, 
   for (size_t si = 0; si < sizes_.size(); ++si) {
     size_t n = size_t(sizes_[si]);
     if (len <= n) continue;
-    auto it = index_[si].find(std::string(reinterpret_cast<const char*>(tokens_.data() + len - n), n * sizeof(int32_t)));
+    auto it =
+        index_[si].find(std::string(reinterpret_cast<const char*>(tokens_.data() + len - n), n * sizeof(int32_t)));
     if (it != index_[si].end()) {
       size_t from = it->second + n, to = std::min(from + size_t(k), len);
       return std::vector<int32_t>(tokens_.begin() + long(from), tokens_.begin() + long(to));
@@ -81,8 +82,8 @@ std::vector<std::pair<int32_t, int>> NgramDrafter::followers(const std::vector<i
   for (size_t si = 0; si < sizes_.size(); ++si) {
     size_t n = size_t(sizes_[si]);
     if (length <= n) continue;
-    auto it = starts_[si].find(std::string(reinterpret_cast<const char*>(tail.data() + tail.size() - n),
-                                           n * sizeof(int32_t)));
+    auto it = starts_[si].find(
+        std::string(reinterpret_cast<const char*>(tail.data() + tail.size() - n), n * sizeof(int32_t)));
     if (it == starts_[si].end() || it->second.empty()) continue;
     std::vector<std::pair<int32_t, int>> counts;  // in order of first sight, most recent first
     for (auto s = it->second.rbegin(); s != it->second.rend(); ++s) {

@@ -132,9 +132,15 @@ cudaError_t check_copy(void* dst, size_t n_dst, const void* src, size_t n_src, c
   if (n_dst == 0 && n_src == 0) return cudaSuccess;
   Where want_dst, want_src;
   switch (kind) {
-    case cudaMemcpyHostToDevice: want_dst = Where::Device, want_src = Where::Host; break;
-    case cudaMemcpyDeviceToHost: want_dst = Where::Host, want_src = Where::Device; break;
-    case cudaMemcpyDeviceToDevice: want_dst = Where::Device, want_src = Where::Device; break;
+    case cudaMemcpyHostToDevice:
+      want_dst = Where::Device, want_src = Where::Host;
+      break;
+    case cudaMemcpyDeviceToHost:
+      want_dst = Where::Host, want_src = Where::Device;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      want_dst = Where::Device, want_src = Where::Device;
+      break;
     default:
       report("copy kind " + std::to_string(int(kind)) + " is not one the runtime should use");
       return cudaErrorInvalidMemcpyDirection;
@@ -167,8 +173,10 @@ cudaError_t enqueue(cudaStream_t h, Op op) {
   std::lock_guard<std::recursive_mutex> g(s.mu);
   CUstream_st* x = stream_of(h);
   if (!x) return cudaErrorInvalidResourceHandle;
-  if (x->capturing) x->captured.push_back(std::move(op));
-  else x->queue.push_back(std::move(op));
+  if (x->capturing)
+    x->captured.push_back(std::move(op));
+  else
+    x->queue.push_back(std::move(op));
   return cudaSuccess;
 }
 
@@ -268,37 +276,62 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorIllegalState: return "cudaErrorIllegalState";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
-    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
-    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidPitchValue:
+      return "cudaErrorInvalidPitchValue";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched:
+      return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureWrongThread:
+      return "cudaErrorStreamCaptureWrongThread";
   }
   return "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    default: return cudaGetErrorName(error);
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    default:
+      return cudaGetErrorName(error);
   }
 }
 

@@ -21,7 +21,7 @@ namespace nvinfer1 {
 namespace {
 
 constexpr char kPlanMagic[] = "FAKE-TRT-PLAN\n";  // tests/test_tensorrt_fake.py PLAN_MAGIC
-constexpr int64_t kScratchBytes = 64 << 10;      // the engine's "activation memory"
+constexpr int64_t kScratchBytes = 64 << 10;       // the engine's "activation memory"
 constexpr uintptr_t kAlign = 256;
 
 struct Tensor {
@@ -100,7 +100,7 @@ class VExecutionContext {
   const VCudaEngine* engine = nullptr;
   ExecutionContextAllocationStrategy strategy = ExecutionContextAllocationStrategy::kSTATIC;
   int profile = 0;
-  int64_t t = -1;  // the call size set with setInputShape; -1: unset
+  int64_t t = -1;     // the call size set with setInputShape; -1: unset
   bool warm = false;  // an enqueue ran outside capture since the shape or profile last changed
   std::map<std::string, void*> addresses;
   void* memory = nullptr;
@@ -147,8 +147,9 @@ size_t element_count(const std::vector<int64_t>& shape) {
 apiv::VCudaEngine* load_plan(const apiv::VRuntime& rt, const char* blob, size_t size) {
   const size_t magic = sizeof(kPlanMagic) - 1;
   if (!blob || size < magic || std::memcmp(blob, kPlanMagic, magic) != 0) {
-    rt.error("1: [stdArchiveReader.cpp::StdArchiveReader::32] Error Code 1: Serialization (Serialization assertion "
-             "magicTagRead == kMAGIC_TAG failed.Magic tag does not match)");
+    rt.error(
+        "1: [stdArchiveReader.cpp::StdArchiveReader::32] Error Code 1: Serialization (Serialization assertion "
+        "magicTagRead == kMAGIC_TAG failed.Magic tag does not match)");
     return nullptr;
   }
   auto eng = std::make_unique<apiv::VCudaEngine>();
@@ -156,7 +157,8 @@ apiv::VCudaEngine* load_plan(const apiv::VRuntime& rt, const char* blob, size_t 
   try {
     auto plan = nlohmann::json::parse(blob + magic, blob + size);
     eng->batch = plan.at("batch").get<int64_t>();
-    for (const auto& p : plan.at("profiles")) eng->profiles.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
+    for (const auto& p : plan.at("profiles"))
+      eng->profiles.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
     for (const auto& e : plan.at("io")) {
       Tensor x;
       x.name = e.at(0).get<std::string>();
@@ -271,8 +273,10 @@ bool run_step(const apiv::VCudaEngine& eng, const std::map<std::string, void*>& 
     for (size_t r = 0; r < rows; ++r) {
       const float* row = logits + r * V;
       int64_t best = std::max_element(row, row + V) - row;
-      if (am->dtype == DataType::kINT32) static_cast<int32_t*>(range["argmax"].first)[r] = int32_t(best);
-      else static_cast<int64_t*>(range["argmax"].first)[r] = best;
+      if (am->dtype == DataType::kINT32)
+        static_cast<int32_t*>(range["argmax"].first)[r] = int32_t(best);
+      else
+        static_cast<int64_t*>(range["argmax"].first)[r] = best;
     }
   }
   return true;
@@ -321,8 +325,8 @@ int64_t ICudaEngine::getDeviceMemorySizeV2() const noexcept { return kScratchByt
 
 int32_t ICudaEngine::getNbOptimizationProfiles() const noexcept { return int32_t(mImpl->profiles.size()); }
 
-Dims ICudaEngine::getProfileShape(char const* tensorName, int32_t profileIndex, OptProfileSelector select) const
-    noexcept {
+Dims ICudaEngine::getProfileShape(char const* tensorName, int32_t profileIndex,
+                                  OptProfileSelector select) const noexcept {
   const Tensor* x = mImpl->find(tensorName);
   if (!x || !x->input || profileIndex < 0 || size_t(profileIndex) >= mImpl->profiles.size()) return invalid_dims();
   const auto& [lo, hi] = mImpl->profiles[size_t(profileIndex)];
@@ -350,8 +354,9 @@ void IExecutionContext::setDeviceMemory(void* memory) noexcept {
 
 void IExecutionContext::setDeviceMemoryV2(void* memory, int64_t size) noexcept {
   if (size < kScratchBytes) {
-    mImpl->error("3: [executionContext.cpp::setDeviceMemoryV2] Error Code 3: API Usage Error (Parameter check "
-                 "failed, condition: size >= getDeviceMemorySizeV2())");
+    mImpl->error(
+        "3: [executionContext.cpp::setDeviceMemoryV2] Error Code 3: API Usage Error (Parameter check "
+        "failed, condition: size >= getDeviceMemorySizeV2())");
     return;
   }
   mImpl->memory = memory;
@@ -377,10 +382,13 @@ bool IExecutionContext::setInputShape(char const* tensorName, Dims const& dims) 
     }
   }
   if (!ok) {
-    mImpl->error("3: [executionContext.cpp::setInputShape] Error Code 3: API Usage Error (Parameter check failed, "
-                 "condition: the dimensions of '" + x->name + "' agree with the engine and lie in optimization "
-                 "profile " + std::to_string(mImpl->profile) + " (T = " + std::to_string(lo) + ".." +
-                 std::to_string(hi) + "))");
+    mImpl->error(
+        "3: [executionContext.cpp::setInputShape] Error Code 3: API Usage Error (Parameter check failed, "
+        "condition: the dimensions of '" +
+        x->name +
+        "' agree with the engine and lie in optimization "
+        "profile " +
+        std::to_string(mImpl->profile) + " (T = " + std::to_string(lo) + ".." + std::to_string(hi) + "))");
     return false;
   }
   if (t != mImpl->t) mImpl->warm = false;
@@ -397,8 +405,9 @@ Dims IExecutionContext::getTensorShape(char const* tensorName) const noexcept {
 
 bool IExecutionContext::setOptimizationProfileAsync(int32_t profileIndex, cudaStream_t stream) noexcept {
   if (profileIndex < 0 || size_t(profileIndex) >= mImpl->engine->profiles.size()) {
-    mImpl->error("3: [executionContext.cpp::setOptimizationProfileAsync] Error Code 3: API Usage Error (Parameter "
-                 "check failed, condition: profileIndex >= 0 && profileIndex < mEngine.getNbOptimizationProfiles())");
+    mImpl->error(
+        "3: [executionContext.cpp::setOptimizationProfileAsync] Error Code 3: API Usage Error (Parameter "
+        "check failed, condition: profileIndex >= 0 && profileIndex < mEngine.getNbOptimizationProfiles())");
     return false;
   }
   if (!fake_gpu::valid_stream(stream)) {
@@ -422,13 +431,16 @@ bool IExecutionContext::setTensorAddress(char const* tensorName, void* data) noe
     return false;
   }
   if (reinterpret_cast<uintptr_t>(data) % kAlign) {
-    mImpl->error("3: [executionContext.cpp::setTensorAddress] Error Code 3: API Usage Error (Parameter check "
-                 "failed, condition: (reinterpret_cast<uintptr_t>(data) % 256) == 0: the address of '" + x->name +
-                 "' is not 256-byte aligned)");
+    mImpl->error(
+        "3: [executionContext.cpp::setTensorAddress] Error Code 3: API Usage Error (Parameter check "
+        "failed, condition: (reinterpret_cast<uintptr_t>(data) % 256) == 0: the address of '" +
+        x->name + "' is not 256-byte aligned)");
     return false;
   }
-  if (data) mImpl->addresses[x->name] = data;
-  else mImpl->addresses.erase(x->name);
+  if (data)
+    mImpl->addresses[x->name] = data;
+  else
+    mImpl->addresses.erase(x->name);
   return true;
 }
 
@@ -436,19 +448,23 @@ bool IExecutionContext::enqueueV3(cudaStream_t stream) noexcept {
   apiv::VExecutionContext& c = *mImpl;
   const apiv::VCudaEngine& eng = *c.engine;
   if (c.t < 0) {
-    c.error("3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, condition: "
-            "allInputDimensionsSpecified(routine): input_ids's shape is not set)");
+    c.error(
+        "3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, condition: "
+        "allInputDimensionsSpecified(routine): input_ids's shape is not set)");
     return false;
   }
   for (const Tensor& x : eng.io)
     if (!c.addresses.count(x.name)) {
-      c.error("3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, "
-              "condition: the address of tensor '" + x.name + "' is set)");
+      c.error(
+          "3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, "
+          "condition: the address of tensor '" +
+          x.name + "' is set)");
       return false;
     }
   if (c.strategy == ExecutionContextAllocationStrategy::kUSER_MANAGED && !c.memory) {
-    c.error("3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, "
-            "condition: device memory is set (kUSER_MANAGED context without setDeviceMemory))");
+    c.error(
+        "3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (Parameter check failed, "
+        "condition: device memory is set (kUSER_MANAGED context without setDeviceMemory))");
     return false;
   }
   if (!fake_gpu::valid_stream(stream)) {
@@ -457,8 +473,9 @@ bool IExecutionContext::enqueueV3(cudaStream_t stream) noexcept {
   }
   if (fake_gpu::capturing(stream)) {
     if (!c.warm) {
-      c.error("1: [executionContext.cpp::enqueueV3] Error Code 1: Cuda Runtime (operation not permitted when stream "
-              "is capturing: the first enqueueV3 after a shape or profile change must run outside capture)");
+      c.error(
+          "1: [executionContext.cpp::enqueueV3] Error Code 1: Cuda Runtime (operation not permitted when stream "
+          "is capturing: the first enqueueV3 after a shape or profile change must run outside capture)");
       fake_gpu::invalidate_capture(stream);
       return false;
     }

@@ -14,8 +14,15 @@ import importlib.util
 
 from .base import Backend, BackendError, SessionOptions
 
-__all__ = ["BACKENDS", "Backend", "BackendError", "SessionOptions", "backend_class", "create_backend",
-           "resolve_backend_name"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendError",
+    "SessionOptions",
+    "backend_class",
+    "create_backend",
+    "resolve_backend_name",
+]
 
 # name -> (module in this package, class name). `auto` is resolved by `resolve_backend_name`.
 BACKENDS: dict[str, tuple[str, str]] = {

@@ -66,8 +66,9 @@ class Backend(ABC):
         return {}
 
     @classmethod
-    def open(cls, manifest: Manifest, spec: ModelSpec, session: SessionOptions,
-             options: Mapping | None = None) -> Backend:
+    def open(
+        cls, manifest: Manifest, spec: ModelSpec, session: SessionOptions, options: Mapping | None = None
+    ) -> Backend:
         """This backend for `spec`, with the session options it takes (providers it does not take
         are refused, other options ignored) and its own `options` (load's backend_options:
         keywords of its constructor, which may not repeat a session one)."""
@@ -76,7 +77,9 @@ class Backend(ABC):
             raise BackendError(f"backend '{cls.name}' does not take providers")
         clash = sorted(set(kwargs) & set(options or {}))
         if clash:
-            raise BackendError(f"backend_options may not set {', '.join(clash)}: load() sets it for backend '{cls.name}'")
+            raise BackendError(
+                f"backend_options may not set {', '.join(clash)}: load() sets it for backend '{cls.name}'"
+            )
         return cls(manifest, spec, **kwargs, **(options or {}))
 
     def __init__(self, manifest: Manifest, spec: ModelSpec):

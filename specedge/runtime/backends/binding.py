@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 from ...contract import ARGMAX_OUTPUT, FEATURES_OUTPUT, KEY, TREE_INPUT, VALUE, TensorSpec, graph_io, parse_kv_name
 from ...manifest import DTYPE_BYTES, ModelSpec
 
-
 # Every tensor in an arena starts on a multiple of this many bytes. TensorRT's
 # IExecutionContext::setTensorAddress (Python: set_tensor_address) documents "The pointer must have
 # at least 256-byte alignment" (NvInferRuntime.h), and tensors packed back to back break that as
@@ -55,11 +54,11 @@ class KVLayout:
     align: int = ARENA_ALIGN
 
     @classmethod
-    def for_cache(cls, spec: ModelSpec, max_seq: int, batch: int = 1) -> "KVLayout":
+    def for_cache(cls, spec: ModelSpec, max_seq: int, batch: int = 1) -> KVLayout:
         return cls(spec.num_layers, batch, spec.num_kv_heads, max_seq, spec.head_dim, DTYPE_BYTES[spec.kv_dtype])
 
     @classmethod
-    def for_delta(cls, spec: ModelSpec, t: int, batch: int = 1) -> "KVLayout":
+    def for_delta(cls, spec: ModelSpec, t: int, batch: int = 1) -> KVLayout:
         return cls(spec.num_layers, batch, spec.num_kv_heads, t, spec.head_dim, DTYPE_BYTES[spec.kv_dtype])
 
     def __post_init__(self):
@@ -128,7 +127,9 @@ class KVLayout:
         """View a flat numpy array of `total_elems` elements (the arena) as [2·L, B, kv_heads, seq,
         head_dim], skipping the padding (a view, not a copy)."""
         n = self.tensor_stride // self.itemsize
-        return flat.reshape(self.num_tensors, n)[:, : self.tensor_elems].reshape((self.num_tensors,) + self.tensor_shape)
+        return flat.reshape(self.num_tensors, n)[:, : self.tensor_elems].reshape(
+            (self.num_tensors,) + self.tensor_shape
+        )
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,12 @@ def _copies(dst: KVLayout, src: KVLayout, base: Copy2D) -> list[Copy2D]:
     if dst.dense and src.dense:
         return [replace(base, height=dst.rows)]
     return [
-        replace(base, dst_offset=dst.offset(kind, layer) + base.dst_offset,
-                src_offset=src.offset(kind, layer) + base.src_offset, height=dst.rows_per_tensor)
+        replace(
+            base,
+            dst_offset=dst.offset(kind, layer) + base.dst_offset,
+            src_offset=src.offset(kind, layer) + base.src_offset,
+            height=dst.rows_per_tensor,
+        )
         for kind in (KEY, VALUE)
         for layer in range(dst.num_layers)
     ]
@@ -167,8 +172,14 @@ def delta_copy(cache: KVLayout, t: int, position: int) -> list[Copy2D]:
         raise ValueError(f"writing {t} entries at position {position} overflows the cache of {cache.seq} slots")
     delta = replace(cache, seq=t)
     width = delta.row_bytes  # T·head_dim elements
-    base = Copy2D(dst_offset=position * cache.head_dim * cache.itemsize, dpitch=cache.row_bytes, src_offset=0,
-                  spitch=width, width=width, height=0)
+    base = Copy2D(
+        dst_offset=position * cache.head_dim * cache.itemsize,
+        dpitch=cache.row_bytes,
+        src_offset=0,
+        spitch=width,
+        width=width,
+        height=0,
+    )
     return _copies(cache, delta, base)
 
 
@@ -182,8 +193,14 @@ def slot_copy(cache: KVLayout, start: int, end: int) -> list[Copy2D]:
         return []
     slot = cache.head_dim * cache.itemsize
     off = start * slot
-    base = Copy2D(dst_offset=off, dpitch=cache.row_bytes, src_offset=off, spitch=cache.row_bytes,
-                  width=(end - start) * slot, height=0)
+    base = Copy2D(
+        dst_offset=off,
+        dpitch=cache.row_bytes,
+        src_offset=off,
+        spitch=cache.row_bytes,
+        width=(end - start) * slot,
+        height=0,
+    )
     return _copies(cache, cache, base)
 
 
@@ -198,8 +215,14 @@ def path_copies(cache: KVLayout, position: int, moves) -> list[Copy2D]:
         s, d = position + int(src), position + int(dst)
         if not (0 <= d < s < cache.seq):
             raise ValueError(f"a path move from slot {s} to {d} is not a move back inside a cache of {cache.seq} slots")
-        base = Copy2D(dst_offset=d * slot, dpitch=cache.row_bytes, src_offset=s * slot, spitch=cache.row_bytes,
-                      width=slot, height=0)
+        base = Copy2D(
+            dst_offset=d * slot,
+            dpitch=cache.row_bytes,
+            src_offset=s * slot,
+            spitch=cache.row_bytes,
+            width=slot,
+            height=0,
+        )
         out.extend(_copies(cache, cache, base))
     return out
 
@@ -216,8 +239,9 @@ class Binding:
     dtype: str
 
 
-def binding_plan(spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int = 1, argmax: bool = False,
-                 tree: bool = False) -> list[Binding]:
+def binding_plan(
+    spec: ModelSpec, kv_mode: str, max_seq: int, t: int, batch: int = 1, argmax: bool = False, tree: bool = False
+) -> list[Binding]:
     """Every tensor of the graph contract for a call with T = t, mapped to its buffer (tree: the
     graph takes tree calls, its `tree_mask` input binds the tree_mask buffer).
 

@@ -25,11 +25,11 @@ import threading
 
 import numpy as np
 
+from ...contract import FEATURES_OUTPUT, TREE_INPUT, check_graph_names, expected_names, reserved_call_size
 from ...errors import one_line
 from ...manifest import DTYPE_BYTES, Manifest, ModelSpec
-from .base import Backend, BackendError, SessionOptions, import_optional
-from ...contract import FEATURES_OUTPUT, TREE_INPUT, check_graph_names, expected_names, reserved_call_size
 from ..tree import compaction_moves
+from .base import Backend, BackendError, SessionOptions, import_optional
 from .binding import ort_element_type
 
 __all__ = ["OrtBackend", "PROVIDER_PACKAGES", "PROVIDER_ALIASES", "normalize_providers", "choose_threading"]
@@ -74,7 +74,9 @@ PROVIDER_ALIASES = {
 
 
 def _import_ort():
-    return import_optional("onnxruntime", "every ONNX Runtime backend", "the onnxruntime package: pip install onnxruntime")
+    return import_optional(
+        "onnxruntime", "every ONNX Runtime backend", "the onnxruntime package: pip install onnxruntime"
+    )
 
 
 def normalize_providers(providers) -> tuple[list[str], list[dict]]:
@@ -97,9 +99,7 @@ def normalize_providers(providers) -> tuple[list[str], list[dict]]:
             raise BackendError(f"a provider must be a name, got {p!r}")
         name = PROVIDER_ALIASES.get(p.lower(), p)
         if name not in known:
-            raise BackendError(
-                f"unknown execution provider '{p}'; this onnxruntime has {', '.join(sorted(available))}"
-            )
+            raise BackendError(f"unknown execution provider '{p}'; this onnxruntime has {', '.join(sorted(available))}")
         if name not in available:
             pkg = PROVIDER_PACKAGES.get(name, "a different onnxruntime build")
             hint = f"pip install {pkg}" if pkg.startswith("onnxruntime") and " " not in pkg else pkg
@@ -121,8 +121,9 @@ _POOL_LOCK = threading.Lock()
 _POOL: int | None = None
 
 
-def choose_threading(threads: int | None, allow_spinning: bool | None, alternating: bool,
-                     pool: int | None) -> tuple[bool, bool]:
+def choose_threading(
+    threads: int | None, allow_spinning: bool | None, alternating: bool, pool: int | None
+) -> tuple[bool, bool]:
     """(shared pool?, spinning?) for a new session, given the process pool (see _POOL).
 
     On the shared pool a draft and a target take turns on the same hot, spinning threads, where
@@ -136,10 +137,13 @@ def choose_threading(threads: int | None, allow_spinning: bool | None, alternati
             f"threads={threads}, but this process's ONNX Runtime sessions share one pool of "
             f"{pool or 'the default number of'} threads (made by the first load(shared_pool=True)), "
             "and onnxruntime's Python binding cannot mix it with pools of their own: "
-            f"use threads={pool or None} or another process")
+            f"use threads={pool or None} or another process"
+        )
     if allow_spinning is False:
-        raise BackendError("allow_spinning=False, but this process's ONNX Runtime sessions share one spinning "
-                           "pool (made by load(shared_pool=True)): it cannot be turned off per session")
+        raise BackendError(
+            "allow_spinning=False, but this process's ONNX Runtime sessions share one spinning "
+            "pool (made by load(shared_pool=True)): it cannot be turned off per session"
+        )
     return True, True
 
 
@@ -179,9 +183,14 @@ class OrtBackend(Backend):
 
     @classmethod
     def session_kwargs(cls, session: SessionOptions) -> dict:
-        return {"threads": session.threads, "providers": session.providers, "allow_spinning": session.allow_spinning,
-                "alternating": session.alternating, "shared_pool": session.shared_pool,
-                "int4_kernel": session.int4_kernel}
+        return {
+            "threads": session.threads,
+            "providers": session.providers,
+            "allow_spinning": session.allow_spinning,
+            "alternating": session.alternating,
+            "shared_pool": session.shared_pool,
+            "int4_kernel": session.int4_kernel,
+        }
 
     def __init__(
         self,
@@ -290,7 +299,14 @@ class OrtBackend(Backend):
     # ------------------------------------------------------------------ buffers
 
     def _allocate(self, t_max: int) -> None:
-        B, L, H, S, D, V = self.batch, self.spec.num_layers, self.spec.num_kv_heads, self.max_seq, self.spec.head_dim, self.vocab_size
+        B, L, H, S, D, V = (
+            self.batch,
+            self.spec.num_layers,
+            self.spec.num_kv_heads,
+            self.max_seq,
+            self.spec.head_dim,
+            self.vocab_size,
+        )
         self.t_max = int(t_max)
         if not hasattr(self, "kv"):
             self.kv = np.zeros((2 * L, B, H, S, D), dtype=self._kv_np)
@@ -362,7 +378,9 @@ class OrtBackend(Backend):
         src = [position + s for s, _ in moves]
         dst = [position + d for _, d in moves]
         if max(src) >= self.max_seq:
-            raise ValueError(f"tree nodes {max(src) - position} past position {position} are outside max_seq {self.max_seq}")
+            raise ValueError(
+                f"tree nodes {max(src) - position} past position {position} are outside max_seq {self.max_seq}"
+            )
         # fancy indexing reads every source before writing: one copy for every layer, K and V
         self.kv[:, :, :, dst, :] = self.kv[:, :, :, src, :]
         self.keep_path_features(position, moves)
@@ -383,8 +401,9 @@ class OrtBackend(Backend):
         try:
             self.session.run_with_iobinding(b, self._run_options)
         except Exception as e:
-            raise BackendError(f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): "
-                               f"{one_line(e)}") from None
+            raise BackendError(
+                f"ONNX Runtime failed to run the {self.spec.role} graph (T={t}, position {position}): {one_line(e)}"
+            ) from None
         if self.kv_mode == "delta":
             L2, H, D = 2 * self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
             new = self._delta[: L2 * B * H * t * D].reshape(L2, B, H, t, D)

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ...contract import check_graph_names, expected_names
 from ...engines.plan_json import parse_version
 from ...engines.profiles import input_shapes, range_profile
 from ...manifest import Manifest, ModelSpec
+from ..tree import compaction_moves
 from .base import Backend, BackendError, import_optional
-from ...contract import check_graph_names, expected_names
 from .binding import (
     KVLayout,
     binding_plan,
@@ -49,7 +50,6 @@ from .binding import (
     path_copies,
     slot_copy,
 )
-from ..tree import compaction_moves
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ def _argmax_model_bytes(vocab: int, batch: int) -> bytes | None:
         return None
     node = helper.make_node("ArgMax", ["logits"], ["argmax"], axis=-1, keepdims=0, select_last_index=0)
     graph = helper.make_graph(
-        [node], "argmax",
+        [node],
+        "argmax",
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, "T", vocab])],
         [helper.make_tensor_value_info("argmax", TensorProto.INT64, [batch, "T"])],
     )
@@ -228,17 +229,25 @@ class OrtCudaBackend(Backend):
         ort = self.ort
         graphs = self.cuda_graphs
         try:
-            return ort.InferenceSession(str(self.graph_path), sess_options=self._session_options(), providers=self._provider_list(graphs))
+            return ort.InferenceSession(
+                str(self.graph_path), sess_options=self._session_options(), providers=self._provider_list(graphs)
+            )
         except Exception as e:  # onnxruntime raises its own exception types
             if not graphs:
-                raise BackendError(f"onnxruntime ({self.name}) cannot load {self.graph_path.name}: {str(e).splitlines()[0]}") from None
+                raise BackendError(
+                    f"onnxruntime ({self.name}) cannot load {self.graph_path.name}: {str(e).splitlines()[0]}"
+                ) from None
             self.cuda_graphs = False
             self.graph_note = f"CUDA graphs unavailable ({str(e).splitlines()[0]}); running without them"
             log.warning("%s: %s", self.name, self.graph_note)
         try:
-            return ort.InferenceSession(str(self.graph_path), sess_options=self._session_options(), providers=self._provider_list(False))
+            return ort.InferenceSession(
+                str(self.graph_path), sess_options=self._session_options(), providers=self._provider_list(False)
+            )
         except Exception as e:
-            raise BackendError(f"onnxruntime ({self.name}) cannot load {self.graph_path.name}: {str(e).splitlines()[0]}") from None
+            raise BackendError(
+                f"onnxruntime ({self.name}) cannot load {self.graph_path.name}: {str(e).splitlines()[0]}"
+            ) from None
 
     def _check_io(self) -> None:
 
@@ -362,7 +371,9 @@ class OrtCudaBackend(Backend):
         if self.kv_mode == "delta":
             src = s.delta.data_ptr()
             for c in delta_copy(self.cache, t, position):  # one, or one per K/V tensor when padded
-                self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height)
+                self._copier.copy2d(
+                    self.arena_ptr + c.dst_offset, c.dpitch, src + c.src_offset, c.spitch, c.width, c.height
+                )
         if s.feat is not None:  # F floats per token, far less than the logits row
             self.store_features(position, s.feat.numpy())
         s.ran = True
@@ -375,17 +386,23 @@ class OrtCudaBackend(Backend):
             raise BackendError("this ort-cuda backend has no device copier for a tree commit")
         moves = compaction_moves(path)
         for c in path_copies(self.cache, position, moves):
-            self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, self.arena_ptr + c.src_offset, c.spitch,
-                                c.width, c.height)
+            self._copier.copy2d(
+                self.arena_ptr + c.dst_offset, c.dpitch, self.arena_ptr + c.src_offset, c.spitch, c.width, c.height
+            )
         self.keep_path_features(position, moves)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
-        if (not isinstance(other, OrtCudaBackend) or other.cache != self.cache or self._copier is None
-                or (other.device_type, other.device_id) != (self.device_type, self.device_id)):
+        if (
+            not isinstance(other, OrtCudaBackend)
+            or other.cache != self.cache
+            or self._copier is None
+            or (other.device_type, other.device_id) != (self.device_type, self.device_id)
+        ):
             return False
         for c in slot_copy(self.cache, start, end):  # device to device, both arenas on one GPU
-            self._copier.copy2d(self.arena_ptr + c.dst_offset, c.dpitch, other.arena_ptr + c.src_offset, c.spitch,
-                                c.width, c.height)
+            self._copier.copy2d(
+                self.arena_ptr + c.dst_offset, c.dpitch, other.arena_ptr + c.src_offset, c.spitch, c.width, c.height
+            )
         return True
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
@@ -459,7 +476,9 @@ def ort_trt_cache_dir(manifest: Manifest) -> Path:
     return d
 
 
-def ort_trt_options(manifest: Manifest, spec: ModelSpec, cache_dir: Path, device_id: int, fp16: bool, graphs: bool) -> dict:
+def ort_trt_options(
+    manifest: Manifest, spec: ModelSpec, cache_dir: Path, device_id: int, fp16: bool, graphs: bool
+) -> dict:
     """TensorRT EP options: engine + timing caches in the bundle, fp16, one profile T = 1..chunk
     (opt k + 1) covering decode, verification and prefill."""
 

@@ -37,8 +37,9 @@ class OrtHeadBackend(OrtBackend):
             self._head_bound.add(t)
         return b
 
-    def step(self, input_ids, position: int, features: np.ndarray | None = None,
-             hidden: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def step(
+        self, input_ids, position: int, features: np.ndarray | None = None, hidden: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Run T tokens at `position` over target `features` [T, F] (chained steps: None) and/or
         the head's own `hidden` [T, H] of the step before (target rows: None); return the draft
         logits [T, Vd] and hidden_out [T, H] (views valid until the next call). Batch 1."""

@@ -29,22 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ...contract import ARGMAX_OUTPUT, check_graph_names, expected_names
 from ...engines import plan_json as pj
 from ...engines.profiles import select_profile
 from ...errors import UserError
 from ...manifest import Manifest, ModelSpec
-from .base import Backend, BackendError, import_optional
-from ...contract import ARGMAX_OUTPUT, check_graph_names, expected_names
-from .binding import (
-    ARENA_ALIGN,
-    KVLayout,
-    binding_plan,
-    delta_copy,
-    path_copies,
-    slot_copy,
-)
 from ..tree import compaction_moves
-
+from .base import Backend, BackendError, import_optional
+from .binding import ARENA_ALIGN, KVLayout, binding_plan, delta_copy, path_copies, slot_copy
 
 CUDA_HINT = "pip install 'specedge[tensorrt]' (cuda-python)"
 
@@ -126,7 +118,9 @@ class CudaRuntime:
         self.check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), "cudaMemcpyAsync")
 
     def memcpy2d_async(self, dst, dpitch, src, spitch, width, height, kind, stream) -> None:
-        self.check(self.rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream), "cudaMemcpy2DAsync")
+        self.check(
+            self.rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream), "cudaMemcpy2DAsync"
+        )
 
     def sync(self, stream) -> None:
         self.check(self.rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
@@ -218,7 +212,9 @@ class TensorRTBackend(Backend):
         try:
             data = plan_path.read_bytes()
         except OSError as e:
-            raise pj.EngineError(f"cannot read {plan_path} ({e}) — rebuild with `specedge build-engines {bundle}`") from None
+            raise pj.EngineError(
+                f"cannot read {plan_path} ({e}) — rebuild with `specedge build-engines {bundle}`"
+            ) from None
         pj.verify_plan_bytes(info, data, str(plan_path))
         self.info, self.gpu_name = info, gpu_name
 
@@ -226,7 +222,9 @@ class TensorRTBackend(Backend):
         self._runtime = trt.Runtime(self._logger)
         engine = self._runtime.deserialize_cuda_engine(data)
         if engine is None:
-            raise pj.EngineError(f"TensorRT could not load {plan_path} — rebuild with `specedge build-engines {bundle} --force`")
+            raise pj.EngineError(
+                f"TensorRT could not load {plan_path} — rebuild with `specedge build-engines {bundle} --force`"
+            )
         self.engine = engine
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         ins = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -244,7 +242,9 @@ class TensorRTBackend(Backend):
             self._amax_dtype = np.int32
         self.profiles = list(info.profiles)
         if engine.num_optimization_profiles != len(self.profiles):
-            raise pj.EngineError(f"{plan_path} has {engine.num_optimization_profiles} profiles, its plan.json {len(self.profiles)} — rebuild")
+            raise pj.EngineError(
+                f"{plan_path} has {engine.num_optimization_profiles} profiles, its plan.json {len(self.profiles)} — rebuild"
+            )
 
         try:
             self._allocate()
@@ -338,8 +338,9 @@ class TensorRTBackend(Backend):
         ctx, bufs = self._contexts[pi], self._bufs[pi]
         if not ctx.set_input_shape("input_ids", (self.batch, t)):
             raise BackendError(f"TensorRT refused input_ids shape ({self.batch}, {t})")
-        for b in binding_plan(self.spec, self.kv_mode, self.max_seq, t, self.batch, argmax=self.has_argmax,
-                              tree=self.takes_trees):
+        for b in binding_plan(
+            self.spec, self.kv_mode, self.max_seq, t, self.batch, argmax=self.has_argmax, tree=self.takes_trees
+        ):
             addr = bufs[b.buffer] + b.offset
             if overrides and b.name in overrides:
                 addr = overrides[b.name]
@@ -403,12 +404,20 @@ class TensorRTBackend(Backend):
             delta_ptr = self._bufs[pi]["delta"]
             for c in delta_copy(self.cache, t, position):  # one, or one per K/V tensor when padded
                 self.cu.memcpy2d_async(
-                    self._cache_ptr + c.dst_offset, c.dpitch, delta_ptr + c.src_offset, c.spitch,
-                    c.width, c.height, self.cu.D2D, self._stream,
+                    self._cache_ptr + c.dst_offset,
+                    c.dpitch,
+                    delta_ptr + c.src_offset,
+                    c.spitch,
+                    c.width,
+                    c.height,
+                    self.cu.D2D,
+                    self._stream,
                 )
         if self.features is not None:  # queued behind the engine; read after the caller's sync
             F = self.features.shape[-1]
-            self.cu.memcpy_async(self._feat_host_ptr, self._bufs[pi]["features"], 4 * B * t * F, self.cu.D2H, self._stream)
+            self.cu.memcpy_async(
+                self._feat_host_ptr, self._bufs[pi]["features"], 4 * B * t * F, self.cu.D2H, self._stream
+            )
         return pi, t
 
     def _synced(self, position: int, t: int) -> None:
@@ -421,8 +430,16 @@ class TensorRTBackend(Backend):
         order on the backend's stream (`binding.path_copies`), finished before the next call."""
         moves = compaction_moves(path)
         for c in path_copies(self.cache, position, moves):
-            self.cu.memcpy2d_async(self._cache_ptr + c.dst_offset, c.dpitch, self._cache_ptr + c.src_offset, c.spitch,
-                                   c.width, c.height, self.cu.D2D, self._stream)
+            self.cu.memcpy2d_async(
+                self._cache_ptr + c.dst_offset,
+                c.dpitch,
+                self._cache_ptr + c.src_offset,
+                c.spitch,
+                c.width,
+                c.height,
+                self.cu.D2D,
+                self._stream,
+            )
         self.keep_path_features(position, moves)
         self.cu.sync(self._stream)
 
@@ -431,8 +448,16 @@ class TensorRTBackend(Backend):
             return False
         # the target's run() synchronized its stream before returning: its cache is complete
         for c in slot_copy(self.cache, start, end):
-            self.cu.memcpy2d_async(self._cache_ptr + c.dst_offset, c.dpitch, other._cache_ptr + c.src_offset, c.spitch,
-                                   c.width, c.height, self.cu.D2D, self._stream)
+            self.cu.memcpy2d_async(
+                self._cache_ptr + c.dst_offset,
+                c.dpitch,
+                other._cache_ptr + c.src_offset,
+                c.spitch,
+                c.width,
+                c.height,
+                self.cu.D2D,
+                self._stream,
+            )
         return True
 
     def run(self, input_ids: np.ndarray, position: int) -> np.ndarray:
@@ -473,8 +498,12 @@ class TensorRTBackend(Backend):
             return np.zeros(0, dtype=np.int64)
         self.check_chain(position, k)
         chain_ok = (
-            self.cuda_graphs and self.kv_mode == "scatter" and self.has_argmax and self._amax_dtype == np.int64
-            and 1 in self.graph_sizes and self.batch == 1
+            self.cuda_graphs
+            and self.kv_mode == "scatter"
+            and self.has_argmax
+            and self._amax_dtype == np.int64
+            and 1 in self.graph_sizes
+            and self.batch == 1
             and not self.takes_trees  # the chain binds no tree_mask
             and k <= getattr(self, "_chain_slots", k)  # the chain buffers, once allocated, hold this many steps
             and k <= self._pos_host.size  # the positions of the k steps travel in one copy from this buffer
@@ -513,11 +542,15 @@ class TensorRTBackend(Backend):
             # positions from the packed host buffer into one slot per step
             cu.memcpy2d_async(self._chain_pos, slot, self._pos_host_ptr, 8, 8, k, cu.H2D, s)
             for j in range(k):
-                self._bind(pi, 1, {
-                    "input_ids": ids0 if j == 0 else self._chain_amax + slot * (j - 1),
-                    "position": self._chain_pos + slot * j,
-                    ARGMAX_OUTPUT: self._chain_amax + slot * j,
-                })
+                self._bind(
+                    pi,
+                    1,
+                    {
+                        "input_ids": ids0 if j == 0 else self._chain_amax + slot * (j - 1),
+                        "position": self._chain_pos + slot * j,
+                        ARGMAX_OUTPUT: self._chain_amax + slot * j,
+                    },
+                )
                 if not self._contexts[pi].execute_async_v3(int(s)):
                     raise BackendError("TensorRT failed to enqueue the engine")
 

@@ -45,9 +45,8 @@ from ...checkpoints import resolve
 from ...contract import TensorSpec
 from ...errors import UserError
 from ...manifest import DTYPE_BYTES, KV_DTYPE, GraphSpec, Manifest, ModelSpec
-from .base import Backend, BackendError, import_optional
 from ..tree import compaction_moves
-
+from .base import Backend, BackendError, import_optional
 
 TORCH_HINT = "pip install torch (see the README for the pinned version)"
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -81,7 +80,9 @@ def load_checkpoint(source: str, root: Path | None = None):
     try:
         from transformers import AutoModelForCausalLM  # noqa: PLC0415
     except ImportError:
-        raise BackendError("rebuilding the torch module from a checkpoint needs transformers: pip install 'specedge[export]'") from None
+        raise BackendError(
+            "rebuilding the torch module from a checkpoint needs transformers: pip install 'specedge[export]'"
+        ) from None
     if kind == "gguf":
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
@@ -109,7 +110,9 @@ def to_specedge_module(torch, model):
     return m
 
 
-def synthetic_manifest(model, max_seq: int, dtype_name: str, k: int, prefill_chunk: int, batch: int = 1) -> tuple[Manifest, ModelSpec]:
+def synthetic_manifest(
+    model, max_seq: int, dtype_name: str, k: int, prefill_chunk: int, batch: int = 1
+) -> tuple[Manifest, ModelSpec]:
     """The manifest a module would have had: enough for the Backend interface (no files)."""
     a = model.layers[0].self_attn
     cfg = getattr(model, "config", None)
@@ -135,10 +138,22 @@ def synthetic_manifest(model, max_seq: int, dtype_name: str, k: int, prefill_chu
     )
     spec.weight_bytes = spec.num_params * DTYPE_BYTES[dtype_name]
     m = Manifest(
-        schema_version=1, created_by="TorchBackend.from_module", max_seq=int(max_seq), batch=batch,
-        kv_mode="delta", spec_tokens=int(k), prefill_chunk=int(prefill_chunk), tokenizer_vocab_size=vocab,
-        eos_token_ids=[0], bos_token_id=None, add_bos=False, tokenizer_files=[], chat_template=None,
-        target=spec, draft=ModelSpec(role="draft", kind="ngram"), files={},
+        schema_version=1,
+        created_by="TorchBackend.from_module",
+        max_seq=int(max_seq),
+        batch=batch,
+        kv_mode="delta",
+        spec_tokens=int(k),
+        prefill_chunk=int(prefill_chunk),
+        tokenizer_vocab_size=vocab,
+        eos_token_ids=[0],
+        bos_token_id=None,
+        add_bos=False,
+        tokenizer_files=[],
+        chat_template=None,
+        target=spec,
+        draft=ModelSpec(role="draft", kind="ngram"),
+        files={},
     )
     return m, spec
 
@@ -166,7 +181,9 @@ class TorchBackend(Backend):
         self.torch = torch
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
-            raise BackendError("backend 'torch' was asked for a CUDA device but torch sees no CUDA GPU (or is a CPU-only build)")
+            raise BackendError(
+                "backend 'torch' was asked for a CUDA device but torch sees no CUDA GPU (or is a CPU-only build)"
+            )
         self.device = dev
         # Precision: the bundle's, except weight-only int8/int4, which run at fp16 on a GPU (fp32 on CPU).
         want = dtype or _DTYPES.get(spec.precision) or ("float16" if dev.type == "cuda" else "float32")
@@ -177,7 +194,9 @@ class TorchBackend(Backend):
         self.dtype_name = want
         self.dtype = _torch_dtype(torch, want)
         self.batch = manifest.batch
-        self.precision_note = "" if _DTYPES.get(spec.precision) == want else f"bundle precision {spec.precision}, running {want}"
+        self.precision_note = (
+            "" if _DTYPES.get(spec.precision) == want else f"bundle precision {spec.precision}, running {want}"
+        )
 
         if module is None:
             module = load_checkpoint(spec.source, manifest.root)
@@ -221,9 +240,14 @@ class TorchBackend(Backend):
         # compile=True uses inductor; a string names another torch.compile backend (tests: "aot_eager").
         # dynamic=None: the first T is specialised, the next marks T dynamic (one program for T >= 2)
         self._compiled_step = (
-            torch.compile(self._model_step, dynamic=None, fullgraph=True,
-                          backend=compile if isinstance(compile, str) else "inductor")
-            if compile else None
+            torch.compile(
+                self._model_step,
+                dynamic=None,
+                fullgraph=True,
+                backend=compile if isinstance(compile, str) else "inductor",
+            )
+            if compile
+            else None
         )
         self._closed = False
 
@@ -240,7 +264,7 @@ class TorchBackend(Backend):
         cuda_graphs: bool = True,
         graph_sizes: tuple[int, ...] | None = None,
         compile: bool | str = False,
-    ) -> "TorchBackend":
+    ) -> TorchBackend:
         """Wrap a module you already have (specedge.models or transformers CausalLM)."""
         torch = import_torch()
         if not isinstance(dtype, str):
@@ -249,8 +273,16 @@ class TorchBackend(Backend):
         with torch.no_grad():
             m = to_specedge_module(torch, model)
         manifest, spec = synthetic_manifest(m, max_seq, dtype, k, prefill_chunk)
-        return cls(manifest, spec, device=device, dtype=dtype, cuda_graphs=cuda_graphs, graph_sizes=graph_sizes, module=m,
-                   compile=compile)
+        return cls(
+            manifest,
+            spec,
+            device=device,
+            dtype=dtype,
+            cuda_graphs=cuda_graphs,
+            graph_sizes=graph_sizes,
+            module=m,
+            compile=compile,
+        )
 
     # ------------------------------------------------------------------ the step
 
@@ -260,15 +292,21 @@ class TorchBackend(Backend):
         moves = compaction_moves(path)
         if not moves or self.cache is None:
             return
-        idx = self.torch.tensor([[position + s for s, _ in moves], [position + d for _, d in moves]],
-                                device=self.cache.device)
+        idx = self.torch.tensor(
+            [[position + s for s, _ in moves], [position + d for _, d in moves]], device=self.cache.device
+        )
         self.cache[:, :, :, idx[1], :] = self.cache[:, :, :, idx[0], :]
         self.keep_path_features(position, moves)
 
     def copy_kv_from(self, other: Backend, start: int, end: int) -> bool:
-        if (not isinstance(other, TorchBackend) or other.cache is None or self.cache is None
-                or other.cache.shape != self.cache.shape or other.cache.dtype != self.cache.dtype
-                or other.cache.device != self.cache.device):
+        if (
+            not isinstance(other, TorchBackend)
+            or other.cache is None
+            or self.cache is None
+            or other.cache.shape != self.cache.shape
+            or other.cache.dtype != self.cache.dtype
+            or other.cache.device != self.cache.device
+        ):
             return False
         # in place: the captured CUDA graphs keep reading this very tensor
         self.cache[:, :, :, start:end, :].copy_(other.cache[:, :, :, start:end, :])
@@ -461,8 +499,13 @@ class TorchBackend(Backend):
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(device=str(self.device), dtype=self.dtype_name, cuda_graphs=self.cuda_graphs, graph_sizes=list(self.graph_sizes),
-                 compiled=self.compiled)
+        d.update(
+            device=str(self.device),
+            dtype=self.dtype_name,
+            cuda_graphs=self.cuda_graphs,
+            graph_sizes=list(self.graph_sizes),
+            compiled=self.compiled,
+        )
         if self.device.type == "cuda":
             d["gpu"] = self.torch.cuda.get_device_name(self.device)
         if self.precision_note:

@@ -11,7 +11,8 @@ token was chosen (docs/design.md, exactness rules). A new drafter is one new fil
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -89,8 +90,9 @@ class Drafter(ABC):
         """Given the target's cache once the loop exists: a drafter that drafts from the target's
         own state (a draft head reads its features, drafters/head.py) keeps it; others ignore it."""
 
-    def propose_tree(self, history: list[int], k: int, nodes: int, params: SamplingParams, rng=None,
-                     depth: int | None = None):
+    def propose_tree(
+        self, history: list[int], k: int, nodes: int, params: SamplingParams, rng=None, depth: int | None = None
+    ):
         """A `runtime.tree.Tree` of at most `nodes` nodes (the root is history's last token) and
         depth at most k, for tree verification; None when this drafter makes no trees (the round
         then verifies `propose`'s chain). `depth` (>= k, default k): how deep a drafter whose
@@ -120,9 +122,17 @@ def top_ids(p: np.ndarray, n: int) -> np.ndarray:
     return np.sort(np.concatenate([above, at]))
 
 
-def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarray], k: int, nodes: int,
-               ids: np.ndarray | None = None, params: SamplingParams | None = None, rng=None,
-               vocab: int | None = None) -> Tree:
+def chain_tree(
+    root: int,
+    first_row: np.ndarray,
+    step: Callable[[int], np.ndarray],
+    k: int,
+    nodes: int,
+    ids: np.ndarray | None = None,
+    params: SamplingParams | None = None,
+    rng=None,
+    vocab: int | None = None,
+) -> Tree:
     """The draft's chain of k tokens (k - 1 calls of `step`, what a chain costs, no more) plus, as
     leaf siblings, the draft's runner-up tokens ranked by the probability of their whole path (the
     chain's probabilities up to there times theirs: EAGLE-2's confidence ranking), so branches go
@@ -160,8 +170,9 @@ def chain_tree(root: int, first_row: np.ndarray, step: Callable[[int], np.ndarra
                 p /= p.sum()
         if extra:
             top = top_ids(p, extra + 1)
-            alts.extend((reach * float(p[t]), j, int(t) if ids is None else int(ids[t]))
-                        for t in top if t != pick and p[t] > 0)
+            alts.extend(
+                (reach * float(p[t]), j, int(t) if ids is None else int(ids[t])) for t in top if t != pick and p[t] > 0
+            )
             reach *= float(p[pick])
         tok = pick if ids is None else int(ids[pick])
         chain.append(tok)

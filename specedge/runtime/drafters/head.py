@@ -17,9 +17,9 @@ Chain slots beyond n - 2 are scratch: the next catch-up overwrites them. Drafts 
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import replace
+
+import numpy as np
 
 from ..backends import Backend, BackendError, SessionOptions, resolve_backend_name
 from ..cache import CacheTracker, common_prefix
@@ -43,9 +43,12 @@ def read_draft_vocab(manifest) -> np.ndarray:
         d2t = json.loads(manifest.path(rel).read_text(encoding="utf-8"))["d2t"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise BundleError(f"cannot read the draft head's vocabulary map '{rel}': {e}") from None
-    if (not isinstance(d2t, list) or len(d2t) != head.vocab_size
-            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < manifest.target.vocab_size for i in d2t)
-            or len(set(d2t)) != len(d2t)):
+    if (
+        not isinstance(d2t, list)
+        or len(d2t) != head.vocab_size
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < manifest.target.vocab_size for i in d2t)
+        or len(set(d2t)) != len(d2t)
+    ):
         raise BundleError(f"the draft head's vocabulary map '{rel}' must list {head.vocab_size} distinct target ids")
     return np.asarray(d2t, dtype=np.int64)
 
@@ -64,8 +67,9 @@ class HeadDrafter(Drafter):
         # the head is a few MB: it runs on the CPU next to any target, which hands it its features
         name = resolve_backend_name(asked) if asked else "ort-cpu"
         if name != "ort-cpu":
-            raise BackendError(f"a draft head runs on the ort-cpu backend (draft_backend {name!r}); "
-                               "its target may use any backend")
+            raise BackendError(
+                f"a draft head runs on the ort-cpu backend (draft_backend {name!r}); its target may use any backend"
+            )
         return name
 
     @classmethod
@@ -101,8 +105,10 @@ class HeadDrafter(Drafter):
         backend = self.target.backend
         feats = getattr(backend, "features", None)
         if feats is None:
-            raise ValueError(f"the target backend '{backend.name}' does not return target features: "
-                             "head drafting needs a bundle exported with features")
+            raise ValueError(
+                f"the target backend '{backend.name}' does not return target features: "
+                "head drafting needs a bundle exported with features"
+            )
         return feats[0]
 
     def follow_target(self, target: CacheTracker) -> None:
@@ -160,8 +166,9 @@ class HeadDrafter(Drafter):
                 self.calls += 1
         return Proposal(out, qs)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
-                     depth: int | None = None) -> Tree | None:
+    def propose_tree(
+        self, history, k: int, nodes: int, params: SamplingParams, rng=None, depth: int | None = None
+    ) -> Tree | None:
         """A tree of at most `nodes` nodes: the head's chain of k drafts (greedy, or sampled with
         its q rows as `propose` draws it) plus its runner-up tokens (mapped through the draft
         vocabulary) as ranked leaf siblings (base.chain_tree); depth k whatever `depth` allows (a

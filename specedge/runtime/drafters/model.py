@@ -156,8 +156,9 @@ class ModelDrafter(Drafter):
                 self.calls += 1
         return Proposal(out, qs)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
-                     depth: int | None = None) -> Tree | None:
+    def propose_tree(
+        self, history, k: int, nodes: int, params: SamplingParams, rng=None, depth: int | None = None
+    ) -> Tree | None:
         """A tree of at most `nodes` nodes: the chain of k drafts `propose` would make (greedy, or
         sampled with its q rows) plus the runner-up tokens as ranked leaf siblings
         (base.chain_tree); depth k whatever `depth` allows (a level deeper would be one more draft

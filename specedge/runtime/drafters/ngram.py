@@ -236,8 +236,9 @@ class NgramDrafter(Drafter):
             out.append(int(t))
         return Proposal(out, None)
 
-    def propose_tree(self, history, k: int, nodes: int, params: SamplingParams, rng=None,
-                     depth: int | None = None) -> Tree | None:
+    def propose_tree(
+        self, history, k: int, nodes: int, params: SamplingParams, rng=None, depth: int | None = None
+    ) -> Tree | None:
         """`NgramIndex.propose_tree`'s tree of at most `nodes` nodes and depth `depth` (default
         k): the chain first, then the likeliest branches by the history's own counts; no
         distributions (point masses, exact for any choice)."""

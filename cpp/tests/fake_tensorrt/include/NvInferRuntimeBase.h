@@ -12,7 +12,7 @@
 #include "NvInferVersion.h"
 
 #define TENSORRTAPI __attribute__((visibility("default")))
-#define NV_TENSORRT_VERSION_INT(major, minor, patch) ((major) *10000L + (minor) *100L + (patch) *1L)
+#define NV_TENSORRT_VERSION_INT(major, minor, patch) ((major) * 10000L + (minor) * 100L + (patch) * 1L)
 #define NV_TENSORRT_VERSION NV_TENSORRT_VERSION_INT(NV_TENSORRT_MAJOR, NV_TENSORRT_MINOR, NV_TENSORRT_PATCH)
 
 namespace nvinfer1 {

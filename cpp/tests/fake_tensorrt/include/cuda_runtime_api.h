@@ -60,7 +60,8 @@ cudaError_t cudaMallocHost(void** ptr, size_t size);
 cudaError_t cudaFree(void* devPtr);
 cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream = 0);
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream = 0);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream = 0);
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream = 0);
 cudaError_t cudaGetDeviceCount(int* count);
