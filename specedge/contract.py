@@ -17,6 +17,8 @@ __all__ = [
     "KEY",
     "MAX_SPEC_TOKENS",
     "NGRAM_SIZES",
+    "DEFAULT_K_MODEL_DRAFT",
+    "DEFAULT_K_NGRAM",
     "SEED_MAX",
     "TREE_INPUT",
     "TensorSpec",
@@ -36,6 +38,13 @@ MAX_SPEC_TOKENS = 16
 # The n-gram drafter's match sizes, longest first, where a bundle names none (its draft's
 # extra.ngram_sizes; cpp/src/manifest.h holds the same default).
 NGRAM_SIZES = (3, 2, 1)
+
+# The k an export writes when --spec-tokens is not given, by drafter: a model draft (the
+# GGUF-exact int4 self-draft above all) agrees with its target on most tokens and costs a small
+# part of a target step, so longer chains pay; prompt lookup hits in shorter runs. (The k sweep
+# behind these: BENCHMARKS.md; `specedge bench --tune` writes a bundle's own best k.)
+DEFAULT_K_MODEL_DRAFT = 12
+DEFAULT_K_NGRAM = 4
 
 # Sampling seeds: 0..SEED_MAX, the C API's uint64_t (GenerationConfig.seed, --seed, the server's
 # `seed`; specedge.h's SPECEDGE_SEED_MAX, the same value).

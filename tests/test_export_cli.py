@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from specedge.contract import DEFAULT_K_MODEL_DRAFT, DEFAULT_K_NGRAM
+from specedge.export.pipeline import ExportOptions, recorded_options, validate_options
+
 FAMILIES_LISTED = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
 BIN = Path(sys.executable).parent
 
@@ -817,3 +820,23 @@ def test_force_replaces_a_bundle_with_specedge_leftovers(ckpt, exported, tmp_pat
     res = _export(ckpt, exported, tmp_path, "--spec-tokens", "3", "--force")
     assert res.returncode == 0, res.stderr
     assert json.loads((exported / "manifest.json").read_text())["spec"]["k"] == 3
+
+
+@pytest.mark.parametrize(
+    "draft, given, k",
+    [
+        ("self", None, DEFAULT_K_MODEL_DRAFT),
+        ("/a/checkpoint", None, DEFAULT_K_MODEL_DRAFT),
+        ("ngram", None, DEFAULT_K_NGRAM),
+        (None, None, DEFAULT_K_NGRAM),
+        ("self", 3, 3),
+        ("ngram", 7, 7),
+    ],
+)
+def test_the_default_k_follows_the_drafter(draft, given, k):
+    """Without --spec-tokens a bundle's k is the drafter's: long chains for a draft model, short
+    ones for prompt lookup; a given k is kept."""
+    o = ExportOptions(draft=draft, spec_tokens=given)
+    validate_options(o)
+    assert o.spec_tokens == k and recorded_options(o)["spec_tokens"] == k
+    assert (DEFAULT_K_MODEL_DRAFT, DEFAULT_K_NGRAM) == (12, 4)

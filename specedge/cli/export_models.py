@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from ..contract import DEFAULT_K_MODEL_DRAFT, DEFAULT_K_NGRAM
 from ..errors import WRITE_ERRNOS, Terminated, UserError, write_failure
 from ..errors import raise_terminated as _raise_terminated
 from ..export.specedge_kernel import EXPORT_KERNELS
@@ -73,7 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-seq", type=int, default=DEFAULT_MAX_SEQ, help=f"static cache length (default {DEFAULT_MAX_SEQ})"
     )
-    p.add_argument("--spec-tokens", type=int, default=4, help="default number of draft tokens k, 1..16 (default 4)")
+    p.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=None,
+        help=f"default number of draft tokens k, 1..16 (default {DEFAULT_K_MODEL_DRAFT} with a draft model, "
+        f"{DEFAULT_K_NGRAM} with the n-gram drafter)",
+    )
     p.add_argument(
         "--kv-update",
         default="scatter",

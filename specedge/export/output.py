@@ -120,11 +120,7 @@ def _differences(old: dict, new: dict) -> list[str]:
             f"made by {old.get('created_by', '?')} (schema {old.get('schema_version', '?')}), "
             f"this is {new['created_by']} (schema {new['schema_version']})"
         )
-    oo = old.get("options") if isinstance(old.get("options"), dict) else {}
-    no = new["options"]
-    for k in no:
-        if oo.get(k) != no[k]:
-            diffs.append(f"--{k.replace('_', '-')} {oo.get(k)} there, {no[k]} now")
+    # sources first: another draft explains the options that follow from it (k, its precision)
     for role in ("target", "draft"):
         o, n = old.get(role), new[role]
         if o != n:
@@ -132,6 +128,11 @@ def _differences(old: dict, new: dict) -> list[str]:
                 diffs.append(f"the {role} checkpoint '{_source_name(n)}' changed since")
             else:
                 diffs.append(f"{role} {_source_name(o)} there, {_source_name(n)} now")
+    oo = old.get("options") if isinstance(old.get("options"), dict) else {}
+    no = new["options"]
+    for k in no:
+        if oo.get(k) != no[k]:
+            diffs.append(f"--{k.replace('_', '-')} {oo.get(k)} there, {no[k]} now")
     return diffs
 
 

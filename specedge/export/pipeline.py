@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints import resolve
-from ..contract import MAX_SPEC_TOKENS, NGRAM_SIZES, graph_io
+from ..contract import DEFAULT_K_MODEL_DRAFT, DEFAULT_K_NGRAM, MAX_SPEC_TOKENS, NGRAM_SIZES, graph_io
 from ..errors import UserError
 from ..manifest import (
     KV_DTYPE,
@@ -72,7 +72,7 @@ class ExportOptions:
     # None: int4, or with `tensorrt` the cheapest weight-only form that version builds
     draft_precision: str | None = "int4"
     max_seq: int = DEFAULT_MAX_SEQ
-    spec_tokens: int = 4
+    spec_tokens: int | None = None  # None: by drafter (contract.DEFAULT_K_MODEL_DRAFT / DEFAULT_K_NGRAM)
     kv_mode: str | None = "scatter"  # None: scatter, or with `tensorrt` what that version imports
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     force: bool = False
@@ -121,6 +121,8 @@ def _resolve_tensorrt(o: ExportOptions):
 
 def validate_options(o: ExportOptions) -> None:
     _resolve_tensorrt(o)
+    if o.spec_tokens is None:
+        o.spec_tokens = DEFAULT_K_NGRAM if _draft_kind(o) == "ngram" else DEFAULT_K_MODEL_DRAFT
     if o.precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{o.precision}'")
     if o.draft_precision not in PRECISIONS:
