@@ -866,7 +866,7 @@ def per_call(row: dict) -> dict:
         from specedge.bench.stats import decode_target_calls
 
         t = info["totals"]
-        passes = decode_target_calls(tokens + 1, t["accepted"], t["target_calls"]) if t["target_calls"] else None
+        passes = decode_target_calls(tokens + 1, t["accepted"], t["target_calls"])
     elif (info.get("speculative_totals") or {}).get("target_forward_passes"):
         passes = info["speculative_totals"]["target_forward_passes"]
     return {

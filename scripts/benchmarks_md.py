@@ -134,7 +134,7 @@ def int4_runtimes(path: Path) -> str:
 def native(path: Path) -> str:
     r = _read(path)
     n, py = r["median"]["native"], r["median"]["python"]
-    k = len(r["runs"]) if isinstance(r.get("runs"), (list, dict)) else "?"
+    k = len(r["runs"]["native"])
     rows = [
         f"| figure (median of {k} runs each) | native `specedge_generate` | Python `specedge generate` | native ÷ Python |",
         "|---|---:|---:|---:|",
@@ -158,8 +158,8 @@ def trees(path: Path) -> str:
     lines = [
         f"Measured {r['created']}, {r['prompts']} prompts, {r['max_new_tokens']} new tokens, {r['threads']} threads, "
         f"temperature {r['temperature']}, load average {_load_avg(r['load_avg_start'])} → "
-        f"{_load_avg(r['load_avg_end'])}. Command: `{r['command']}` on the default model exported with "
-        f"`export-models --tree --features` (JSON: `{_rel(path)}`).",
+        f"{_load_avg(r['load_avg_end'])}. Command: `{r['command']}`, its bundle the default model exported with "
+        f"`--tree` (JSON: `{_rel(path)}`)." + (f" {r['note']}" if r.get("note") else ""),
         "",
         "| configuration | tok/s | tokens per target call | mismatches with target-only |",
         "|---|---:|---:|---:|",
@@ -168,7 +168,7 @@ def trees(path: Path) -> str:
         tps, tpc = c.get("tokens_per_s"), c.get("tokens_per_call")
         lines.append(
             f"| {name} | {tps if tps is not None else '–'} | {tpc if tpc is not None else '–'} | "
-            f"{c.get('mismatches', '–')} |"
+            f"{'–' if c.get('mismatches') is None else c['mismatches']} |"
         )
     return "\n".join(lines)
 
@@ -203,7 +203,7 @@ def render(results: Path) -> str:
         _section(
             "bench",
             "`specedge bench` (k sweep on the default bundle)",
-            bench_md.section(results / "smollm2-135m-instruct_model" / "bench.json"),
+            bench_md.section(Path(_rel(results / "smollm2-135m-instruct_model" / "bench.json"))),
         ),
         _section("native", "Native (C++) vs Python runtime", native(results / "native_vs_python.json")),
         _section("serve", "Serving (`specedge serve`)", serve.md_section(_read(serve_json), _rel(serve_json))),
@@ -216,9 +216,13 @@ def render(results: Path) -> str:
             ),
         ),
     ]
-    if tree_runs:
-        newest_tree = max(tree_runs, key=lambda p: _read(p)["created"])
-        parts.append(_section("trees", "Tree verification", trees(newest_tree)))
+    # the newest greedy run (outputs compared with target-only) and the newest sampled one
+    newest = {}
+    for p in sorted(tree_runs, key=lambda p: _read(p)["created"]):
+        newest[bool(_read(p).get("temperature"))] = p
+    if newest:
+        body = "\n\n".join(trees(newest[key]) for key in (False, True) if key in newest)
+        parts.append(_section("trees", "Tree verification", body))
     return "\n".join(parts)
 
 
