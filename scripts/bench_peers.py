@@ -49,6 +49,7 @@ own), so specedge's environment keeps its onnxruntime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -834,12 +835,17 @@ def alternate(to_run: list, out: Path, env: dict, timeout: int, n_prompts: int) 
         for w in turn:
             if w["row"].get("status") == "failed":
                 continue
-            w["go"].write("go\n")
-            w["go"].flush()
+            try:
+                w["go"].write("go\n")
+                w["go"].flush()
+            except BrokenPipeError:  # it died since its last prompt: its result file says why
+                w["row"].update(status="failed", error="the worker stopped")
+                continue
             order.append((i, w["row"]["name"]))
             wait_ready(w)
     for i, w in enumerate(workers):
-        w["go"].close()  # a worker still waiting for "go" reads the end and finishes
+        with contextlib.suppress(OSError):
+            w["go"].close()  # a worker still waiting for "go" reads the end and finishes
         try:
             w["proc"].wait(timeout=timeout)
         except subprocess.TimeoutExpired:
