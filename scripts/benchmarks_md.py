@@ -13,9 +13,9 @@ section (bench_peers.py, bench_md.py, gpu_md.py, serve_load.py, ...) can still r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -234,8 +234,8 @@ def main(argv=None) -> int:
     if not a.results.is_dir():
         print(f"error: --results {a.results}: not a folder", file=sys.stderr)
         return 2
-    os.chdir(ROOT)  # the section writers name their files relative to the repository
-    text = render(a.results.resolve())
+    with contextlib.chdir(ROOT):  # the section writers name their files relative to the repository
+        text = render(a.results.resolve())
     a.out.write_text(text, encoding="utf-8")
     print(f"wrote {a.out} ({len(text.splitlines())} lines)", file=sys.stderr)
     return 0
