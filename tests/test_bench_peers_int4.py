@@ -60,6 +60,19 @@ def test_peer_import_error_says_why(load_script, tmp_path):
     assert msg.startswith(f"not installed for {sys.executable}") and "--peer-python" in msg
 
 
+def _short_prompts(monkeypatch):
+    """The suite with every message cut to its first 200 characters: a tiny bundle holds 512
+    positions, less than the longest prompts."""
+    from specedge.bench import runner
+
+    full = runner.load_prompts
+
+    def short(path=None):
+        return [{**p, "messages": [{**m, "content": m["content"][:200]} for m in p["messages"]]} for p in full(path)]
+
+    monkeypatch.setattr(runner, "load_prompts", short)
+
+
 def _run_specedge_rows(bp, bundle, tmp_path, *extra):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
@@ -72,11 +85,12 @@ def _run_specedge_rows(bp, bundle, tmp_path, *extra):
     return json.loads((out / "peers.json").read_text())
 
 
-def test_configurations_alternate_prompt_by_prompt(load_script, tiny_bundle_factory, tmp_path, capsys):
+def test_configurations_alternate_prompt_by_prompt(load_script, tiny_bundle_factory, tmp_path, capsys, monkeypatch):
     """Every configuration is loaded once and decodes prompt i before any decodes prompt i + 1, the
     order rotated per prompt; each row records tokens per target call (1 for target-only)."""
     bp = load_script("bench_peers")
-    res = _run_specedge_rows(bp, tiny_bundle_factory(), tmp_path)
+    _short_prompts(monkeypatch)
+    res = _run_specedge_rows(bp, tiny_bundle_factory(max_seq=512), tmp_path)
     rows = [r for r in res["results"] if r["status"] == "ok"]
     names = {r["name"] for r in rows}
     assert names == {"specedge target-only", "specedge speculative (self-draft)", "specedge speculative (n-gram)"}
@@ -92,9 +106,12 @@ def test_configurations_alternate_prompt_by_prompt(load_script, tiny_bundle_fact
     assert "configurations alternated prompt by prompt" in (tmp_path / "o" / "peers.md").read_text()
 
 
-def test_sequential_runs_one_configuration_after_another(load_script, tiny_bundle_factory, tmp_path, capsys):
+def test_sequential_runs_one_configuration_after_another(
+    load_script, tiny_bundle_factory, tmp_path, capsys, monkeypatch
+):
     bp = load_script("bench_peers")
-    res = _run_specedge_rows(bp, tiny_bundle_factory(), tmp_path, "--only", "target-only", "--sequential")
+    _short_prompts(monkeypatch)
+    res = _run_specedge_rows(bp, tiny_bundle_factory(max_seq=512), tmp_path, "--only", "target-only", "--sequential")
     (row,) = [r for r in res["results"] if r["status"] == "ok"]
     assert res["schedule"] is None and "order" not in row and len(row["records"]) == 4
     assert "one configuration after another" in (tmp_path / "o" / "peers.md").read_text()
