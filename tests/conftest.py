@@ -166,11 +166,13 @@ def default_bundle() -> Path:
 
 @pytest.fixture
 def load_script():
-    """A function (name) -> a fresh module of scripts/<name>.py, which is not a package."""
+    """A function (name) -> a fresh module of scripts/<name>.py, which is not a package; a name with a
+    folder (benchmarks/experiments/int4/int4_profile) is that path from the repository root."""
     import importlib.util
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        path = REPO / f"{name}.py" if "/" in name else REPO / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(Path(name).name, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod

@@ -1,4 +1,5 @@
-"""scripts/bench_peers.py's int4 rows: a bad --int4-bundle is refused with one error line."""
+"""scripts/bench_peers.py: a bad --int4-bundle is refused with one error line; the configurations
+alternate prompt by prompt (or run one after another with --sequential)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,60 @@ def test_peer_import_error_says_why(load_script, tmp_path):
     assert bp.peer_import_error(sys.executable, "json") is None
     msg = bp.peer_import_error(sys.executable, "no_such_module_here")
     assert msg.startswith(f"not installed for {sys.executable}") and "--peer-python" in msg
+
+
+def _short_prompts(monkeypatch):
+    """The suite with every message cut to its first 200 characters: a tiny bundle holds 512
+    positions, less than the longest prompts."""
+    from specedge.bench import runner
+
+    full = runner.load_prompts
+
+    def short(path=None):
+        return [{**p, "messages": [{**m, "content": m["content"][:200]} for m in p["messages"]]} for p in full(path)]
+
+    monkeypatch.setattr(runner, "load_prompts", short)
+
+
+def _run_specedge_rows(bp, bundle, tmp_path, *extra):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = tmp_path / "o"
+    args = ["--bundle", str(bundle), "--gguf", str(gguf), "--engines", "specedge", "--out", str(out)]
+    args += ["--cache", str(tmp_path / "c"), "--prompts-per-category", "1", "--max-new-tokens", "6", "--threads", "1"]
+    assert bp.main(args + list(extra)) == 0
+    import json
+
+    return json.loads((out / "peers.json").read_text())
+
+
+def test_configurations_alternate_prompt_by_prompt(load_script, tiny_bundle_factory, tmp_path, capsys, monkeypatch):
+    """Every configuration is loaded once and decodes prompt i before any decodes prompt i + 1, the
+    order rotated per prompt; each row records tokens per target call (1 for target-only)."""
+    bp = load_script("bench_peers")
+    _short_prompts(monkeypatch)
+    res = _run_specedge_rows(bp, tiny_bundle_factory(max_seq=512), tmp_path)
+    rows = [r for r in res["results"] if r["status"] == "ok"]
+    names = {r["name"] for r in rows}
+    assert names == {"specedge target-only", "specedge speculative (self-draft)", "specedge speculative (n-gram)"}
+    n = len({r["prompt"] for r in rows[0]["records"]})
+    assert n == 4 and all(len(r["records"]) == n and r["order"] == list(range(n)) for r in rows)
+    schedule = res["schedule"]
+    assert [i for i, _ in schedule] == sorted(i for i, _ in schedule)  # prompt i done everywhere before i + 1
+    per_prompt = [[name for i, name in schedule if i == j] for j in range(n)]
+    assert all(set(p) == names for p in per_prompt) and per_prompt[0] != per_prompt[1]  # rotated
+    base = next(r for r in rows if r["name"] == "specedge target-only")
+    assert base["tokens_per_call"] == 1.0
+    assert all(r["tokens_per_call"] is not None and r["tokens_per_call"] >= 1.0 for r in rows)
+    assert "configurations alternated prompt by prompt" in (tmp_path / "o" / "peers.md").read_text()
+
+
+def test_sequential_runs_one_configuration_after_another(
+    load_script, tiny_bundle_factory, tmp_path, capsys, monkeypatch
+):
+    bp = load_script("bench_peers")
+    _short_prompts(monkeypatch)
+    res = _run_specedge_rows(bp, tiny_bundle_factory(max_seq=512), tmp_path, "--only", "target-only", "--sequential")
+    (row,) = [r for r in res["results"] if r["status"] == "ok"]
+    assert res["schedule"] is None and "order" not in row and len(row["records"]) == 4
+    assert "one configuration after another" in (tmp_path / "o" / "peers.md").read_text()

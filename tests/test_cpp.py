@@ -1236,14 +1236,14 @@ def test_head_bad_input_matches_python(head_bundles, tiny_bundles, tmp_path):
 
 
 def test_int4_runtimes_script_drives_the_built_library(tiny_bundle_factory, tmp_path):
-    """scripts/int4_runtimes.py's C worker (ctypes mirrors of specedge.h, tests/test_int4_runtimes.py)
+    """benchmarks/experiments/int4/int4_runtimes.py's C worker (ctypes mirrors of specedge.h, tests/test_int4_runtimes.py)
     against the library built here: it runs every prompt of a category without dying, and its
     greedy ids equal the Python runtime's (both target-only and with the n-gram drafter)."""
     out = tmp_path / "rt.json"
     p = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "int4_runtimes.py"),
+            str(REPO / "benchmarks" / "experiments" / "int4" / "int4_runtimes.py"),
             str(tiny_bundle_factory(draft="ngram", max_seq=512)),
             "--configs",
             "py,cpp,cpp+ngram",

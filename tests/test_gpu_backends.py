@@ -901,7 +901,7 @@ def test_gpu_torch_backend_from_bundle_source_matches_cpu(tiny_bundle_factory):
 
 
 def test_gpu_check_script_logic_runs_on_cpu(tmp_path):
-    """scripts/gpu_check.py only meets a GPU on a borrowed machine, where a crash wastes the lease:
+    """scripts/gpu_check.py only meets a GPU on a borrowed machine, where a crash wastes the borrowed time:
     its whole flow (model, exactness, timings, table) runs here on the CPU with a 2-layer
     random-weight model, so a broken script fails CI instead."""
     import subprocess
@@ -945,7 +945,7 @@ def test_gpu_check_script_logic_runs_on_cpu(tmp_path):
 
 def test_gpu_check_tree_table_runs_on_cpu(load_script, tiny_bundle_factory):
     """gpu_check's tree vs chain table (issue 15's GPU figures) only runs on a borrowed GPU: its
-    logic runs here on the torch backend on CPU, so a broken table fails CI, not the lease."""
+    logic runs here on the torch backend on CPU, so a broken table fails CI, not the borrowed machine."""
     pytest.importorskip("torch")
     gc = load_script("gpu_check")
     bundle = tiny_bundle_factory(family="llama", draft="ngram", max_seq=512)

@@ -1,4 +1,4 @@
-"""scripts/guard_categories.py refuses a repeat count below one (its end-to-end run loads pipelines on a
+"""benchmarks/experiments/self_draft/guard_categories.py refuses a repeat count below one (its end-to-end run loads pipelines on a
 process-wide ORT thread pool, which breaks later sessions in the same pytest process)."""
 
 from __future__ import annotations
@@ -37,14 +37,19 @@ def trained_head_bundle(tiny_bundle_factory, tmp_path_factory):
 def test_repeats_below_one_is_refused_with_one_line(load_script, tiny_bundle_factory, capsys):
     bundle = tiny_bundle_factory()
     capsys.readouterr()  # the tiny export's progress
-    assert load_script("guard_categories").main([str(bundle), "--repeats", "0"]) == 2
+    assert load_script("benchmarks/experiments/self_draft/guard_categories").main([str(bundle), "--repeats", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --repeats must be at least 1"]
 
 
 def test_unknown_category_is_refused_with_one_line(load_script, tiny_bundle_factory, capsys):
     bundle = tiny_bundle_factory()
     capsys.readouterr()
-    assert load_script("guard_categories").main([str(bundle), "--categories", "code,poetry"]) == 2
+    assert (
+        load_script("benchmarks/experiments/self_draft/guard_categories").main(
+            [str(bundle), "--categories", "code,poetry"]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: unknown category 'poetry'; categories: code, chat, grounded, summarization"
     ]
@@ -57,7 +62,7 @@ def test_a_bundle_with_a_draft_head_is_measured_with_it(trained_head_bundle, tmp
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "guard_categories.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "self_draft" / "guard_categories.py"
     p = subprocess.run(
         [
             sys.executable,

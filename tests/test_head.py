@@ -896,7 +896,7 @@ def test_training_prompts_hold_no_bench_or_held_out_prompt(load_script):
     assert len(train) == len(distill_prompts()) + len(more_prompts()) and len(more_prompts()) >= 500
     assert len(set(train)) == len(train)
     evals = [" ".join(x["content"] for x in p["messages"] if x["role"] == "user") for p in load_prompts()]
-    evals += [m for _, m in load_script("head_diagnose").HELD_OUT]
+    evals += [m for _, m in load_script("benchmarks/experiments/heads/head_diagnose").HELD_OUT]
     for e in evals:
         full = _norm(e)
         first = _norm(e.split("\n")[0].split(". ")[0].split("? ")[0])
@@ -943,7 +943,7 @@ def test_answers_by_picks_the_self_draft_and_refuses_a_bundle_without_draft_mode
 def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_head(
     trained_run, tiny_bundle_factory, tmp_path, load_script
 ):
-    """scripts/head_transplant.py: a head trained for one bundle, written into a --tree export of
+    """benchmarks/experiments/heads/head_transplant.py: a head trained for one bundle, written into a --tree export of
     the same weights, drafts there with greedy output equal to target-only; a bundle of other
     weights is refused."""
     from specedge.runtime.api import load
@@ -951,7 +951,7 @@ def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_hea
     src, ck = trained_run
     dst = tmp_path / "tree"
     shutil.copytree(tiny_bundle_factory("llama", features=True, tree=True), dst)
-    out = load_script("head_transplant").transplant(src, dst, ck)
+    out = load_script("benchmarks/experiments/heads/head_transplant").transplant(src, dst, ck)
     m = load_manifest(dst)
     assert m.head is not None and out["draft_vocab"] == load_manifest(src).head.vocab_size
     pipe = load(dst, draft="head", threads=1)
@@ -966,7 +966,7 @@ def test_head_transplant_gives_a_tree_bundle_of_the_same_weights_the_trained_hea
     other = tmp_path / "other"
     shutil.copytree(tiny_bundle_factory("mistral", features=True), other)
     with pytest.raises(SystemExit, match="differ"):
-        load_script("head_transplant").transplant(src, other, ck)
+        load_script("benchmarks/experiments/heads/head_transplant").transplant(src, other, ck)
 
 
 def test_answers_are_cut_to_the_context_and_no_data_is_one_clear_error(feat_bundle, tmp_path, monkeypatch):

@@ -251,7 +251,7 @@ def test_inspect_steps_follow_the_graph_that_runs_here(tiny_bundle_factory, hide
 
 
 def test_the_kernel_choice_bench_refuses_bad_input(load_script, tiny_bundle_factory, capsys):
-    bench = load_script("int4_kernel_choice")
+    bench = load_script("benchmarks/experiments/int4/int4_kernel_choice")
     assert bench.main(["b", "--steps", "-1"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --per-category, --threads must be >= 1, --max-new-tokens >= 2, --steps >= 0"
@@ -268,7 +268,7 @@ def test_the_kernel_choice_bench_refuses_bad_input(load_script, tiny_bundle_fact
 
 @needs_fast
 def test_the_kernel_choice_bench_on_a_tiny_default_bundle(load_script, tiny_bundle_factory, tmp_path):
-    bench = load_script("int4_kernel_choice")
+    bench = load_script("benchmarks/experiments/int4/int4_kernel_choice")
     out = tmp_path / "r.json"
     assert (
         bench.main(

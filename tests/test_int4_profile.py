@@ -1,4 +1,4 @@
-"""scripts/int4_profile.py times the graph a default (--int4-kernel auto) int4 bundle runs on the
+"""benchmarks/experiments/int4/int4_profile.py times the graph a default (--int4-kernel auto) int4 bundle runs on the
 fast kernel: its specedge graph, not the MatMulNBits twin listed first."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from specedge.manifest import load_manifest
 
 
 def test_the_specedge_graph_of_an_auto_bundle_is_the_one_timed(load_script, tiny_bundle_factory):
-    prof = load_script("int4_profile")
+    prof = load_script("benchmarks/experiments/int4/int4_profile")
     auto = load_manifest(tiny_bundle_factory(precision="int4", draft="ngram"), verify="size")
     assert auto.target.graphs[0].path == "target/model.onnx"  # the twin comes first
     assert prof.specedge_graph(auto).path == "target/model.specedge.onnx"

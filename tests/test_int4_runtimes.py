@@ -1,4 +1,4 @@
-"""scripts/int4_runtimes.py drives libspecedge through ctypes mirrors of specedge.h's structs: the
+"""benchmarks/experiments/int4/int4_runtimes.py drives libspecedge through ctypes mirrors of specedge.h's structs: the
 mirrors must name the header's fields in its order and keep room after them. A mirror that lacked
 specedge_gen_params' `tree` let specedge_gen_params_init write past the Python-owned struct, and the
 C worker died with SIGSEGV a few prompts into a benchmark. (tests/test_cpp.py runs the worker
@@ -53,7 +53,7 @@ def test_c_fields_reads_declarations_with_pointers_lists_and_arrays():
     ],
 )
 def test_ctypes_mirrors_match_the_header(load_script, mirror, struct, whole):
-    cls = getattr(load_script("int4_runtimes"), mirror)
+    cls = getattr(load_script("benchmarks/experiments/int4/int4_runtimes"), mirror)
     named = [f[0] for f in cls._fields_]
     assert named[-1] == "_rest" and ctypes.sizeof(cls._fields_[-1][1]) >= 256
     header = c_fields(struct)
@@ -66,4 +66,4 @@ def test_ctypes_mirrors_match_the_header(load_script, mirror, struct, whole):
 def test_mirrors_follow_the_headers_abi_version(load_script):
     """The script refuses a library of another ABI version: its mirrors follow one layout."""
     want = int(re.search(r"#define SPECEDGE_ABI_VERSION (\d+)", HEADER.read_text()).group(1))
-    assert load_script("int4_runtimes").ABI_VERSION == want
+    assert load_script("benchmarks/experiments/int4/int4_runtimes").ABI_VERSION == want

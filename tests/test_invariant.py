@@ -89,7 +89,7 @@ def test_defaults_and_bad_input(tiny_bundle_factory):
 def test_real_int4_target_speculation_is_exact(tmp_path):
     """The default model's GGUF-exact int4 target with the n-gram drafter: 4 bench prompts,
     speculative == target-only token for token (plain T=1 steps fail this on most prompts:
-    benchmarks/results/int4_exactness.json)."""
+    benchmarks/experiments/int4/results/int4_exactness.json)."""
     from specedge.bench.runner import load_prompts
     from specedge.export.pipeline import ExportOptions, export_bundle
 

@@ -1,4 +1,4 @@
-"""scripts/tree_bench.py on a tiny tree bundle, greedy and sampled, in a subprocess (its pipelines
+"""benchmarks/experiments/trees/tree_bench.py on a tiny tree bundle, greedy and sampled, in a subprocess (its pipelines
 share ONNX Runtime's process-wide thread pool, which would outlive this test in pytest's process)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tree_bench.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "trees" / "tree_bench.py"
 
 
 def bench(bundle, *args):

@@ -1,4 +1,4 @@
-"""scripts/tree_exactness.py (the evidence behind refusing trees on padded steps) on tiny tree
+"""benchmarks/experiments/trees/tree_exactness.py (the evidence behind refusing trees on padded steps) on tiny tree
 bundles, in a subprocess (its pipeline shares ONNX Runtime's process-wide thread pool)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tree_exactness.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "trees" / "tree_exactness.py"
 
 
 def exactness(bundle, *args):

@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 def default_draft(precision: str, tensorrt: str | None = None) -> str:
     """export-models' draft when none is named: the n-gram drafter for a quantized target, which is
     already as cheap per token as its own int4 self-draft would be (figures:
-    benchmarks/results/int4_exactness.json); else the self-draft. With --tensorrt:
+    benchmarks/experiments/int4/results/int4_exactness.json); else the self-draft. With --tensorrt:
     tensorrt_target.default_draft."""
     if tensorrt is not None:
         from ..export import tensorrt_target

@@ -12,8 +12,7 @@ w = d·c (+ m) with integer codes c:
 
 A uint8 zero point cannot hold −m/d, and float zero points take a much slower ORT CPU path, so an
 affine weight is split: A·Wᵀ = MatMulNBits(A; q, d) + blocksum(A)·M'ᵀ, where blocksum(A) sums A
-over each block of 32 inputs (Reshape + ReduceSum, shared by the MatMuls reading the same tensor;
-blocksum="matmul": one MatMul with a 0/1 block-indicator matrix instead)
+over each block of 32 inputs (Reshape + ReduceSum, shared by the MatMuls reading the same tensor)
 and M' [N, K/32] holds the block offsets m' in fp32 (checked to be exact; see to_nbits). At int8
 precision every weight is stored in 8 bits the same way, and a Q8_0 weight stays 8-bit at int4.
 
@@ -381,48 +380,22 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
     return out
 
 
-MIN_FORMS = ("correction", "float_zp")
-# How the correction's blocksum(A) is computed: "reduce" (default) Reshape [..., K/32, 32] +
-# ReduceSum; "matmul" one MatMul of A with a 0/1 block-indicator matrix [K, K/32] (fewer nodes,
-# but no measurable step-time gain: scripts/int4_blocksum.py, BENCHMARKS.md "int4 targets"; so
-# not the default).
-BLOCKSUM_FORMS = ("matmul", "reduce")
-
-
-def float_zero_points(w: NBitsWeight) -> np.ndarray | None:
-    """The block mins as MatMulNBits float zero points of the scales' type: w = (u − z)·d with
-    z = 2^(bits−1) − m'/d. Not bit-exact (z rounds), which is why it is only an option measured by
-    scripts/int4_levers.py; None when a block has d = 0 (m' then cannot be expressed)."""
-    if w.mins is None or w.zero_points is not None or not np.all(w.scales != 0):
-        return None
-    z = (1 << (w.bits - 1)) - w.mins.astype(np.float64) / w.scales.astype(np.float64)
-    return np.ascontiguousarray(z.astype(np.float32))
-
-
 def rewrite_exact(
     proto: onnx.ModelProto,
     index: GGUFRowIndex,
     precision_bits: int,
     accuracy_level: int,
     say=None,
-    min_form: str = "correction",
-    blocksum: str = "reduce",
     kernel: str = "matmulnbits",
 ) -> ExactReport:
     """Replace every MatMul whose constant weight is a (permuted, concatenated) set of GGUF rows by
     an exact MatMulNBits (+ the block-min correction for affine types). In place.
 
-    min_form "float_zp" stores the block mins as float zero points instead of the correction
-    nodes where it can (see float_zero_points; fewer nodes, not bit-exact). blocksum: how the
-    correction sums each block of 32 inputs (BLOCKSUM_FORMS). kernel "specedge": 4-bit affine
+    kernel "specedge": 4-bit affine
     weights (Q4_1, and Q4_K where its scales fit fp16) become one ai.specedge.MatMulQ41 node each
     (specedge_kernel.py), which needs libspecedge_ops at run time; the others stay as above."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
-    if min_form not in MIN_FORMS:
-        raise ValueError(f"min_form must be one of {', '.join(MIN_FORMS)}, got {min_form!r}")
-    if blocksum not in BLOCKSUM_FORMS:
-        raise ValueError(f"blocksum must be one of {', '.join(BLOCKSUM_FORMS)}, got {blocksum!r}")
     say = say or (lambda msg: None)
     g = proto.graph
     inits = {t.name: t for t in g.initializer}
@@ -441,7 +414,6 @@ def rewrite_exact(
     rep.candidates = len(todo)
     new_inits: list[TensorProto] = []
     blocksums: dict[str, str] = {}  # input name -> its blocksum
-    indicators: dict[int, str] = {}  # K -> the name of its [K, K/32] block-indicator matrix
     done: dict[str, tuple] = {}  # weight name -> (MatMulNBits inputs, mins name, bits, source types)
     replaced: dict[int, list[onnx.NodeProto]] = {}  # node index -> its replacement
     taken: set[str] = set()
@@ -489,15 +461,10 @@ def rewrite_exact(
                     ins.append(uniq(f"{bname}_gguf_zp"))
                     new_inits.append(numpy_helper.from_array(w.zero_points, ins[-1]))
                 mn = None
-                fz = float_zero_points(w) if min_form == "float_zp" else None
-                if fz is not None:
-                    ins.append(uniq(f"{bname}_gguf_fzp"))
-                    new_inits.append(numpy_helper.from_array(fz, ins[-1]))
-                elif w.mins is not None:
+                if w.mins is not None:
                     mn = uniq(f"{bname}_gguf_mins")
                     new_inits.append(numpy_helper.from_array(np.ascontiguousarray(w.mins.T), mn))
                 kind = f"{w.bits}-bit" + ("+zp" if w.zero_points is not None else "") + ("+mins" if mn else "")
-                kind += "+float-zp" if fz is not None else ""
                 done[bname] = (ins, mn, w.bits, sorted(set(types)), kind)
         if done[bname] is None:
             rep.unmatched.append(node.name)
@@ -525,18 +492,7 @@ def rewrite_exact(
             ]
         if mn is not None:
             if a not in blocksums:
-                if blocksum == "matmul":
-                    if k not in indicators:
-                        indicators[k] = uniq(f"gguf_block_indicator_{k}")
-                        new_inits.append(numpy_helper.from_array(block_indicator(k), indicators[k]))
-                    bs = [
-                        helper.make_node(
-                            "MatMul", [a, indicators[k]], [uniq(f"{a}_gguf_blocksum")], name=uniq(f"{a}_gguf_blocksum")
-                        )
-                    ]
-                    rep.helper_nodes.add(bs[0].name)
-                else:
-                    bs = _blocksum_nodes(a, k, ranks.get(a), uniq, new_inits)
+                bs = _blocksum_nodes(a, k, ranks.get(a), uniq, new_inits)
                 nodes[:0] = bs
                 blocksums[a] = bs[-1].output[0]
             corr, cname = uniq(f"{y}_gguf_min_corr"), uniq(f"{base}_gguf_mins")
@@ -567,11 +523,6 @@ def rewrite_exact(
             proto.opset_import.append(helper.make_opsetid(domain, 1))
     rep.kernel_matmuls = sum(nd.op_type == Q41_OP and nd.domain == Q41_DOMAIN for nd in g.node)
     return rep
-
-
-def block_indicator(k: int) -> np.ndarray:
-    """P [K, K/32] fp32 with P[i, b] = 1 iff input i is in block b: A·P = blocksum(A)."""
-    return np.ascontiguousarray(np.repeat(np.eye(k // QK, dtype=np.float32), QK, axis=0))
 
 
 def _blocksum_nodes(a: str, k: int, rank: int | None, uniq, new_inits: list) -> list[onnx.NodeProto]:

@@ -68,7 +68,7 @@ class ExportOptions:
     precision: str = "fp32"
     # int4: from a GGUF the file's own 4-bit blocks are stored exactly (gguf_exact.py), so the
     # draft agrees with its target far more often than a re-quantized one, and reads fewer bytes
-    # per step than int8 (figures: BENCHMARKS.md, README.md)
+    # per step than int8 (figures: benchmarks/history/self_draft.md)
     # None: int4, or with `tensorrt` the cheapest weight-only form that version builds
     draft_precision: str | None = "int4"
     max_seq: int = DEFAULT_MAX_SEQ

@@ -25,8 +25,6 @@ def quantize_weights(
     gguf: str | None = None,
     say=None,
     info: dict | None = None,
-    min_form: str = "correction",
-    blocksum: str = "reduce",
     kernel: str = "matmulnbits",
 ) -> onnx.ModelProto:
     """Weight-only quantization of every MatMul with a constant weight (lm_head included).
@@ -34,18 +32,15 @@ def quantize_weights(
     With `gguf` (the checkpoint's GGUF file), weights that came from its Q4_0/Q4_1/Q4_K/Q8_0
     tensors are stored exactly as the file holds them (gguf_exact.py); the other MatMuls are
     re-quantized by onnxruntime's quantizer (symmetric, `block_size`). `info`, when given, is
-    filled with how each weight was quantized (recorded in the manifest). `min_form`: how block
-    mins are stored, `blocksum` how the correction sums blocks, `kernel` which kernel runs 4-bit
-    affine weights (gguf_exact.rewrite_exact)."""
+    filled with how each weight was quantized (recorded in the manifest). `kernel`: which kernel
+    runs 4-bit affine weights (gguf_exact.rewrite_exact)."""
     say = say or (lambda msg: None)
     exact = None
     if gguf is not None:
         from .gguf_exact import rewrite_exact, row_index
 
         index = row_index(gguf, say=say)
-        exact = rewrite_exact(
-            proto, index, bits, accuracy_level, say=say, min_form=min_form, blocksum=blocksum, kernel=kernel
-        )
+        exact = rewrite_exact(proto, index, bits, accuracy_level, say=say, kernel=kernel)
     inits = {t.name for t in proto.graph.initializer}
     keep = exact.helper_nodes if exact is not None else set()
     rest = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep]

@@ -53,7 +53,7 @@ def inexact_tree_refusal(precision: str) -> str:
     (runtime/invariant.py): the same kernels that round a 1-token call differently from a 2-token
     one (ONNX Runtime's attention) also sum a tree node's keys in another order than the chain's
     when masked siblings sit between them, which flips greedy picks at this precision (specedge's
-    int4 kernels sum in key order and do not: scripts/tree_exactness.py)."""
+    int4 kernels sum in key order and do not: benchmarks/experiments/trees/tree_exactness.py)."""
     fix = (
         ", or re-export with --int4-kernel specedge (batch-invariant kernels, exact trees)"
         if precision == "int4"

@@ -5,7 +5,7 @@ Speculative decoding is exact only if the verification call (T = k + 1 tokens) g
 very logits a target-only step (T = 1) would. ONNX Runtime's CPU kernels do not: at T = 1
 GroupQueryAttention (and fp32 MatMul, and MatMulNBits at low accuracy levels) take an M = 1 path
 that sums in another order. Quantized graphs amplify the gap until greedy picks change
-(scripts/int4_exactness.py; docs/design.md "Batch-invariant target steps"). Calls with T >= 2
+(benchmarks/experiments/int4/int4_exactness.py; docs/design.md "Batch-invariant target steps"). Calls with T >= 2
 give row i the same bits whatever T is (tests/test_invariant.py pins it).
 
 So a target's cache tracker (runtime/cache.py `CacheTracker(invariant_steps=True)`) runs each

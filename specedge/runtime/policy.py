@@ -376,7 +376,7 @@ class SpecController:
                 # k does not pay with trees: drop the trees (the extra, dearer part of the call)
                 # and judge k afresh as a chain, on MIN_ROUNDS chain rounds of its own: a shrink
                 # lasts the request, and a few tree rounds priced at the tree's call can make a
-                # good k look worse than k = 1 (BENCHMARKS.md, tree runs)
+                # good k look worse than k = 1 (benchmarks/history/trees.md)
                 self._trees_off()
                 self.rounds_since = 0
                 return

@@ -6,14 +6,14 @@ greedy answer per prompt, optionally more sampled ones, which give more contexts
 greedy choices in), and plain documentation text (pydoc). The answers are written either by the
 bundle's runtime (the target itself) or, when the bundle carries a self-draft, by that int4 copy of
 the target run alone (`write_with_draft`): faster than the speculating runtime on a small CPU
-(scripts/answer_writers.py), and the contexts are still the model's own wording. Either way the
+(benchmarks/experiments/heads/answer_writers.py), and the contexts are still the model's own wording. Either way the
 labels below are the target's. Each sequence is then run through the
 target graph in prefill chunks on ONNX Runtime, which returns, per position, the features the
 runtime will hand the head (contract.FEATURES_OUTPUT) and the logits whose argmax is the label:
 the token the target itself would choose there. With `top_k` the target's K most probable tokens
 and their probabilities are kept too (`soft_ids`, `soft_p`): the head then learns the target's
 distribution, not its argmax alone, which on a model often unsure of its top token
-(BENCHMARKS.md experiment G) carries much more per position. Features are stored in fp16 (half the memory;
+(benchmarks/history/heads.md, head_experiment.py variant G) carries much more per position. Features are stored in fp16 (half the memory;
 the head sees fp32 at run time, a difference far below what training resolves).
 """
 

@@ -4,7 +4,7 @@ The model answers these prompts itself (the head learns the target's own continu
 they only need to resemble what a deployed model is asked: chat, code, questions about a given
 text, summaries. The grounded and summary prompts are built from Python's own documentation
 (pydoc), so no text is downloaded. None of this is the benchmark suite (specedge/bench/prompts.json),
-which stays unseen by training, nor scripts/head_diagnose.py's held-out prompts (a test checks
+which stays unseen by training, nor benchmarks/experiments/heads/head_diagnose.py's held-out prompts (a test checks
 both: no training prompt holds one of theirs, or is held by one).
 """
 
@@ -135,7 +135,7 @@ def distill_prompts() -> list[tuple[str, str]]:
 # held-out prompts): everyday topics in several question forms, small coding tasks in four
 # languages, and later excerpts of the same documentation than distill_prompts uses. A head
 # learns from the number of distinct contexts it sees: more prompts raised held-out first-draft
-# accuracy (BENCHMARKS.md, head experiment F).
+# accuracy (benchmarks/history/heads.md, head_experiment.py variant F).
 TOPICS = [
     "composting at home",
     "the water cycle",

@@ -47,7 +47,7 @@ STEP_WEIGHT = 0.8  # loss weight of chain step s: 0.8^s (later steps matter less
 class TrainOptions:
     # training tokens ("200000", "200k") or minutes of wall time for the whole run ("30m")
     # held-out acceptance still rises at this budget on the default data
-    # (BENCHMARKS.md, "Draft heads", experiment F)
+    # (benchmarks/history/heads.md, head_experiment.py variant F)
     budget: str = "1M"
     seed: int = 0
     device: str = "cpu"
@@ -60,11 +60,11 @@ class TrainOptions:
     answer_tokens: int = 160  # new tokens written per prompt
     sampled_answers: int = 0  # answers per prompt sampled besides the greedy one
     answers_by: str = "auto"  # who writes the answers: target, draft, auto (the self-draft when there is one)
-    doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: BENCHMARKS.md)
+    doc_tokens: int = 0  # tokens of documentation text (24k of it gave no held-out gain: benchmarks/history/heads.md)
     soft_labels: int = 32  # the target's top-K distribution as each slot's label; 0: its argmax only
     # matmuls of the training step in bfloat16 (weights and optimizer stay float32): auto = where
     # the device computes bfloat16 natively (1.82x the steps per second on an AVX512-BF16 CPU:
-    # BENCHMARKS.md, experiment H)
+    # benchmarks/history/heads.md, head_experiment.py variant H)
     train_dtype: str = "auto"
     max_prompts: int | None = None  # None: every prompt of prompts.training_prompts
     threads: int | None = None

@@ -146,7 +146,7 @@ def chain_tree(
     target's `vocab` ids), so the first child is accepted with min(1, p/q) exactly as in a chain
     round; the siblings, q's likeliest other tokens, are point masses tested on the residual.
     A greedy line under sampling would be accepted only with p(x), far less when the draft is
-    good (BENCHMARKS.md, tree runs).
+    good (benchmarks/history/trees.md).
     Exact either way (runtime/tree.py: a sibling may be any function of the draft's earlier choices)."""
     sampled = params is not None and not params.greedy
     if sampled and (rng is None or vocab is None):
