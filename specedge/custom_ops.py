@@ -54,8 +54,17 @@ def candidates() -> list[Path]:
     return out
 
 
-def library_path(name: str = LIBRARY) -> Path:
-    """The file of custom-op library `name`, or CustomOpsError saying how to get it."""
+# How to get the library, for the messages that miss it: the package build needs a C++ compiler;
+# in a checkout, the kernels alone build in seconds where cpp/build is looked in.
+HOW_TO_GET = (
+    "reinstall specedge where a C++ compiler is present (pip builds them), or build them in a checkout "
+    "(cmake -S cpp/ops -B cpp/build && cmake --build cpp/build --target specedge_ops)"
+)
+
+
+def library_path(name: str = LIBRARY, instead: str = "re-export the bundle without --int4-kernel specedge") -> Path:
+    """The file of custom-op library `name`, or CustomOpsError saying how to get it (or what to do
+    `instead`)."""
     if name != LIBRARY:
         raise CustomOpsError(
             f"the graph needs custom-op library '{name}', which this specedge does not know (it knows '{LIBRARY}')"
@@ -66,8 +75,7 @@ def library_path(name: str = LIBRARY) -> Path:
     where = ", ".join(str(p) for p in candidates())
     raise CustomOpsError(
         f"the graph uses specedge's CPU kernels, but {_FILE} was not found (looked in {where}): "
-        f"reinstall specedge where a C++ compiler is present (pip builds them), or set {ENV} "
-        f"to its path, or re-export the bundle without --int4-kernel specedge"
+        f"{HOW_TO_GET}, or set {ENV} to its path, or {instead}"
     )
 
 

@@ -311,6 +311,8 @@ class MemoryPlan:
     available: int  # device memory - reserve
     fits: bool
     largest_max_seq: int  # 0 when not even the smallest context fits
+    position_limit: int = 0  # the models' max_position_embeddings (0: not stated)
+    memory_max_seq: int = 0  # largest_max_seq by memory alone, before the position limit
     reason: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -334,6 +336,7 @@ class MemoryPlan:
             "headroom_bytes": self.headroom,
             "fits": self.fits,
             "largest_max_seq": self.largest_max_seq,
+            "position_limit": self.position_limit,
             "reason": self.reason,
             "notes": list(self.notes),
         }
@@ -354,9 +357,18 @@ def needed_bytes(manifest: Manifest, max_seq: int) -> tuple[list[ModelMemory], i
     return models, sum(m.total for m in models) + WORKSPACE_BYTES
 
 
-def largest_max_seq(manifest: Manifest, device: DeviceProfile) -> int:
-    """The largest max_seq (a multiple of SEQ_ALIGN, at most the manifest's hard bound) whose plan
-    fits, solved from total(S) = base + slope * S; 0 if even SEQ_ALIGN tokens do not fit."""
+def position_limit(manifest: Manifest) -> int:
+    """The fewest positions any of the bundle's models takes (its max_position_embeddings, which
+    export-models checks --max-seq against: GGUF context_length or config.json); 0 when none
+    states one."""
+    limits = [int(s.extra.get("max_position_embeddings") or 0) for s in (manifest.target, manifest.draft) if s.is_model]
+    return min((n for n in limits if n > 0), default=0)
+
+
+def largest_max_seq(manifest: Manifest, device: DeviceProfile, *, memory_only: bool = False) -> int:
+    """The largest max_seq (a multiple of SEQ_ALIGN, at most the manifest's hard bound and, unless
+    memory_only, the models' position limit) whose plan fits, solved from total(S) = base + slope * S;
+    0 if even SEQ_ALIGN tokens do not fit."""
     _, base = needed_bytes(manifest, 0)
     _, one = needed_bytes(manifest, 1)
     slope = one - base
@@ -364,7 +376,9 @@ def largest_max_seq(manifest: Manifest, device: DeviceProfile) -> int:
     if slope <= 0 or room < slope * SEQ_ALIGN:
         return 0
     s = min(room // slope, MAX_MAX_SEQ)
-    return int(s - s % SEQ_ALIGN)
+    s -= s % SEQ_ALIGN
+    limit = 0 if memory_only else position_limit(manifest)
+    return int(min(s, limit) if limit else s)
 
 
 def plan_memory(manifest: Manifest, device: DeviceProfile, max_seq: int | None = None) -> MemoryPlan:
@@ -373,6 +387,7 @@ def plan_memory(manifest: Manifest, device: DeviceProfile, max_seq: int | None =
     available = device.available_bytes
     fits = needed <= available
     best = largest_max_seq(manifest, device)
+    limit = position_limit(manifest)
     reason = ""
     if not fits:
         reason = (
@@ -384,6 +399,8 @@ def plan_memory(manifest: Manifest, device: DeviceProfile, max_seq: int | None =
         else:
             reason += f"; not even max_seq {SEQ_ALIGN} fits: use a smaller model, a lower precision or a bigger device"
     notes = []
+    if limit and max_seq > limit:
+        notes.append(f"max_seq {max_seq} is above the model's {limit} positions, which export-models refuses")
     if device.unified:
         notes.append("unified memory: CPU and GPU share it, so other processes on the device reduce the headroom")
     notes.append("building TensorRT engines on the device needs extra temporary memory (build-engines --workspace-gb)")
@@ -402,6 +419,8 @@ def plan_memory(manifest: Manifest, device: DeviceProfile, max_seq: int | None =
         available=available,
         fits=fits,
         largest_max_seq=best,
+        position_limit=limit,
+        memory_max_seq=largest_max_seq(manifest, device, memory_only=True),
         reason=reason,
         notes=notes,
     )
@@ -451,10 +470,14 @@ def format_plan(plan: MemoryPlan, bundle_name: str = "") -> str:
         lines.append(f"  does not fit: {plan.reason}")
     if plan.largest_max_seq > 0:
         per_k = sum(m.per_seq_token for m in plan.models) * 1024
-        lines.append(
-            f"  largest max_seq that fits: {plan.largest_max_seq} (memory only; each 1024 tokens of context cost "
-            f"{fmt_bytes(per_k)})"
-        )
+        if plan.memory_max_seq > plan.largest_max_seq:
+            why = (
+                f"the model's limit, {plan.position_limit} positions; memory alone would take "
+                f"{plan.memory_max_seq}, each 1024 tokens of context costing {fmt_bytes(per_k)}"
+            )
+        else:
+            why = f"memory only; each 1024 tokens of context cost {fmt_bytes(per_k)}"
+        lines.append(f"  largest max_seq that fits: {plan.largest_max_seq} ({why})")
     else:
         lines.append("  no max_seq fits")
     lines.append(f"  figures: {d.basis}")

@@ -600,3 +600,29 @@ def test_cli_bench_tree(tiny_bundle_factory, tiny_bundle, tmp_path, capsys):
     assert res["config"]["tree"] is True
     spec = [r for r in res["runs"] if r["k"] == 3]
     assert spec and all(r["matches_target_only"] for r in spec)
+
+
+def test_plot_shares_each_rows_scale_spans_the_rates_and_names_the_load():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from specedge.bench.plot import make_figure
+
+    res = _synthetic_results()
+    res["machine"]["load_avg_start"], res["machine"]["load_avg_end"] = [1.4, 1.0, 0.5], [7.0, 3.0, 1.0]
+    fig = make_figure(res)
+    try:
+        top, bottom = fig.axes[: len(fig.axes) // 2], fig.axes[len(fig.axes) // 2 :]
+        assert len(top) == len(CATEGORIES) + 1
+        # one tokens/s scale across the categories, one acceptance scale
+        assert len({ax.get_ylim() for ax in top}) == 1 and top[0].get_ylim()[0] == 0
+        speeds = [y for ax in top for line in ax.get_lines() for y in line.get_ydata()]
+        assert max(speeds) <= top[0].get_ylim()[1]
+        assert len({ax.get_ylim() for ax in bottom}) == 1
+        rates = [y for ax in bottom for line in ax.get_lines() for y in line.get_ydata() if y == y]
+        lo, hi = bottom[0].get_ylim()
+        assert lo <= min(rates) and max(rates) <= hi
+        assert hi - lo < 1.5 * (max(rates) - min(rates)) + 0.05  # the measured span, not all of 0..1
+        assert "load average 1.40 to 7.00 on 2 logical CPUs" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)

@@ -44,9 +44,10 @@ def _help(command: str) -> str:
 
 
 def _usage_options(help_text: str) -> set[str]:
-    """The options of the usage line (argparse lists every option there)."""
+    """The options of the usage line (argparse lists every option there), less argparse's own
+    --help and --version (tests/test_first_hour.py checks --version)."""
     usage = help_text.split("\n\n")[0]
-    return set(OPTION.findall(usage)) - {"--help"}
+    return set(OPTION.findall(usage)) - {"--help", "--version"}
 
 
 def _synopsis(command: str) -> str:

@@ -72,11 +72,16 @@ def test_chat_command_on_a_bundle_without_template_is_refused_before_loading(tin
     assert p.stdout == ""
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def _ticking_output(monkeypatch, step: str) -> str:
     from specedge import progress
 
     monkeypatch.setattr(progress, "TICK_S", 0.05)
-    err = io.StringIO()
+    err = _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
     with progress.TickingBar("tracing target (fp32, ort graph)", total=1) as bar:
         bar.update(0, step)
@@ -92,6 +97,36 @@ def test_the_bar_redraws_during_a_long_step_and_names_it_in_full(monkeypatch):
     during = [f for f in frames if step in f and "0/1" in f]
     assert len(during) >= 5, f"the bar was drawn {len(during)} times during a 0.6 s step:\n{out!r}"
     assert f"tracing target (fp32, ort graph): {step}" in out
+
+
+def test_off_a_terminal_a_stage_writes_lines_at_its_steps_not_at_every_tick(monkeypatch):
+    """A log file gets whole lines: the stage's start, each step's start, the first status, one
+    line per interval while nothing changes, its end; not a redraw per tick or per update."""
+    from specedge import progress
+
+    monkeypatch.setattr(progress, "TICK_S", 0.01)
+    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.25)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with progress.TickingBar("quantizing draft", total=400) as bar:
+        bar.step("packing")
+        for _ in range(200):
+            bar.update(1)  # many quick updates: no line of their own
+        bar.status("loss 1.0")  # the step's first status: a line
+        bar.status("loss 1.0")  # later ones wait for the interval
+        time.sleep(0.6)  # one long step: a line per interval
+        bar.update(200, "checking")
+    out = err.getvalue()
+    assert "\r" not in out and out.endswith("\n")
+    lines = out.splitlines()
+    assert lines[0] == "quantizing draft 0/400 [00:00]"
+    assert lines[1] == "quantizing draft: packing 0/400 [00:00]"
+    assert lines[2] == "quantizing draft: packing 200/400 (loss 1.0) [00:00]"
+    waiting = lines[3:-2]
+    assert 1 <= len(waiting) <= 3, lines
+    assert all(w.startswith("quantizing draft: packing 200/400 (loss 1.0) [00:0") for w in waiting), lines
+    assert lines[-2].startswith("quantizing draft: checking 200/400 (loss 1.0) [00:0")
+    assert lines[-1].startswith("quantizing draft 400/400 (loss 1.0) [00:0")
 
 
 def test_quiet_draws_nothing(monkeypatch):
@@ -175,3 +210,14 @@ def test_generate_shows_loading_progress_on_a_terminal_only(tiny_bundle_factory)
     assert "stats: " in shown
     piped = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert piped.returncode == 0 and piped.stderr.startswith("stats: ") and "loading" not in piped.stderr
+
+
+def test_version_prints_the_version_and_exits_0():
+    import tomllib
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for prog, module in (("specedge", "specedge"), ("export-models", "specedge.cli.export_models")):
+        p = subprocess.run(
+            [sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=120, cwd=REPO
+        )
+        assert (p.returncode, p.stdout, p.stderr) == (0, f"{prog} {want}\n", ""), prog

@@ -5,6 +5,9 @@ load (runtime/int4_kernel.py): specedge's where its fast path exists here, MatMu
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -321,3 +324,36 @@ def test_trees_run_on_the_specedge_graph_of_an_auto_bundle(tiny_bundle_factory):
         tree = pipe.generate(PROMPT, max_new_tokens=12, tree=True)
         alone = pipe.generate(PROMPT, max_new_tokens=12, speculative=False)
     assert tree.token_ids == alone.token_ids
+
+
+def test_export_without_the_kernel_library_is_refused_first_and_says_how_to_get_it(tmp_path):
+    """On a machine without libspecedge_ops.so, --int4-kernel specedge is refused before any model
+    is even looked for (the target here does not exist), naming how to get the library."""
+    absent = tmp_path / "absent" / "libspecedge_ops.so"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specedge.cli.export_models",
+            "--target",
+            str(tmp_path / "no-such-model"),
+            "--precision",
+            "int4",
+            "--int4-kernel",
+            "specedge",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, custom_ops.ENV: str(absent)},
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "error: --int4-kernel specedge: the graph uses specedge's CPU kernels, but libspecedge_ops.so was not "
+        f"found (looked in {absent}): reinstall specedge where a C++ compiler is present (pip builds them), or "
+        "build them in a checkout (cmake -S cpp/ops -B cpp/build && cmake --build cpp/build --target "
+        "specedge_ops), or set SPECEDGE_OPS_LIB to its path, or leave --int4-kernel out (auto: both graphs)"
+    ]
+    assert not (tmp_path / "b").exists()

@@ -238,3 +238,27 @@ def test_cli_plan_rejects_bad_numbers(bundle, capsys):
     assert main(["plan", str(bundle), "--device", "thor", "--max-seq", "0"]) == 2
     assert main(["plan", str(bundle), "--device", "thor", "--reserve-gb", "-2"]) == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_largest_max_seq_is_capped_at_the_models_positions(tmp_path, capsys):
+    """Memory alone would allow 68,352 on an Orin Nano, but the model takes 8,192 positions, the
+    limit export-models checks --max-seq against: the suggestion stops there and says why."""
+    j = default_like()
+    for role in ("target", "draft"):
+        j["models"][role]["extra"] = {"max_position_embeddings": 8192}
+    m = parse_manifest(j)
+    plan = plan_memory(m, DEVICES["orin-nano-8gb"])
+    assert plan.largest_max_seq == 8192 and plan.memory_max_seq == 68_352 and plan.position_limit == 8192
+    (tmp_path / "manifest.json").write_text(json.dumps(j))
+    assert main(["plan", str(tmp_path), "--device", "orin-nano-8gb"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  largest max_seq that fits: 8192 (the model's limit, 8192 positions; memory alone would take 68352, " in out
+    )
+    assert main(["plan", str(tmp_path), "--device", "orin-nano-8gb", "--json", "--max-seq", "16384"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["largest_max_seq"] == 8192 and p["position_limit"] == 8192
+    assert "max_seq 16384 is above the model's 8192 positions, which export-models refuses" in p["notes"]
+    # a smaller draft limit is the bundle's limit
+    j["models"]["draft"]["extra"] = {"max_position_embeddings": 2048}
+    assert plan_memory(parse_manifest(j), DEVICES["orin-nano-8gb"]).largest_max_seq == 2048

@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..progress import ticking
+from ..progress import new_bar, ticking
 from . import stats as S
 
 SCHEMA = "specedge.bench/1"
@@ -407,8 +407,6 @@ def run_bench(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the sweep and return the results dict (see the module docstring)."""
-    from tqdm import tqdm
-
     from ..manifest import load_manifest
 
     cfg.validate()
@@ -423,7 +421,7 @@ def run_bench(
     rss = PeakRSS()
     ks_spec = [k for k in cfg.ks if k > 0]
     total = len(cfg.modes) * len(cfg.ks) * cfg.repeats * len(suite)
-    bar = tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    bar = new_bar("bench", total, disable=not progress, unit="gen", dynamic_ncols=True)
     # Loading a pipeline, the warm-up and one long generation each hold the bar for seconds: keep
     # its timer moving and name the step.
     ticker = contextlib.ExitStack()

@@ -13,7 +13,7 @@ from ..errors import WRITE_ERRNOS, Terminated, UserError, write_failure
 from ..errors import raise_terminated as _raise_terminated
 from ..export.specedge_kernel import EXPORT_KERNELS
 from ..progress import TickingBar
-from .main import _Parser, exit_process, run_cli
+from .main import _Parser, add_version, exit_process, run_cli
 
 
 class TqdmProgress:
@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_version(p)
     p.set_defaults(func=run)
     return p
 

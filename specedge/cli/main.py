@@ -23,6 +23,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own when run from a checkout that is
+    not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("specedge")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+
+
 def expected_errors() -> tuple[type[BaseException], ...]:
     from ..errors import UserError
     from ..manifest import BundleError
@@ -171,6 +189,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specedge", description="Speculative decoding on ONNX Runtime and TensorRT.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_version(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         try:

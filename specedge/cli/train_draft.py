@@ -126,7 +126,7 @@ class _Bars:
         if info:
             el = time.monotonic() - self.t0
             eta = el / max(done, 1) * max(total - done, 0)
-            self.bar.step(
+            self.bar.status(
                 f"loss {info['loss']:.3f}  top-1 {100 * info['top1']:.1f}%  ETA {int(eta // 60)}m{int(eta % 60):02d}s"
             )
 

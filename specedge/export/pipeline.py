@@ -181,7 +181,8 @@ def _require_kernels() -> None:
     from .. import custom_ops
 
     try:
-        isa = custom_ops.isa()
+        # refused here, before any model loads
+        isa = custom_ops.isa(custom_ops.library_path(instead="leave --int4-kernel out (auto: both graphs)"))
     except custom_ops.CustomOpsError as e:
         raise UserError(f"--int4-kernel specedge: {e}") from None
     except (OSError, AttributeError) as e:
