@@ -1,6 +1,7 @@
-"""The README against the CLI: each command's synopsis (a ```text block in README.md starting with
-the command) names exactly the options its `--help` shows, and the defaults the help states are
-the ones the README states. Adding an option to a command without documenting it fails here."""
+"""The docs against the CLI: each command's synopsis (a ```text block starting with the command, in
+exactly one page of README.md and docs/*.md) names exactly the options its `--help` shows and the
+same choices, and the defaults the help states are the ones its page states. Adding an option to a
+command without documenting it fails here."""
 
 from __future__ import annotations
 
@@ -50,32 +51,69 @@ def _usage_options(help_text: str) -> set[str]:
     return set(OPTION.findall(usage)) - {"--help", "--version"}
 
 
-def _synopsis(command: str) -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```text\n(.*?)```", readme, flags=re.S) if b.startswith(command + " ")]
-    assert len(blocks) == 1, f"README.md needs exactly one ```text synopsis block starting with '{command} '"
-    return blocks[0]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# `--draft {model,ngram,head}` in argparse's usage line; `--draft model|ngram|head` in a synopsis
+HELP_CHOICES = re.compile(r"(--[a-z][a-z0-9-]*) \{([^}]*)\}")
+DOC_CHOICES = re.compile(r"(--[a-z][a-z0-9-]*)[ =]([a-z0-9][a-z0-9._-]*(?:\|[a-z0-9][a-z0-9._-]*)+)")
+
+
+def _synopsis(command: str) -> tuple[Path, str]:
+    """The page holding the command's synopsis, and the synopsis: exactly one in all the docs."""
+    found = [
+        (page, b)
+        for page in PAGES
+        for b in re.findall(r"```text\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+        if b.startswith(command + " ")
+    ]
+    pages = [str(page.relative_to(REPO)) for page, _ in found]
+    assert len(found) == 1, (
+        f"README.md and docs/*.md need exactly one ```text synopsis block starting with '{command} ', found {pages}"
+    )
+    return found[0]
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_readme_synopsis_lists_the_options_of_help(command):
     in_help = _usage_options(_help(command))
-    in_readme = set(OPTION.findall(_synopsis(command)))
+    page, synopsis = _synopsis(command)
+    in_doc = set(OPTION.findall(synopsis))
     assert in_help, command
-    assert not in_help - in_readme, (
-        f"{command}: in --help, missing from the README synopsis: {sorted(in_help - in_readme)}"
+    assert not in_help - in_doc, (
+        f"{command}: in --help, missing from the synopsis in {page.name}: {sorted(in_help - in_doc)}"
     )
-    assert not in_readme - in_help, f"{command}: in the README synopsis, not in --help: {sorted(in_readme - in_help)}"
+    assert not in_doc - in_help, f"{command}: in the synopsis in {page.name}, not in --help: {sorted(in_doc - in_help)}"
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_synopsis_choices_are_those_of_help(command):
+    """An option whose --help lists its choices lists the same ones in the synopsis."""
+    usage = _help(command).split("\n\n")[0]
+    page, synopsis = _synopsis(command)
+    in_doc = {opt: set(values.split("|")) for opt, values in DOC_CHOICES.findall(synopsis)}
+    for opt, values in HELP_CHOICES.findall(usage):
+        choices = set(values.split(","))
+        if opt in in_doc:
+            assert in_doc[opt] == choices, (
+                f"{command} {opt}: {page.name} lists {sorted(in_doc[opt])}, --help {sorted(choices)}"
+            )
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_synopsis_lives_on_its_topic_page(command):
+    """The README shows each command's common use; its full synopsis is on one page of docs/."""
+    page, _ = _synopsis(command)
+    assert page.parent == REPO / "docs", f"{command}: its synopsis is in {page.name}, not in a page of docs/"
 
 
 def test_export_models_defaults_agree():
-    """Every default export-models has is the one the README states (the self-draft is int4), and
-    its help says so too."""
+    """Every default export-models has is the one its page (docs/export.md) states (the self-draft is
+    int4), and its help says so too."""
     import argparse
 
     from specedge.cli.export_models import build_parser
 
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    page, _ = _synopsis("export-models")
+    readme = " ".join(page.read_text(encoding="utf-8").split())
     text = " ".join(_help("export-models").split())
     assert "with an int4 self-draft" in text and "(default int4)" in text
     checked = 0
@@ -84,7 +122,7 @@ def test_export_models_defaults_agree():
         if not long or action.default in (None, False, argparse.SUPPRESS):
             continue
         assert f"`{long[0]} {action.default}`" in readme, (
-            f"README does not state the default `{long[0]} {action.default}`"
+            f"{page.name} does not state the default `{long[0]} {action.default}`"
         )
         if long[0] != "--draft":  # its help words it: "'self' (target at --draft-precision, default)"
             assert f"(default {action.default})" in text.replace("(default)", ""), (
