@@ -254,7 +254,7 @@ def worker_ortgenai(job: dict) -> dict:
     k = job["k"]
     src = Path(paths[f"ortgenai_{opts['model']}"])
     draft = Path(paths["ortgenai_int4"]) if opts.get("draft") == "int4" else None
-    # Two sessions on a small CPU: spinning off (measured in docs/design.md, Threads); one session: ORT's default.
+    # Two sessions on a small CPU: spinning off (measured: docs/runtime.md, Threads); one session: ORT's default.
     spinning = draft is None
     name = f"run-{opts['model']}" + ("-draft" if draft else "") + f"-t{job['threads']}"
     cfg_dir = _ortgenai_config(

