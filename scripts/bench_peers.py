@@ -695,6 +695,9 @@ def markdown(res: dict) -> str:
         if g.get("prompts") and g.get("identical") != g.get("prompts"):
             pos = sorted(e["position"] for e in g.get("diffs", {}).values())
             same += f"; first diff at {', '.join(map(str, pos[:5]))}{'…' if len(pos) > 5 else ''}: {g.get('why', '')}"
+        g4 = r.get("int4_greedy")
+        if g4 and g4.get("prompts"):
+            same += f"; = specedge int4 target-only: {g4['identical']}/{g4['prompts']}"
         lines.append(
             f"| {r['name']} | {r['weights']} | {r['drafter'] or '–'} | **{fmt(r['tokens_per_s'])}** | "
             f"{fmt(c.get('code'))} | {fmt(c.get('chat'))} | {fmt(c.get('grounded'))} | {fmt(c.get('summarization'))} | "
@@ -1107,6 +1110,13 @@ def main(argv=None) -> int:
             if r.get("greedy") is not None:
                 r["greedy"]["why"] = explain(r["weights"], r["greedy"]["diffs"])
         base["greedy"] = {"identical": len(ref), "prompts": len(ref), "diffs": {}, "why": "reference"}
+    # exactness of speculation on the int4 target: against the same bundle's target-only output
+    base4 = _row(results, "specedge int4 target-only")
+    if base4 is not None:
+        ref4 = {r["prompt"]: r["tokens"] for r in base4["records"]}
+        for r in results:
+            if r is not base4 and r["status"] == "ok" and r["engine"] == "specedge" and r["weights"] == "int4":
+                r["int4_greedy"], _ = compare_greedy(ref4, r["records"], prompt_ids)
 
     la1 = load_average()
     mach = machine()
@@ -1189,6 +1199,58 @@ def figures(results) -> dict:
         "value": v,
         "target": 2.0,
         "met": None if v is None else v >= 2.0,
+    }
+    v = ratio(spec and spec["tokens_per_s"], base and base["tokens_per_s"])
+    out["default_vs_own_target"] = {
+        "what": "specedge speculative (the default bundle) ÷ its own fp32 target-only",
+        "value": v,
+        "target": 2.2,
+        "met": None if v is None else v >= 2.2,
+    }
+    out.update(_int4_figures(results, ratio))
+    return out
+
+
+def _exact(row) -> bool:
+    """Greedy speculative output equal to the same weights' target-only output on every prompt."""
+    g = row.get("int4_greedy") or {}
+    return bool(g.get("prompts")) and g.get("identical") == g.get("prompts")
+
+
+def _int4_figures(results, ratio) -> dict:
+    """The int4 rows' targets (issue 37): specedge's default int4 export against onnxruntime-genai's int4 build."""
+    t4 = _row(results, "specedge int4 target-only")
+    spec4 = [r for r in results if r["engine"] == "specedge" and r["weights"] == "int4" and r["status"] == "ok"]
+    ort4 = [r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "int4" and r["status"] == "ok"]
+    ort_t4 = _row(results, "onnxruntime-genai int4")
+    best4 = max((r for r in spec4 if r is not t4), key=lambda r: r["tokens_per_s"] or 0, default=None)
+    best_ort4 = max(ort4, key=lambda r: r["tokens_per_s"] or 0, default=None)
+    out = {}
+    v = ratio(t4 and t4["tokens_per_s"], ort_t4 and ort_t4["tokens_per_s"])
+    out["int4_target_vs_ortgenai"] = {
+        "what": "specedge int4 target-only (default export) ÷ onnxruntime-genai int4 target-only",
+        "value": v,
+        "target": 1.1,
+        "met": None if v is None else v >= 1.1,
+    }
+    v = ratio(best4 and best4["tokens_per_s"], t4 and t4["tokens_per_s"])
+    exact = best4 is not None and _exact(best4)
+    out["int4_best_vs_target"] = {
+        "what": "specedge's best int4 configuration"
+        + (f" ({best4['name']})" if best4 else "")
+        + " ÷ specedge int4 target-only, exact",
+        "value": v,
+        "target": 1.4,
+        "met": None if v is None else (v >= 1.4 and exact),
+        "note": "" if best4 is None else ("output = int4 target-only on every prompt." if exact else "**not exact**."),
+    }
+    v = ratio(best4 and best4["tokens_per_s"], best_ort4 and best_ort4["tokens_per_s"])
+    out["int4_best_vs_ortgenai_best"] = {
+        "what": "specedge's best int4 configuration ÷ onnxruntime-genai's best int4 configuration"
+        + (f" ({best_ort4['name']})" if best_ort4 else ""),
+        "value": v,
+        "target": 1.6,
+        "met": None if v is None else v >= 1.6,
     }
     return out
 

@@ -115,3 +115,40 @@ def test_sequential_runs_one_configuration_after_another(
     (row,) = [r for r in res["results"] if r["status"] == "ok"]
     assert res["schedule"] is None and "order" not in row and len(row["records"]) == 4
     assert "one configuration after another" in (tmp_path / "o" / "peers.md").read_text()
+
+
+def _row(name, engine, weights, tps, drafter=None, **extra):
+    return {
+        "name": name,
+        "engine": engine,
+        "weights": weights,
+        "drafter": drafter,
+        "status": "ok",
+        "tokens_per_s": tps,
+        "per_category": {},
+        **extra,
+    }
+
+
+def test_int4_figures_compare_each_engines_best(load_script):
+    """Issue 37's int4 targets: the default int4 export's target-only against onnxruntime-genai's int4,
+    specedge's best int4 configuration against its own target-only (met only when exact) and against
+    onnxruntime-genai's best int4 configuration."""
+    bp = load_script("bench_peers")
+    same = {"int4_greedy": {"identical": 20, "prompts": 20, "diffs": {}}}
+    rows = [
+        _row("specedge int4 target-only", "specedge", "int4", 300.0),
+        _row("specedge int4 + n-gram", "specedge", "int4", 450.0, "n-gram", **same),
+        _row("onnxruntime-genai int4", "onnxruntime-genai", "int4", 250.0),
+        _row("onnxruntime-genai int4 + n-gram", "onnxruntime-genai", "int4", 260.0, "n-gram"),
+    ]
+    f = bp.figures(rows)
+    assert f["int4_target_vs_ortgenai"]["value"] == 300.0 / 250.0 and f["int4_target_vs_ortgenai"]["met"]
+    best = f["int4_best_vs_target"]
+    assert best["value"] == 1.5 and best["met"] and "specedge int4 + n-gram" in best["what"]
+    vs = f["int4_best_vs_ortgenai_best"]
+    assert vs["value"] == 450.0 / 260.0 and vs["met"] and "onnxruntime-genai int4 + n-gram" in vs["what"]
+    rows[1]["int4_greedy"] = {"identical": 19, "prompts": 20, "diffs": {}}
+    best = bp.figures(rows)["int4_best_vs_target"]
+    assert best["value"] == 1.5 and best["met"] is False and "not exact" in best["note"]
+    assert bp.figures(rows[:1])["int4_best_vs_target"]["met"] is None  # nothing to compare: not measured
