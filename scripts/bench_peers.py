@@ -1164,50 +1164,52 @@ def _row(results, name):
     return next((r for r in results if r["name"] == name and r["status"] == "ok"), None)
 
 
+def _tps(row):
+    return row and row["tokens_per_s"]
+
+
+def _figure(what: str, num, den, target: float, exact: bool = True, note: str = "") -> dict:
+    """One of the issue's ratio targets: met when num / den reaches it (and, where asked, the output is exact)."""
+    v = num / den if (num and den) else None
+    return {
+        "what": what,
+        "value": v,
+        "target": target,
+        "met": None if v is None else (v >= target and exact),
+        "note": note,
+    }
+
+
+def _best(rows):
+    return max(rows, key=lambda r: r["tokens_per_s"] or 0, default=None)
+
+
+def _named(what: str, row) -> str:
+    return what + (f" ({row['name']})" if row else "")
+
+
 def figures(results) -> dict:
     spec = _row(results, SPEC_NAME)
     ng = _row(results, "specedge speculative (n-gram)")
     base = _row(results, "specedge target-only")
     hf = _row(results, "transformers assisted (int8 self-draft)")
-    ort_fp32 = [
-        r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "fp32" and r["status"] == "ok"
-    ]
-    out = {}
-
-    def ratio(a, b):
-        return a / b if (a and b) else None
-
-    v = ratio(spec and spec["tokens_per_s"], hf and hf["tokens_per_s"])
-    out["vs_hf_assisted"] = {
-        "what": "specedge speculative ÷ transformers assisted generation",
-        "value": v,
-        "target": 3.0,
-        "met": None if v is None else v >= 3.0,
+    ok = [r for r in results if r["status"] == "ok"]
+    best_ort = _best(r for r in ok if r["engine"] == "onnxruntime-genai" and r["weights"] == "fp32")
+    grounded = [r and r["per_category"].get("grounded") for r in (ng, base)]
+    out = {
+        "vs_hf_assisted": _figure("specedge speculative ÷ transformers assisted generation", _tps(spec), _tps(hf), 3.0),
+        "vs_ortgenai_best_fp32": _figure(
+            _named("specedge speculative ÷ onnxruntime-genai's best fp32-target configuration", best_ort),
+            _tps(spec),
+            _tps(best_ort),
+            1.2,
+        ),
+        "grounded_ngram": _figure("specedge n-gram ÷ specedge target-only, grounded category", *grounded, 2.0),
+        "default_vs_own_target": _figure(
+            "specedge speculative (the default bundle) ÷ its own fp32 target-only", _tps(spec), _tps(base), 2.2
+        ),
     }
-    best = max(ort_fp32, key=lambda r: r["tokens_per_s"] or 0, default=None)
-    v = ratio(spec and spec["tokens_per_s"], best and best["tokens_per_s"])
-    out["vs_ortgenai_best_fp32"] = {
-        "what": "specedge speculative ÷ onnxruntime-genai's best fp32-target configuration"
-        + (f" ({best['name']})" if best else ""),
-        "value": v,
-        "target": 1.2,
-        "met": None if v is None else v >= 1.2,
-    }
-    v = ratio(ng and ng["per_category"].get("grounded"), base and base["per_category"].get("grounded"))
-    out["grounded_ngram"] = {
-        "what": "specedge n-gram ÷ specedge target-only, grounded category",
-        "value": v,
-        "target": 2.0,
-        "met": None if v is None else v >= 2.0,
-    }
-    v = ratio(spec and spec["tokens_per_s"], base and base["tokens_per_s"])
-    out["default_vs_own_target"] = {
-        "what": "specedge speculative (the default bundle) ÷ its own fp32 target-only",
-        "value": v,
-        "target": 2.2,
-        "met": None if v is None else v >= 2.2,
-    }
-    out.update(_int4_figures(results, ratio))
+    out.update(_int4_figures(ok))
     return out
 
 
@@ -1217,42 +1219,32 @@ def _exact(row) -> bool:
     return bool(g.get("prompts")) and g.get("identical") == g.get("prompts")
 
 
-def _int4_figures(results, ratio) -> dict:
+def _int4_figures(ok) -> dict:
     """The int4 rows' targets (issue 37): specedge's default int4 export against onnxruntime-genai's int4 build."""
-    t4 = _row(results, "specedge int4 target-only")
-    spec4 = [r for r in results if r["engine"] == "specedge" and r["weights"] == "int4" and r["status"] == "ok"]
-    ort4 = [r for r in results if r["engine"] == "onnxruntime-genai" and r["weights"] == "int4" and r["status"] == "ok"]
-    ort_t4 = _row(results, "onnxruntime-genai int4")
-    best4 = max((r for r in spec4 if r is not t4), key=lambda r: r["tokens_per_s"] or 0, default=None)
-    best_ort4 = max(ort4, key=lambda r: r["tokens_per_s"] or 0, default=None)
-    out = {}
-    v = ratio(t4 and t4["tokens_per_s"], ort_t4 and ort_t4["tokens_per_s"])
-    out["int4_target_vs_ortgenai"] = {
-        "what": "specedge int4 target-only (default export) ÷ onnxruntime-genai int4 target-only",
-        "value": v,
-        "target": 1.1,
-        "met": None if v is None else v >= 1.1,
-    }
-    v = ratio(best4 and best4["tokens_per_s"], t4 and t4["tokens_per_s"])
+    t4 = _row(ok, "specedge int4 target-only")
+    ort_t4 = _row(ok, "onnxruntime-genai int4")
+    best4 = _best(r for r in ok if r["engine"] == "specedge" and r["weights"] == "int4" and r is not t4)
+    best_ort4 = _best(r for r in ok if r["engine"] == "onnxruntime-genai" and r["weights"] == "int4")
     exact = best4 is not None and _exact(best4)
-    out["int4_best_vs_target"] = {
-        "what": "specedge's best int4 configuration"
-        + (f" ({best4['name']})" if best4 else "")
-        + " ÷ specedge int4 target-only, exact",
-        "value": v,
-        "target": 1.4,
-        "met": None if v is None else (v >= 1.4 and exact),
-        "note": "" if best4 is None else ("output = int4 target-only on every prompt." if exact else "**not exact**."),
+    note = "" if best4 is None else ("output = int4 target-only on every prompt." if exact else "**not exact**.")
+    best_name = _named("specedge's best int4 configuration", best4)
+    return {
+        "int4_target_vs_ortgenai": _figure(
+            "specedge int4 target-only (default export) ÷ onnxruntime-genai int4 target-only",
+            _tps(t4),
+            _tps(ort_t4),
+            1.1,
+        ),
+        "int4_best_vs_target": _figure(
+            best_name + " ÷ specedge int4 target-only, exact", _tps(best4), _tps(t4), 1.4, exact, note
+        ),
+        "int4_best_vs_ortgenai_best": _figure(
+            _named(best_name + " ÷ onnxruntime-genai's best int4 configuration", best_ort4),
+            _tps(best4),
+            _tps(best_ort4),
+            1.6,
+        ),
     }
-    v = ratio(best4 and best4["tokens_per_s"], best_ort4 and best_ort4["tokens_per_s"])
-    out["int4_best_vs_ortgenai_best"] = {
-        "what": "specedge's best int4 configuration ÷ onnxruntime-genai's best int4 configuration"
-        + (f" ({best_ort4['name']})" if best_ort4 else ""),
-        "value": v,
-        "target": 1.6,
-        "met": None if v is None else v >= 1.6,
-    }
-    return out
 
 
 def profile(results) -> str | None:
