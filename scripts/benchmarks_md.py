@@ -22,7 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specedge.bench.stats import decode_target_calls  # noqa: E402
 
 
 def _load(path: Path):
@@ -59,76 +58,33 @@ def machine(peers: dict) -> str:
     )
 
 
-def headline(bp, peers: Path, int4: Path) -> str:
-    """Each engine's configurations: the newest peers run (fp32 target, every engine) and the newest
-    int4 run (specedge's fastest kernel against onnxruntime-genai int4)."""
-    res = _read(peers)
-    res["json"] = _rel(peers)
-    if any(r["name"].startswith("specedge int4") and r["status"] == "ok" for r in res["results"]):
-        return bp.markdown(res)  # one run holds both
-    return "\n".join(
-        [
-            "### fp32 target (and each engine's quantized build)",
-            "",
-            bp.markdown(res),
-            "",
-            "### int4 targets",
-            "",
-            int4_runtimes(int4),
-        ]
+def read_bandwidth(peers: dict, path: Path) -> str:
+    """The target-only rows' achieved weight bandwidth against the machine's measured read bandwidth."""
+    if not path.exists():
+        return ""
+    rb = _read(path)
+    ceiling = rb["read_gb_s"]
+    rows = [
+        r
+        for r in peers["results"]
+        if r["status"] == "ok" and r["drafter"] is None and r.get("bandwidth_gb_s") and r["engine"] == "specedge"
+    ]
+    parts = [f"{r['name']} {r['bandwidth_gb_s']:.1f} GB/s ({r['bandwidth_gb_s'] / ceiling:.0%})" for r in rows]
+    return (
+        f"Achieved weight bandwidth of the target-only steps against the machine's read bandwidth, "
+        f"{ceiling:.1f} GB/s with {rb['threads']} threads (measured {rb['created']}, load "
+        f"{_load_avg(rb['machine']['load_avg_start'])}; `{rb['command']}`, JSON: `{_rel(path)}`): "
+        + "; ".join(parts)
+        + "."
     )
 
 
-INT4_NAMES = {
-    "py": "specedge Python, target-only",
-    "py+ngram": "specedge Python + n-gram",
-    "cpp": "specedge C++, target-only",
-    "cpp+ngram": "specedge C++ + n-gram",
-    "ortgenai": "onnxruntime-genai int4, target-only",
-    "ortgenai+ngram": "onnxruntime-genai int4 + n-gram",
-}
-
-
-def _per_call(key: str, records: list[dict]) -> str:
-    """Decode tokens per target forward pass; a target-only run makes one pass per token, and a
-    speculative run's figure needs its accepted counts (runs that recorded only a rate show "–")."""
-    if "+" not in key:
-        return "1.00"
-    if not records or any(r.get("accepted") is None or r.get("target_calls") is None for r in records):
-        return "–"
-    passes = sum(decode_target_calls(len(r["tokens"]), r["accepted"], r["target_calls"]) for r in records)
-    return f"{sum(max(len(r['tokens']) - 1, 0) for r in records) / passes:.2f}" if passes else "–"
-
-
-def int4_runtimes(path: Path) -> str:
-    """The int4 targets across runtimes, configurations alternated prompt by prompt in one run."""
-    r = _read(path)
-    n = r["prompts"]
-    lines = [
-        f"Measured {r['date_utc']}, {n} prompts, {r['threads']} threads, greedy, {r['max_new_tokens']} new tokens, "
-        f"configurations alternated prompt by prompt; load average {_load_avg(r['load_avg_start'])} → "
-        f"{_load_avg(r['load_avg_end'])}. specedge runs the bundle `export-models --precision int4 --draft ngram "
-        "--int4-kernel specedge` (its fastest kernel); onnxruntime-genai its model builder's int4 build of the same "
-        f"checkpoint. Command: `{r['command']}` (JSON: `{_rel(path)}`).",
-        "",
-        "| configuration | median tok/s | tokens per target call | achieved weight bandwidth | output = specedge "
-        "Python target-only | ÷ onnxruntime-genai int4 (median per prompt) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for key, s in r["summary"].items():
-        bw = f"{s['bandwidth_gb_s']:.1f} GB/s" if s.get("bandwidth_gb_s") else "–"
-        same = "–" if key == "py" else f"{s.get('same_tokens_as_py', '–')}/{n}"
-        ratio = s.get("median_ratio_to", {}).get("ortgenai")
-        lines.append(
-            f"| {INT4_NAMES.get(key, key)} | {s['median_tokens_per_s']:.1f} | {_per_call(key, r['records'].get(key, []))} | {bw} | "
-            f"{same} | {f'{ratio:.2f}×' if ratio else '1.00×' if key == 'ortgenai' else '–'} |"
-        )
-    lines += [
-        "",
-        "onnxruntime-genai's int4 output differs from specedge's because its builder re-quantizes the weights; "
-        "specedge keeps the GGUF's own 4-bit codes.",
-    ]
-    return "\n".join(lines)
+def headline(bp, peers: Path, bandwidth: Path) -> str:
+    """Each engine's best configurations, fp32 and int4, from one bench_peers run, and the target-only
+    steps' bandwidth against the machine's."""
+    res = _read(peers)
+    res["json"] = _rel(peers)
+    return bp.markdown(res) + "\n\n" + read_bandwidth(res, bandwidth)
 
 
 def native(path: Path) -> str:
@@ -192,14 +148,17 @@ def render(results: Path) -> str:
     serve = _load(ROOT / "scripts" / "serve_load.py")
     head_eval = _load(ROOT / "benchmarks" / "experiments" / "heads" / "head_eval.py")
     peers = results / "peers" / "peers.json"
-    int4 = results / "int4_runtimes" / "int4_runtimes_specedge_kernel.json"
     serve_json = results / "serve" / "smollm2-135m-instruct.json"
     head = results / "head"
     tree_runs = sorted((results / "tree").glob("smollm2-135m-instruct_run*.json"))
     parts = [
         HEADER,
         _section("machine", "Machine", machine({**_read(peers), "json": _rel(peers)})),
-        _section("peers", "specedge against the field (`scripts/bench_peers.py`)", headline(bp, peers, int4)),
+        _section(
+            "peers",
+            "specedge against the field (`scripts/bench_peers.py`)",
+            headline(bp, peers, results / "machine" / "read_bandwidth.json"),
+        ),
         _section(
             "bench",
             "`specedge bench` (k sweep on the default bundle)",
