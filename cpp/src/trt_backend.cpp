@@ -296,7 +296,7 @@ struct TrtBackend::Impl {
   struct Device {
     std::string gpu, cc, trt_version;
   };
-  std::string rebuild() const;
+  std::string rebuild(bool force = false) const;
   Device open_device();
   std::string read_plan(const Manifest& m, const Device& dev, const std::string& verify, trt::PlanInfo* info,
                         std::string* plan_path);
@@ -412,7 +412,10 @@ struct TrtBackend::Impl {
 
 // ---- loading, step by step (the constructor below runs them in order)
 
-std::string TrtBackend::Impl::rebuild() const { return "rebuild with `specedge build-engines " + bundle + "`"; }
+// --force: the plan exists but is unusable, so a plain build-engines would keep it.
+std::string TrtBackend::Impl::rebuild(bool force) const {
+  return "rebuild with `specedge build-engines " + bundle + (force ? " --force`" : "`");
+}
 
 // This TensorRT and this GPU: the names the plan's folder and plan.json are checked against.
 TrtBackend::Impl::Device TrtBackend::Impl::open_device() {
@@ -449,18 +452,17 @@ std::string TrtBackend::Impl::read_plan(const Manifest& m, const Device& dev, co
   trt::check_against_manifest(*info, m, *spec, spec->graph_for("tensorrt").path, bundle);
   const std::string path = resolve_inside(m.root, folder + "/" + info->plan_file);
   *plan_path = path;
-  const std::string force = " — rebuild with `specedge build-engines " + bundle + " --force`";
   auto size = fs::file_size(path, ec);
   if (ec) fail_bundle("cannot read " + path + " (" + ec.message() + ") — " + rebuild());
   if (int64_t(size) != info->plan_bytes)
     fail_bundle(path + " has " + std::to_string(size) + " bytes, its plan.json says " +
-                std::to_string(info->plan_bytes) + force);
+                std::to_string(info->plan_bytes) + " — " + rebuild(true));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_bundle("cannot read " + path + " — " + rebuild());
   std::string data(size_t(size), '\0');
   if (!in.read(&data[0], std::streamsize(size))) fail_bundle("cannot read " + path + " — " + rebuild());
   if (verify == "full" && sha256_hex(data) != info->plan_sha256)
-    fail_bundle(path + " does not match its plan.json checksum" + force);
+    fail_bundle(path + " does not match its plan.json checksum — " + rebuild(true));
   return data;
 }
 
@@ -470,8 +472,7 @@ void TrtBackend::Impl::load_engine(std::string data, const std::string& plan_pat
   engine.reset(runtime->deserializeCudaEngine(data.data(), data.size()));
   if (!engine) {
     std::string te = logger.take_error();
-    fail_bundle("TensorRT could not load " + plan_path + (te.empty() ? "" : " (" + te + ")") +
-                " — rebuild with `specedge build-engines " + bundle + " --force`");
+    fail_bundle("TensorRT could not load " + plan_path + (te.empty() ? "" : " (" + te + ")") + " — " + rebuild(true));
   }
 }
 
