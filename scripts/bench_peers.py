@@ -884,6 +884,18 @@ def per_call(row: dict) -> dict:
     }
 
 
+def peer_weight_bytes(row: dict, paths: dict) -> int:
+    """The bytes of the weight files a peer's target-only step reads once per token: its model files
+    as prepared (the embedding table included, as in specedge's manifest weight_bytes)."""
+    engine = {v: k for k, v in ENGINE_NAMES.items()}[row["engine"]]
+    if engine == "llamacpp":
+        return Path(paths["gguf"]).stat().st_size
+    if engine == "hf":
+        return sum(f.stat().st_size for f in Path(paths["hf"]).glob("*.safetensors"))
+    folder = Path(paths[f"ortgenai_{row['options']['model']}"])
+    return sum(f.stat().st_size for f in folder.iterdir() if f.name.endswith((".onnx", ".onnx.data")))
+
+
 # ============================================================================ main
 
 
@@ -1077,6 +1089,9 @@ def main(argv=None) -> int:
             row["ttft_ms_median"] = 1000 * median(r["ttft_s"] for r in recs)
             row["new_tokens"] = sum(len(r["tokens"]) for r in recs)
             row.update(per_call(row))
+            if row["bandwidth_gb_s"] is None and row["drafter"] is None:
+                row["weight_bytes"] = peer_weight_bytes(row, paths)
+                row["bandwidth_gb_s"] = round(row["weight_bytes"] * row["tokens_per_s"] / 1e9, 2)
             log(f"{row['name']}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']} s)")
         else:
             log(f"{row['name']}: {row['status']}: {row.get('error')}")

@@ -152,3 +152,24 @@ def test_int4_figures_compare_each_engines_best(load_script):
     best = bp.figures(rows)["int4_best_vs_target"]
     assert best["value"] == 1.5 and best["met"] is False and "not exact" in best["note"]
     assert bp.figures(rows[:1])["int4_best_vs_target"]["met"] is None  # nothing to compare: not measured
+
+
+def test_peer_weight_bytes_are_the_model_files_each_engine_reads(load_script, tmp_path):
+    """A peer's target-only bandwidth counts its prepared weight files: onnxruntime-genai's graph and
+    external data, transformers' safetensors, llama.cpp's GGUF."""
+    bp = load_script("bench_peers")
+    og = tmp_path / "og4"
+    og.mkdir()
+    (og / "model.onnx").write_bytes(b"x" * 10)
+    (og / "model.onnx.data").write_bytes(b"x" * 100)
+    (og / "tokenizer.json").write_bytes(b"x" * 1000)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"x" * 200)
+    (hf / "config.json").write_bytes(b"x" * 5)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x" * 300)
+    paths = {"ortgenai_int4": str(og), "hf": str(hf), "gguf": str(gguf)}
+    assert bp.peer_weight_bytes({"engine": "onnxruntime-genai", "options": {"model": "int4"}}, paths) == 110
+    assert bp.peer_weight_bytes({"engine": "transformers", "options": {}}, paths) == 200
+    assert bp.peer_weight_bytes({"engine": "llama.cpp", "options": {}}, paths) == 300
