@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-
 def _load(path: Path):
     """A script that is not a package, as a module (its own folder on sys.path for its imports)."""
     sys.path.insert(0, str(path.parent))

@@ -6,35 +6,30 @@ for a bad request, 401 for a missing or wrong API key, 413 for a body over the s
 (with Retry-After) when the queue is full, 503 (with Retry-After) while the server shuts down,
 504 past the request deadline, 500 for a fault (no traceback is sent; one line is logged, the
 traceback at debug level). The HTTP layer's own refusals (malformed requests, read timeouts) are
-error objects too: see http.py.
+error objects too: see http.py. The two completion routes run in completions.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import logging
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..runtime.generator import GenerationConfig
+from .completions import Completions
 from .errors import ApiError, bad_request, log_fault
 from .metrics import CONTENT_TYPE_LATEST, DEFAULT_MAX_TASKS, ServeMetrics
 from .schemas import ChatRequest, CompletionRequest, describe_validation_error
-from .sse import DONE, FINISH, Formatter, event, extension, usage
-from .worker import SHUTDOWN_RETRY_AFTER, Job, QueueFull, Scheduler, shutting_down
+from .worker import SHUTDOWN_RETRY_AFTER, Scheduler
 
 __all__ = ["create_app", "DEFAULT_MAX_BODY"]
 
-log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY = 1 << 20  # bytes of a request body
-POLL_S = 0.2  # how often a waiting request checks that its client is still connected
 _STATUS_KIND = {
     400: "bad_request",
     401: "unauthorized",
@@ -87,6 +82,63 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
+def _answer_errors_as_openai(app: FastAPI, metrics: ServeMetrics) -> None:
+    """Every error, FastAPI's and Starlette's own included, answers as an OpenAI error object and is
+    counted by kind."""
+
+    def answer(err: ApiError) -> JSONResponse:
+        metrics.error(err.kind)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return answer(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = describe_validation_error(exc.errors())
+        return answer(bad_request(message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        kind = _STATUS_KIND.get(exc.status_code, "bad_request")
+        status = 400 if exc.status_code == 422 else exc.status_code
+        detail = str(exc.detail)
+        if status == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not decode the body
+            detail = "the request body is not valid JSON" + (
+                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else ""
+            )
+        return answer(ApiError(status, detail, kind=kind))
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, exc: Exception):
+        request.scope["specedge.logged"] = True  # http.py's wrapper then does not log it again
+        log_fault(request.method, request.url.path, exc)
+        return answer(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error", kind="internal"))
+
+
+def _authorizer(api_key: str | None):
+    """The dependency that checks `Authorization: Bearer KEY` (none when no key is set)."""
+
+    async def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(
+                401,
+                "a valid API key is required (Authorization: Bearer KEY)"
+                if given
+                else "missing API key (send Authorization: Bearer KEY)",
+                type="authentication_error",
+                code="invalid_api_key",
+                kind="unauthorized",
+            )
+
+    return authorized
+
+
 def create_app(
     scheduler: Scheduler,
     model: str,
@@ -119,53 +171,8 @@ def create_app(
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=max_body, metrics=metrics)
 
-    def answer(err: ApiError) -> JSONResponse:
-        metrics.error(err.kind)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return answer(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        message, param = describe_validation_error(exc.errors())
-        return answer(bad_request(message, param))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        kind = _STATUS_KIND.get(exc.status_code, "bad_request")
-        status = 400 if exc.status_code == 422 else exc.status_code
-        detail = str(exc.detail)
-        if status == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not decode the body
-            detail = "the request body is not valid JSON" + (
-                " (it is not UTF-8 text)" if isinstance(exc.__cause__, UnicodeDecodeError) else ""
-            )
-        return answer(ApiError(status, detail, kind=kind))
-
-    @app.exception_handler(Exception)
-    async def _fault(request: Request, exc: Exception):
-        request.scope["specedge.logged"] = True  # http.py's wrapper then does not log it again
-        log_fault(request.method, request.url.path, exc)
-        return answer(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error", kind="internal"))
-
-    async def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(
-                401,
-                "a valid API key is required (Authorization: Bearer KEY)"
-                if given
-                else "missing API key (send Authorization: Bearer KEY)",
-                type="authentication_error",
-                code="invalid_api_key",
-                kind="unauthorized",
-            )
-
-    auth = [Depends(authorized)]
+    _answer_errors_as_openai(app, metrics)
+    auth = [Depends(_authorizer(api_key))]
 
     @app.get("/health")
     async def health():
@@ -208,225 +215,16 @@ def create_app(
             )
         return model_card()
 
+    completions = Completions(
+        scheduler, model, metrics, timeout=timeout, default_max_tokens=default_max_tokens, instance=instance
+    )
+
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(request: Request, body: ChatRequest):
-        return await _complete(request, body, chat=True)
+        return await completions.complete(request, body, chat=True)
 
     @app.post("/v1/completions", dependencies=auth)
-    async def completions(request: Request, body: CompletionRequest):
-        return await _complete(request, body, chat=False)
-
-    def prepare(body, chat: bool) -> tuple[list[int], dict]:
-        """The prompt's ids and the generation arguments, checked as the pipeline checks them."""
-        pipe = scheduler.pipeline
-        kwargs = body.generation_kwargs(default_max_tokens)
-        drafter = body.specedge.drafter
-        served = pipe.drafter.kind if pipe.drafter is not None else None
-        if drafter == "none":
-            kwargs["speculative"] = False
-        elif drafter is not None and drafter != served:
-            raise bad_request(
-                f"this server drafts with '{served}' (start `specedge serve` with --draft {drafter} "
-                "for that drafter); a request may name it or 'none' (target only)",
-                "specedge.drafter",
-            )
-        try:
-            GenerationConfig(**kwargs).validate()
-            ids = pipe.encode(messages=body.message_dicts()) if chat else pipe.encode(**body.prompt_kwargs())
-        except ValueError as e:
-            raise bad_request(str(e).splitlines()[0]) from None
-        return ids, kwargs
-
-    async def _complete(request: Request, body, chat: bool):
-        t0 = time.monotonic()
-        endpoint = "chat" if chat else "completions"
-        task = body.specedge.task or "default"
-        ids, kwargs = await run_in_threadpool(prepare, body, chat)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def emit(ev):
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, ev)
-            except RuntimeError:  # the loop is gone (shutdown): nobody is listening
-                pass
-
-        job = Job(ids, kwargs, emit, pieces=body.stream)
-        try:
-            scheduler.submit(job)
-        except QueueFull as e:
-            metrics.ended(endpoint, task, "rejected")
-            raise ApiError(
-                429,
-                "the server is busy: its request queue is full; retry later",
-                type="rate_limit_error",
-                code="queue_full",
-                kind="queue_full",
-                headers={"Retry-After": str(e.retry_after)},
-            ) from None
-        deadline = t0 + timeout
-        fmt = Formatter(chat, model)
-        run = _Run(job, endpoint, task, t0, len(ids))
-
-        async def next_event():
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    scheduler.cancel(job)
-                    raise ApiError(
-                        504,
-                        f"the request ran past the server's deadline of {timeout:g} s",
-                        type="timeout_error",
-                        code="timeout",
-                        kind="timeout",
-                    )
-                if not events.empty():  # the common case while tokens flow: no timer, no task
-                    return events.get_nowait()
-                try:
-                    return await asyncio.wait_for(events.get(), min(POLL_S, left))
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        scheduler.cancel(job)
-                        raise _ClientGone() from None
-
-        try:
-            ev = await next_event()
-            if not body.stream:
-                while ev[0] == "piece":  # the text comes whole with the result
-                    run.first_piece()
-                    ev = await next_event()
-        except _ClientGone:
-            run.end(metrics, "cancelled")
-            return Response(status_code=499)
-        except ApiError as e:
-            run.end(metrics, e.kind)
-            raise
-        if ev[0] in ("error", "cancelled"):
-            err = _failure(ev)
-            run.end(metrics, "shutdown" if err.kind == "shutdown" else "error")
-            raise err
-        if body.stream:
-            return StreamingResponse(
-                _stream(ev, next_event, events, fmt, run, body.include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        result = ev[1]
-        ext = run.done(metrics, result, instance)
-        return fmt.response(result.text, FINISH[result.finish_reason], usage(len(ids), len(result.token_ids)), ext)
-
-    async def _stream(first, next_event, events: asyncio.Queue, fmt: Formatter, run: _Run, include_usage: bool):
-        outcome = "cancelled"  # what the finally reports if the client leaves (the task is cancelled)
-        try:
-            if fmt.chat:
-                yield event(fmt.chunk(role=True))
-            ev = first
-            try:
-                while ev[0] == "piece":
-                    run.first_piece()
-                    # pieces that queued up while this task waited for the CPU go out as one chunk
-                    text, ev = ev[1], None
-                    while ev is None and not events.empty():
-                        ev = events.get_nowait()
-                        if ev[0] == "piece":
-                            text, ev = text + ev[1], None
-                    yield event(fmt.chunk(text))
-                    if ev is None:
-                        ev = await next_event()
-            except ApiError as e:  # the deadline, mid-stream: the status is sent already
-                outcome = e.kind
-                metrics.error(e.kind)
-                yield event(e.body())
-                yield DONE
-                return
-            except _ClientGone:
-                return
-            if ev[0] != "done":
-                err = _failure(ev)
-                outcome = "shutdown" if err.kind == "shutdown" else "error"
-                metrics.error(err.kind)
-                yield event(err.body())
-                yield DONE
-                return
-            result = ev[1]
-            outcome = None
-            ext = run.done(metrics, result, instance)
-            u = usage(run.prompt_tokens, len(result.token_ids))
-            last = fmt.chunk(finish=FINISH[result.finish_reason])
-            if include_usage:
-                yield event(last)
-                yield event(fmt.usage_chunk(u, ext))
-            else:
-                last.update(usage=u, specedge=ext)
-                yield event(last)
-            yield DONE
-        finally:
-            if outcome is not None:
-                scheduler.cancel(run.job)
-                run.end(metrics, outcome)
+    async def complete(request: Request, body: CompletionRequest):
+        return await completions.complete(request, body, chat=False)
 
     return app
-
-
-def _failure(ev: tuple) -> ApiError:
-    """The answer to a job that ended without a result: its error, or (a job cancelled while its
-    client still waits: only a shutdown does that) 503."""
-    if ev[0] == "error":
-        return ev[1]
-    return shutting_down("the server shut down before this request finished")
-
-
-class _Run:
-    """One request's timings, its metrics and its log line."""
-
-    def __init__(self, job: Job, endpoint: str, task: str, t0: float, prompt_tokens: int):
-        self.job, self.endpoint, self.task, self.t0, self.prompt_tokens = job, endpoint, task, t0, prompt_tokens
-        self.t_first: float | None = None
-
-    def first_piece(self) -> None:
-        if self.t_first is None:
-            self.t_first = time.monotonic()
-
-    def done(self, metrics: ServeMetrics, result, instance: str | None) -> dict:
-        now = time.monotonic()
-        ttft = (self.t_first or now) - self.t0
-        total = now - self.t0
-        s = result.stats
-        metrics.finished(self.endpoint, self.task, s, self.job.queue_wait, ttft, total)
-        metrics.queue_wait.observe(self.job.queue_wait)
-        log.info(
-            "specedge serve: %s ok task=%s replica=%s prompt=%d reused=%d tokens=%d finish=%s ttft=%.3fs "
-            "total=%.3fs queue=%.3fs tok/s=%.1f acceptance=%.2f mean_accepted=%.2f k=%s fallbacks=%d",
-            self.endpoint,
-            self.task,
-            self.job.replica,
-            s["prompt_tokens"],
-            s.get("prefix_reused_tokens", 0),
-            s["tokens"],
-            result.finish_reason,
-            ttft,
-            total,
-            self.job.queue_wait,
-            s["tokens_per_s"],
-            s["acceptance_rate"],
-            s["mean_accepted"],
-            s.get("k"),
-            s.get("fallbacks", 0),
-        )
-        ext = extension(result, self.task, self.job.replica, self.job.queue_wait)
-        if instance is not None:
-            ext["instance"] = instance
-        return ext
-
-    def end(self, metrics: ServeMetrics, outcome: str) -> None:
-        metrics.ended(self.endpoint, self.task, outcome)
-        log.info(
-            "specedge serve: %s %s task=%s replica=%s prompt=%d total=%.3fs queue=%.3fs",
-            self.endpoint,
-            outcome,
-            self.task,
-            self.job.replica,
-            self.prompt_tokens,
-            time.monotonic() - self.t0,
-            self.job.queue_wait,
-        )
