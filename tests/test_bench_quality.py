@@ -155,3 +155,21 @@ def test_bad_bundles_are_one_error_line(load_script, tiny_bundle_factory, tmp_pa
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
     assert not (tmp_path / "q.json").exists()
+
+
+def test_an_int4_bundle_is_measured_on_the_kernels_this_machine_runs(
+    load_script, tiny_bundle_factory, monkeypatch, tmp_path
+):
+    from specedge import custom_ops
+    from specedge.runtime import int4_kernel
+
+    bq = load_script("bench_quality")
+    auto = tiny_bundle_factory(precision="int4", draft="ngram")
+    one = tiny_bundle_factory(precision="int4", draft="ngram", int4_kernel="matmulnbits")
+    assert bq.kernels(tiny_bundle_factory(draft="ngram"), True) == ["auto"]  # fp32: no choice
+    assert bq.kernels(one, False) == ["matmulnbits"]
+    if int4_kernel.kernels_here()[0]:
+        assert bq.kernels(auto, False) == ["specedge", "matmulnbits"]
+    # as on a machine where specedge was installed without a compiler: the twin graph only
+    monkeypatch.setenv(custom_ops.ENV, str(tmp_path / "absent" / "libspecedge_ops.so"))
+    assert bq.kernels(auto, False) == ["matmulnbits"]
