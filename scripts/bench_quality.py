@@ -15,7 +15,7 @@ For every one (specedge.bench.quality says how each figure is computed):
                      whole output equals the reference's, mean tokens before the first divergence,
                      and teacher-forced top-1 agreement on the reference's continuations
   perplexity         the held-out text (--text, default benchmarks/data/heldout.txt) in windows of
-                     --window tokens (at most the bundle's max_seq), the same windows for every bundle
+                     --window tokens (at most the shortest max_seq), the same windows for every bundle
   speed              decode tokens/s of that greedy run (target-only, --threads threads)
 
 Writes --out (schema "specedge.bench.quality/1", with the command, date, machine and load averages);
@@ -86,6 +86,8 @@ def measure(bundle: Path, kernel: str, prompts: list[dict], text_ids: list[int],
         if pipe.tokenizer.encode(args.text.read_text(encoding="utf-8")) != text_ids:
             raise ValueError(f"{bundle}: its tokenizer differs from the reference's: the texts would not compare")
         ids = [_encode(pipe, p, args.max_new_tokens)[0] for p in prompts]
+        if ref is not None and ids != ref["prompt_ids"]:  # a prompt cut to another context length
+            raise ValueError(f"{bundle}: its prompts are not the reference's tokens (another max_seq?)")
         pipe.generate(token_ids=ids[0], max_new_tokens=8, speculative=False)  # warm-up
         outputs, tokens, secs = [], 0, 0.0
         for x in ids:
@@ -94,7 +96,6 @@ def measure(bundle: Path, kernel: str, prompts: list[dict], text_ids: list[int],
             tokens += max(len(r.token_ids) - 1, 0)
             secs += r.stats["decode_s"]
         log(f"{bundle.name} ({kernel}): {len(prompts)} prompts decoded, {tokens / secs:.1f} tok/s")
-        size = min(args.window, pipe.max_seq)
         row = {
             "bundle": _rel(bundle),
             "precision": pipe.manifest.target.precision,
@@ -102,16 +103,17 @@ def measure(bundle: Path, kernel: str, prompts: list[dict], text_ids: list[int],
             "quantization": pipe.manifest.target.quantization.get("method"),
             "kernel": getattr(getattr(pipe.target, "kernel_choice", None), "kernel", None),
             "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
-            "outputs": outputs,
+            "outputs": outputs,  # these two stay in memory: the JSON keeps the figures
+            "prompt_ids": ids,
         }
         if ref is not None:
             row["greedy"] = quality.greedy_agreement(ref["outputs"], outputs)
         ref_out = outputs if ref is None else ref["outputs"]
         row["teacher_forced"] = quality.teacher_forced(pipe, ids, ref_out)
-        wins = quality.windows(text_ids, size, args.max_windows)
+        wins = quality.windows(text_ids, args.window, args.max_windows)
         if not wins:
-            raise ValueError(f"{args.text}: fewer than {size} tokens, not one window to score")
-        row["perplexity"] = {"window": size, "windows": len(wins), **quality.held_out_perplexity(pipe, wins)}
+            raise ValueError(f"{args.text}: fewer than {args.window} tokens, not one window to score")
+        row["perplexity"] = {"window": args.window, "windows": len(wins), **quality.held_out_perplexity(pipe, wins)}
         log(f"{bundle.name} ({kernel}): perplexity {row['perplexity']['perplexity']}")
         return row
     finally:
@@ -138,11 +140,12 @@ def markdown(res: dict, json_path: str) -> str:
     """The BENCHMARKS.md section: one row per bundle and kernel."""
     m = res["machine"]
     t = res["text"]
+    w = res["results"][0]["perplexity"]
     lines = [
         f"Measured {res['date_utc']}, {res['prompts']} prompts (the bench suite, chat template), greedy, "
         f"target-only, {res['max_new_tokens']} new tokens, {res['threads']} threads; load average "
         f"{m['load_avg_start'][0]} → {m['load_avg_end'][0]}. Perplexity: `{t['path']}` ({t['source']}), "
-        f"{t['tokens']} tokens, non-overlapping windows from slot 0. Teacher-forced: the fp32 answer fed "
+        f"{t['tokens']} tokens, {w['windows']} windows of {w['window']} tokens from slot 0 (all but each first token scored). Teacher-forced: the fp32 answer fed "
         f"back, share of its tokens that are the bundle's argmax. {_sources(res['results'])}A bundle with two int4 "
         "graphs (`--int4-kernel auto`) is measured on each kernel, forced at load. The speeds come from this one "
         "sequential run at the load above; configurations alternated prompt by prompt are in the sections above. "
@@ -199,6 +202,8 @@ def main(argv=None) -> int:
         plan = [(a.reference, k) for k in kernels(a.reference, True)]
         for b in a.bundles:
             plan += [(b, k) for k in kernels(b, False)]
+        # one window length for every bundle: the shortest context among them bounds it
+        a.window = min([a.window] + [load_manifest(b, verify="none").max_seq for b, _ in plan])
         prompts = select_prompts(load_prompts(), a.prompts_per_category)
         text = a.text.read_text(encoding="utf-8")
         text_ids = Tokenizer(load_manifest(a.reference, verify="none")).encode(text)
@@ -229,7 +234,7 @@ def main(argv=None) -> int:
             "tokens": len(text_ids),
         },
         "reference": _rel(a.reference),
-        "results": [{k: v for k, v in r.items() if k != "outputs"} for r in results],
+        "results": [{k: v for k, v in r.items() if k not in ("outputs", "prompt_ids")} for r in results],
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

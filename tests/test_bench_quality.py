@@ -154,6 +154,12 @@ def test_bad_bundles_are_one_error_line(load_script, tiny_bundle_factory, tmp_pa
         assert bq.main(args + out) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+    # an int4 bundle of a shorter context cuts the prompts elsewhere: its answers would not compare
+    short = tiny_bundle_factory(precision="int4", draft="ngram", max_seq=64)
+    args = [str(fp32), str(short), "--max-new-tokens", "8", "--prompts-per-category", "1", "--threads", "1"]
+    assert bq.main(args + out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"error: {short}: its prompts are not the reference's tokens (another max_seq?)"
     assert not (tmp_path / "q.json").exists()
 
 
