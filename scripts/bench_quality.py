@@ -16,7 +16,9 @@ For every one (specedge.bench.quality says how each figure is computed):
                      and teacher-forced top-1 agreement on the reference's continuations
   perplexity         the held-out text (--text, default benchmarks/data/heldout.txt) in windows of
                      --window tokens (at most the shortest max_seq), the same windows for every bundle
-  speed              decode tokens/s of that greedy run (target-only, --threads threads)
+  speed              decode tokens/s of that greedy run (target-only, --threads threads); every
+                     bundle is loaded at once on one shared thread pool and the bundles alternate
+                     prompt by prompt (the order rotated), so a change in the load reaches them alike
 
 Writes --out (schema "specedge.bench.quality/1", with the command, date, machine and load averages);
 scripts/benchmarks_md.py renders it in BENCHMARKS.md. Bad input (a missing bundle, a reference that
@@ -37,6 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SCHEMA = "specedge.bench.quality/1"
+# how the rows' decoding was scheduled; runs written before the rows alternated say nothing
+SCHEDULES = {
+    "alternated": "The speeds come from one run, every row loaded at once on one shared pool of threads and the "
+    "rows alternated prompt by prompt.",
+    "sequential": "The speeds come from one run, one row after another, at the load above.",
+}
 DEFAULT_TEXT = REPO / "benchmarks" / "data" / "heldout.txt"
 
 
@@ -74,50 +82,76 @@ def kernels(bundle: Path, reference: bool) -> list[str]:
     return [k for _, k in found] or ["auto"]
 
 
-def measure(bundle: Path, kernel: str, prompts: list[dict], text_ids: list[int], args, ref: dict | None) -> dict:
-    """One bundle on one kernel: its greedy outputs and speed, its agreement with `ref` (the
-    reference's measurement; None for the reference itself) and its held-out perplexity."""
-    from specedge.bench import quality
+def encoded(bundle: Path, prompts: list[dict], text: str, max_new_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """The prompts' token ids (chat template, cut to the bundle's context as the bench cuts them)
+    and the text's, from the bundle's tokenizer: checked before any session is made."""
+    from types import SimpleNamespace
+
     from specedge.bench.runner import _encode
+    from specedge.manifest import load_manifest
+    from specedge.runtime.tokenizer import Tokenizer
+
+    m = load_manifest(bundle, verify="none")
+    view = SimpleNamespace(tokenizer=Tokenizer(m), manifest=m)
+    return [_encode(view, p, max_new_tokens)[0] for p in prompts], view.tokenizer.encode(text)
+
+
+def decode(pipes: list, ids: list[list[int]], max_new_tokens: int) -> list[dict]:
+    """Every prompt greedily with each pipeline's target alone, the pipelines alternated prompt by
+    prompt (the order rotated per prompt), so a change in the machine's load reaches them alike:
+    per pipeline its outputs and decode tokens/s."""
+    n = len(pipes)
+    for pipe in pipes:
+        pipe.generate(token_ids=ids[0], max_new_tokens=8, speculative=False)  # warm-up
+    runs = [{"outputs": [], "tokens": 0, "secs": 0.0} for _ in pipes]
+    for j, x in enumerate(ids):
+        for i in [(i + j) % n for i in range(n)]:
+            r = pipes[i].generate(token_ids=x, max_new_tokens=max_new_tokens, speculative=False)
+            runs[i]["outputs"].append([int(t) for t in r.token_ids])
+            runs[i]["tokens"] += max(len(r.token_ids) - 1, 0)
+            runs[i]["secs"] += r.stats["decode_s"]
+    return [
+        {"outputs": r["outputs"], "tokens_per_s": round(r["tokens"] / r["secs"], 1) if r["secs"] > 0 else None}
+        for r in runs
+    ]
+
+
+def measure(plan: list[tuple[Path, str]], ids: list[list[int]], text_ids: list[int], args) -> list[dict]:
+    """Each (bundle, kernel) of `plan`, all loaded at once on one shared thread pool: the greedy
+    outputs and speed, agreement with the first (the reference) and held-out perplexity."""
+    from specedge.bench import quality
     from specedge.runtime.api import load
 
-    pipe = load(bundle, threads=args.threads, draft="ngram", verify="size", int4_kernel=kernel)
+    pipes = []
     try:
-        if pipe.tokenizer.encode(args.text.read_text(encoding="utf-8")) != text_ids:
-            raise ValueError(f"{bundle}: its tokenizer differs from the reference's: the texts would not compare")
-        ids = [_encode(pipe, p, args.max_new_tokens)[0] for p in prompts]
-        if ref is not None and ids != ref["prompt_ids"]:  # a prompt cut to another context length
-            raise ValueError(f"{bundle}: its prompts are not the reference's tokens (another max_seq?)")
-        pipe.generate(token_ids=ids[0], max_new_tokens=8, speculative=False)  # warm-up
-        outputs, tokens, secs = [], 0, 0.0
-        for x in ids:
-            r = pipe.generate(token_ids=x, max_new_tokens=args.max_new_tokens, speculative=False)
-            outputs.append([int(t) for t in r.token_ids])
-            tokens += max(len(r.token_ids) - 1, 0)
-            secs += r.stats["decode_s"]
-        log(f"{bundle.name} ({kernel}): {len(prompts)} prompts decoded, {tokens / secs:.1f} tok/s")
-        row = {
-            "bundle": _rel(bundle),
-            "precision": pipe.manifest.target.precision,
-            "source": Path(pipe.manifest.target.source).name or None,
-            "quantization": pipe.manifest.target.quantization.get("method"),
-            "kernel": getattr(getattr(pipe.target, "kernel_choice", None), "kernel", None),
-            "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
-            "outputs": outputs,  # these two stay in memory: the JSON keeps the figures
-            "prompt_ids": ids,
-        }
-        if ref is not None:
-            row["greedy"] = quality.greedy_agreement(ref["outputs"], outputs)
-        ref_out = outputs if ref is None else ref["outputs"]
-        row["teacher_forced"] = quality.teacher_forced(pipe, ids, ref_out)
+        for bundle, kernel in plan:
+            log(f"loading {bundle} ({kernel})")
+            pipes.append(
+                load(bundle, threads=args.threads, draft="ngram", verify="size", int4_kernel=kernel, shared_pool=True)
+            )
+        runs = decode(pipes, ids, args.max_new_tokens)
         wins = quality.windows(text_ids, args.window, args.max_windows)
-        if not wins:
-            raise ValueError(f"{args.text}: fewer than {args.window} tokens, not one window to score")
-        row["perplexity"] = {"window": args.window, "windows": len(wins), **quality.held_out_perplexity(pipe, wins)}
-        log(f"{bundle.name} ({kernel}): perplexity {row['perplexity']['perplexity']}")
-        return row
+        rows = []
+        for (bundle, kernel), pipe, run in zip(plan, pipes, runs):
+            spec = pipe.manifest.target
+            row = {
+                "bundle": _rel(bundle),
+                "precision": spec.precision,
+                "source": Path(spec.source).name or None,
+                "quantization": spec.quantization.get("method"),
+                "kernel": getattr(getattr(pipe.target, "kernel_choice", None), "kernel", None),
+                "tokens_per_s": run["tokens_per_s"],
+            }
+            if rows:
+                row["greedy"] = quality.greedy_agreement(runs[0]["outputs"], run["outputs"])
+            row["teacher_forced"] = quality.teacher_forced(pipe, ids, runs[0]["outputs"])
+            row["perplexity"] = {"window": args.window, "windows": len(wins), **quality.held_out_perplexity(pipe, wins)}
+            log(f"{bundle.name} ({kernel}): {row['tokens_per_s']} tok/s, perplexity {row['perplexity']['perplexity']}")
+            rows.append(row)
+        return rows
     finally:
-        pipe.close()
+        for pipe in pipes:
+            pipe.close()
 
 
 def _sources(rows: list[dict]) -> str:
@@ -145,11 +179,10 @@ def markdown(res: dict, json_path: str) -> str:
         f"Measured {res['date_utc']}, {res['prompts']} prompts (the bench suite, chat template), greedy, "
         f"target-only, {res['max_new_tokens']} new tokens, {res['threads']} threads; load average "
         f"{m['load_avg_start'][0]} → {m['load_avg_end'][0]}. Perplexity: `{t['path']}` ({t['source']}), "
-        f"{t['tokens']} tokens, {w['windows']} windows of {w['window']} tokens from slot 0 (all but each first token scored). Teacher-forced: the fp32 answer fed "
-        f"back, share of its tokens that are the bundle's argmax. {_sources(res['results'])}A bundle with two int4 "
-        "graphs (`--int4-kernel auto`) is measured on each kernel, forced at load. The speeds come from this one "
-        "sequential run at the load above; configurations alternated prompt by prompt are in the sections above. "
-        f"Command: `{res['command']}` (JSON: `{json_path}`).",
+        f"{t['tokens']} tokens, {w['windows']} windows of {w['window']} tokens from slot 0 (all but each first "
+        "token scored). Teacher-forced: the fp32 answer fed back, share of its tokens that are the bundle's argmax. "
+        f"{_sources(res['results'])}A bundle with two int4 graphs (`--int4-kernel auto`) is measured on each "
+        f"kernel, forced at load. {SCHEDULES[res.get('schedule', 'sequential')]} Command: `{res['command']}` (JSON: `{json_path}`).",
         "",
         "| target | kernel | target-only tok/s | output = fp32 | tokens before the first divergence (mean) "
         "| teacher-forced top-1 = fp32 | held-out perplexity (tokens scored) |",
@@ -188,11 +221,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each category")
     a = ap.parse_args(argv)
     command = shlex.join(["python", "scripts/bench_quality.py", *(sys.argv[1:] if argv is None else argv)])
+    from specedge.bench import quality
     from specedge.bench.runner import load_average, load_prompts, machine_info, select_prompts
     from specedge.errors import BackendError
     from specedge.manifest import BundleError, load_manifest
     from specedge.runtime.int4_kernel import KernelChoiceError
-    from specedge.runtime.tokenizer import Tokenizer
 
     try:
         if a.window < 2 or a.max_new_tokens < 1 or a.threads < 1 or (a.max_windows is not None and a.max_windows < 1):
@@ -206,12 +239,17 @@ def main(argv=None) -> int:
         a.window = min([a.window] + [load_manifest(b, verify="none").max_seq for b, _ in plan])
         prompts = select_prompts(load_prompts(), a.prompts_per_category)
         text = a.text.read_text(encoding="utf-8")
-        text_ids = Tokenizer(load_manifest(a.reference, verify="none")).encode(text)
+        ids, text_ids = encoded(a.reference, prompts, text, a.max_new_tokens)
+        for b in a.bundles:
+            b_ids, b_text = encoded(b, prompts, text, a.max_new_tokens)
+            if b_text != text_ids:
+                raise ValueError(f"{b}: its tokenizer differs from the reference's: the texts would not compare")
+            if b_ids != ids:  # a prompt cut to another context length
+                raise ValueError(f"{b}: its prompts are not the reference's tokens (another max_seq?)")
+        if not quality.windows(text_ids, a.window, a.max_windows):
+            raise ValueError(f"{a.text}: fewer than {a.window} tokens, not one window to score")
         la0 = load_average()
-        results = []
-        for bundle, kernel in plan:
-            log(f"{bundle} on {kernel}")
-            results.append(measure(bundle, kernel, prompts, text_ids, a, results[0] if results else None))
+        results = measure(plan, ids, text_ids, a)
     except (BundleError, BackendError, KernelChoiceError, ValueError, OSError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -226,6 +264,7 @@ def main(argv=None) -> int:
         "threads": a.threads,
         "max_new_tokens": a.max_new_tokens,
         "prompts": len(prompts),
+        "schedule": "alternated",
         "prompt_ids": [p["id"] for p in prompts],
         "text": {
             "path": _rel(a.text),
@@ -234,7 +273,7 @@ def main(argv=None) -> int:
             "tokens": len(text_ids),
         },
         "reference": _rel(a.reference),
-        "results": [{k: v for k, v in r.items() if k not in ("outputs", "prompt_ids")} for r in results],
+        "results": results,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
