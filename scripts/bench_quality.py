@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What a quantized target trades against the fp32 target: greedy agreement on the bench prompts and
-perplexity on held-out text, next to its target-only speed, one bundle (and int4 kernel) at a time.
+perplexity on held-out text, next to its target-only speed, for each bundle (and int4 kernel).
 
     python scripts/bench_quality.py bundles/smollm2-135m-instruct INT4_BUNDLE \\
         --out benchmarks/results/quality/quality.json
@@ -22,7 +22,8 @@ For every one (specedge.bench.quality says how each figure is computed):
 
 Writes --out (schema "specedge.bench.quality/1", with the command, date, machine and load averages);
 scripts/benchmarks_md.py renders it in BENCHMARKS.md. Bad input (a missing bundle, a reference that
-is not fp32, bundles whose tokenizers differ) is one `error:` line, exit code 2.
+is not fp32, bundles whose tokenizers or contexts give other prompt tokens) is one `error:` line,
+exit code 2.
 """
 
 from __future__ import annotations
@@ -39,12 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SCHEMA = "specedge.bench.quality/1"
-# how the rows' decoding was scheduled; runs written before the rows alternated say nothing
-SCHEDULES = {
-    "alternated": "The speeds come from one run, every row loaded at once on one shared pool of threads and the "
-    "rows alternated prompt by prompt.",
-    "sequential": "The speeds come from one run, one row after another, at the load above.",
-}
 DEFAULT_TEXT = REPO / "benchmarks" / "data" / "heldout.txt"
 
 
@@ -182,7 +177,8 @@ def markdown(res: dict, json_path: str) -> str:
         f"{t['tokens']} tokens, {w['windows']} windows of {w['window']} tokens from slot 0 (all but each first "
         "token scored). Teacher-forced: the fp32 answer fed back, share of its tokens that are the bundle's argmax. "
         f"{_sources(res['results'])}A bundle with two int4 graphs (`--int4-kernel auto`) is measured on each "
-        f"kernel, forced at load. {SCHEDULES[res.get('schedule', 'sequential')]} Command: `{res['command']}` (JSON: `{json_path}`).",
+        "kernel, forced at load. The speeds come from one run, every row loaded at once on one shared pool of "
+        f"threads and the rows alternated prompt by prompt. Command: `{res['command']}` (JSON: `{json_path}`).",
         "",
         "| target | kernel | target-only tok/s | output = fp32 | tokens before the first divergence (mean) "
         "| teacher-forced top-1 = fp32 | held-out perplexity (tokens scored) |",
