@@ -71,6 +71,14 @@ class _Tracker:
         return out
 
 
+class _Generator:
+    def __init__(self, vocab: int):
+        self.target, self.resets = _Tracker(vocab), 0
+
+    def reset(self):
+        self.resets += 1
+
+
 class _Pipe:
     def __init__(self, vocab=8, chunk=3, max_seq=64, max_call=1 << 30):
         from types import SimpleNamespace
@@ -78,7 +86,7 @@ class _Pipe:
         self.vocab, self.max_seq = vocab, max_seq
         self.manifest = SimpleNamespace(prefill_chunk=chunk)
         self.target = SimpleNamespace(max_call_tokens=max_call)
-        self.generator = SimpleNamespace(target=_Tracker(vocab))
+        self.generator = _Generator(vocab)
 
 
 def test_score_sequence_feeds_in_chunks_from_slot_0_and_scores_from_first():
@@ -87,6 +95,7 @@ def test_score_sequence_feeds_in_chunks_from_slot_0_and_scores_from_first():
     nll, top = quality.score_sequence(pipe, ids, 2)
     # every token but the last is fed, in calls of the chunk, at consecutive slots
     assert pipe.generator.target.calls == [([1, 2, 3], 0), ([5, 6, 7], 3)]
+    assert pipe.generator.resets == 1  # the cache's record forgotten: nothing reuses the overwritten slots
     assert top.tolist() == [3, 4, 6, 7, 0]  # the rows before ids[2:]
     hit, miss = -math.log(math.exp(5) / (math.exp(5) + 7)), -math.log(1 / (math.exp(5) + 7))
     assert nll == pytest.approx([hit, miss, hit, hit, hit])  # 3 -> 5 was not 'the next id'
@@ -106,6 +115,18 @@ def test_held_out_perplexity_scores_every_window_but_its_first_token():
     r = quality.held_out_perplexity(pipe, [[0, 1, 2], [3, 0, 1]])
     assert r["tokens"] == 4
     assert r["perplexity"] == pytest.approx(math.exp(-math.log(math.exp(5) / (math.exp(5) + 3))), rel=1e-4)
+
+
+def test_a_request_after_scoring_decodes_as_before(tiny_bundle_factory):
+    """Scoring overwrites the cache behind the pipeline's record of it: the next request must not
+    reuse the prompt's slots it held before."""
+    from specedge.runtime.api import load
+
+    with load(tiny_bundle_factory(draft="ngram"), threads=1, verify="size") as pipe:
+        prompt = list(range(5, 45))
+        first = pipe.generate(token_ids=prompt, max_new_tokens=8, speculative=False).token_ids
+        quality.score_sequence(pipe, list(range(60, 100)), 1)
+        assert pipe.generate(token_ids=prompt, max_new_tokens=8, speculative=False).token_ids == first
 
 
 # ----------------------------------------------------------------------------- the script

@@ -78,6 +78,7 @@ def score_sequence(pipe, ids: Sequence[int], first: int) -> tuple[np.ndarray, np
     if len(ids) > pipe.max_seq:
         raise ValueError(f"{len(ids)} tokens do not fit the bundle's context of {pipe.max_seq}")
     ids = np.asarray(ids, dtype=np.int64)
+    pipe.generator.reset()  # these calls overwrite the cache: no later request may reuse its record
     target, chunk, vocab = pipe.generator.target, call_size(pipe), pipe.vocab
     nll, top = [], []
     for start in range(0, len(ids) - 1, chunk):  # the last token predicts nothing here
