@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Write the whole of BENCHMARKS.md from the committed result files: the machine, the headline
-table (bench_peers), the k sweep (specedge bench), native vs Python, serving, the GPU section, draft
-heads and trees, each with its date, load and command. Nothing is typed by hand; how the figures
-evolved lives in benchmarks/history/.
+table (bench_peers), the k sweep (specedge bench), the int4 target's quality (bench_quality), native
+vs Python, serving, the GPU section, draft heads and trees, each with its date, load and command.
+Nothing is typed by hand; how the figures evolved lives in benchmarks/history/.
 
     python scripts/benchmarks_md.py [--results benchmarks/results] [--out BENCHMARKS.md]
 
@@ -146,8 +146,10 @@ def render(results: Path) -> str:
     gpu_md = _load(ROOT / "scripts" / "gpu_md.py")
     serve = _load(ROOT / "scripts" / "serve_load.py")
     head_eval = _load(ROOT / "benchmarks" / "experiments" / "heads" / "head_eval.py")
+    bench_quality = _load(ROOT / "scripts" / "bench_quality.py")
     peers = results / "peers" / "peers.json"
     serve_json = results / "serve" / "smollm2-135m-instruct.json"
+    quality = results / "quality" / "quality.json"
     head = results / "head"
     tree_runs = sorted((results / "tree").glob("smollm2-135m-instruct_run*.json"))
     parts = [
@@ -162,6 +164,11 @@ def render(results: Path) -> str:
             "bench",
             "`specedge bench` (k sweep on the default bundle)",
             bench_md.section(Path(_rel(results / "smollm2-135m-instruct_model" / "bench.json"))),
+        ),
+        _section(
+            "quality",
+            "What the int4 target trades: agreement with fp32 and perplexity (`scripts/bench_quality.py`)",
+            bench_quality.markdown(_read(quality), _rel(quality)),
         ),
         _section("native", "Native (C++) vs Python runtime", native(results / "native_vs_python.json")),
         _section("serve", "Serving (`specedge serve`)", serve.md_section(_read(serve_json), _rel(serve_json))),

@@ -15,7 +15,7 @@ def test_the_committed_page_is_what_the_script_writes(load_script, tmp_path, cap
     text = out.read_text(encoding="utf-8")
     assert text == (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"), "run python scripts/benchmarks_md.py"
     assert len(text.splitlines()) <= 300
-    for name in ("machine", "peers", "bench", "native", "serve", "gpu", "head", "trees"):
+    for name in ("machine", "peers", "bench", "quality", "native", "serve", "gpu", "head", "trees"):
         assert f"<!-- {name}:begin -->" in text and f"<!-- {name}:end -->" in text
     assert text.count("## Machine") == 1
 
