@@ -34,8 +34,8 @@ namespace {
 constexpr int kLanes = kAttnLanes;
 
 struct Task {
-  std::vector<AttnRow> rows;
-  int64_t d;
+  std::vector<AttnRow> rows;  // in groups of `group` rows: the heads of one kv head at one query row
+  int64_t group, d;
   float scale;
   Isa isa;
 };
@@ -43,7 +43,7 @@ struct Task {
 void RunRows(void* data, size_t i) {
   const Task& t = *static_cast<const Task*>(data);
   thread_local std::vector<float> e;
-  Attend(t.isa, t.rows[i], t.d, t.scale, e);
+  Attend(t.isa, t.rows.data() + i * t.group, t.group, t.d, t.scale, e);
 }
 
 struct GqaKernel {
@@ -145,7 +145,8 @@ struct GqaKernel {
     thread_local std::vector<float> qr;
     qr.resize(static_cast<size_t>(b_n * t_n * heads * d));
     std::vector<float> krow(d);
-    Task task{{}, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), ActiveIsa()};
+    const int64_t group = heads / kv_heads;
+    Task task{{}, group, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), ActiveIsa()};
     task.rows.reserve(static_cast<size_t>(b_n * heads * t_n));
     for (int64_t b = 0; b < b_n; ++b) {
       const int64_t position = static_cast<int64_t>(seq[b]) + 1 - t_n;
@@ -172,9 +173,9 @@ struct GqaKernel {
         }
       }
       float* o = out.GetTensorMutableData<float>();
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t g = h / (heads / kv_heads);
-        for (int64_t t = 0; t < t_n; ++t) {
+      for (int64_t t = 0; t < t_n; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / group;
           const int64_t tok = b * t_n + t, slot = position + t;
           const int64_t lo = window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0;
           const float* row_bias = nullptr;
@@ -188,9 +189,8 @@ struct GqaKernel {
                                       vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo,
                                       slot});
         }
-      }
     }
-    ctx.ParallelFor(RunRows, task.rows.size(), 0, &task);
+    ctx.ParallelFor(RunRows, task.rows.size() / group, 0, &task);
   }
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "row_chunks.h"
 #include "simd.h"
 
 namespace specedge_ops {
@@ -120,15 +121,15 @@ SPECEDGE_AVX512 inline __m512 Dot16Avx512(const float* q, const float* k, int64_
                        _mm512_shuffle_ps(a2[0], a2[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vector<float>& e) {
+// e[0..n) = exp(score_s - max) for one row (room for n + 16 floats).
+SPECEDGE_AVX512 void ExpScoresAvx512(const Row& r, int64_t d, float scale, float* e) {
   const int64_t n = r.hi - r.lo + 1;
-  e.resize(n + kLanes);
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   int64_t s = 0;
   for (; s + kLanes <= n; s += kLanes) {
     __m512 x = _mm512_mul_ps(Dot16Avx512(r.q, r.k + (r.lo + s) * d, d), _mm512_set1_ps(scale));
     if (r.bias) x = _mm512_add_ps(x, _mm512_loadu_ps(r.bias + r.lo + s));
-    _mm512_storeu_ps(e.data() + s, x);
+    _mm512_storeu_ps(e + s, x);
     vmax = _mm512_max_ps(vmax, x);
   }
   float mx = _mm512_reduce_max_ps(vmax);  // a maximum: any order gives the same value
@@ -140,32 +141,52 @@ SPECEDGE_AVX512 void AttendAvx512(const Row& r, int64_t d, float scale, std::vec
   }
   const __m512 vmx = _mm512_set1_ps(mx);
   for (s = 0; s + kLanes <= n; s += kLanes)
-    _mm512_storeu_ps(e.data() + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e.data() + s), vmx)));
+    _mm512_storeu_ps(e + s, ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(e + s), vmx)));
   for (; s < n; ++s) e[s] = ExpScalar(e[s] - mx);
-  // P·V four registers at a time: four fma chains in flight instead of one (each dim's chain, in s
-  // order, is the same whatever the grouping). The first pass over the keys also adds up Σ e_s, in
-  // s order: that dependent chain then runs beside the fma chains instead of before them.
-  float sum = 0.f;
+}
+
+// P·V for R rows over the same keys, W registers of dims at a time: R·W fma chains in flight and
+// each V load shared by the R rows (each dim's chain, in s order, is the same whatever the
+// grouping). The first pass over the keys also adds up each row's Σ e_s, in s order: those
+// dependent chains then run beside the fma chains instead of before them.
+template <int R, int W>
+SPECEDGE_AVX512 inline void PvAvx512(const Row* rows, int64_t d, const float* e, int64_t stride, int64_t c,
+                                     float* sum) {
+  const int64_t n = rows[0].hi - rows[0].lo + 1;
+  __m512 acc[R][W];
+  for (int i = 0; i < R; ++i)
+    for (int w = 0; w < W; ++w) acc[i][w] = _mm512_setzero_ps();
+  const float* v = rows[0].v + rows[0].lo * d + c;
+  for (int64_t s = 0; s < n; ++s) {
+    __m512 vs[W];
+    for (int w = 0; w < W; ++w) vs[w] = _mm512_loadu_ps(v + s * d + kLanes * w);
+    for (int i = 0; i < R; ++i) {
+      const float es = e[i * stride + s];
+      if (c == 0) sum[i] = sum[i] + es;
+      for (int w = 0; w < W; ++w) acc[i][w] = _mm512_fmadd_ps(_mm512_set1_ps(es), vs[w], acc[i][w]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int w = 0; w < W; ++w)
+      _mm512_storeu_ps(rows[i].out + c + kLanes * w, _mm512_div_ps(acc[i][w], _mm512_set1_ps(sum[i])));
+}
+
+template <int R>
+SPECEDGE_AVX512 void PvRowsAvx512(const Row* rows, int64_t d, const float* e, int64_t stride) {
+  float sum[R] = {};
   int64_t c = 0;
-  for (; c + 4 * kLanes <= d; c += 4 * kLanes) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    const float* v = r.v + r.lo * d + c;
-    for (s = 0; s < n; ++s) {
-      if (c == 0) sum = sum + e[s];
-      const __m512 es = _mm512_set1_ps(e[s]);
-      for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(es, _mm512_loadu_ps(v + s * d + kLanes * i), acc[i]);
-    }
-    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(r.out + c + kLanes * i, _mm512_div_ps(acc[i], _mm512_set1_ps(sum)));
-  }
-  for (; c < d; c += kLanes) {
-    __m512 acc = _mm512_setzero_ps();
-    const float* v = r.v + r.lo * d + c;
-    for (s = 0; s < n; ++s) {
-      if (c == 0) sum = sum + e[s];
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(e[s]), _mm512_loadu_ps(v + s * d), acc);
-    }
-    _mm512_storeu_ps(r.out + c, _mm512_div_ps(acc, _mm512_set1_ps(sum)));
-  }
+  for (; c + 4 * kLanes <= d; c += 4 * kLanes) PvAvx512<R, 4>(rows, d, e, stride, c, sum);
+  for (; c < d; c += kLanes) PvAvx512<R, 1>(rows, d, e, stride, c, sum);
+}
+
+SPECEDGE_AVX512 void AttendAvx512(const Row* rows, int64_t count, int64_t d, float scale, std::vector<float>& e) {
+  const int64_t stride = rows[0].hi - rows[0].lo + 1 + kLanes;
+  e.resize(count * stride);
+  for (int64_t i = 0; i < count; ++i) ExpScoresAvx512(rows[i], d, scale, e.data() + i * stride);
+  // up to 4 rows x 4 registers: 16 accumulators and the 4 V registers
+  ForRowTiles<4>(count, [&](auto tile, int64_t r) {
+    PvRowsAvx512<decltype(tile)::value>(rows + r, d, e.data() + r * stride, stride);
+  });
 }
 #define SPECEDGE_AVX2 __attribute__((target("avx2,fma")))
 
@@ -331,15 +352,25 @@ void AttendNeon(const Row& r, int64_t d, float scale, std::vector<float>& e) {
 
 }  // namespace
 
-void Attend(Isa isa, const AttnRow& r, int64_t d, float scale, std::vector<float>& e) {
+void Attend(Isa isa, const AttnRow* rows, int64_t count, int64_t d, float scale, std::vector<float>& e) {
 #ifdef SPECEDGE_OPS_X86
-  if (isa == Isa::kAvx512) return AttendAvx512(r, d, scale, e);
-  if (isa == Isa::kAvx2) return AttendAvx2(r, d, scale, e);
+  if (isa == Isa::kAvx512) return AttendAvx512(rows, count, d, scale, e);
+#endif
+  for (int64_t i = 0; i < count; ++i) {
+#ifdef SPECEDGE_OPS_X86
+    if (isa == Isa::kAvx2) {
+      AttendAvx2(rows[i], d, scale, e);
+      continue;
+    }
 #endif
 #ifdef SPECEDGE_OPS_NEON
-  if (isa == Isa::kNeonDot) return AttendNeon(r, d, scale, e);
+    if (isa == Isa::kNeonDot) {
+      AttendNeon(rows[i], d, scale, e);
+      continue;
+    }
 #endif
-  AttendPortable(r, d, scale, e);
+    AttendPortable(rows[i], d, scale, e);
+  }
 }
 
 void RotateHalf(float* x, const float* cos, const float* sin, int64_t half) {
