@@ -18,6 +18,7 @@ constexpr int64_t kQK = kQ41K;
 constexpr int64_t kRows = kQ41Rows;
 constexpr int64_t kBlock = kQ41Block;
 constexpr int64_t kGroupsPerTask = 2;
+constexpr int64_t kAhead = 8;  // blocks
 using Activations = Q41Activations;
 using Job = Q41Job;
 
@@ -151,6 +152,13 @@ SPECEDGE_AVX512 inline void TileAvx512(const Job& j, int64_t g0, int64_t r0) {
       const __m512i init = _mm512_set1_epi32(-8 * j.act->qsum[rb]);
       for (int g = 0; g < G; ++g) dot[r][g] = init;
     }
+    // with several rows the block's arithmetic is long enough for the loads to fall behind: ask
+    // for a later block's 5 lines ahead of time (prefetches do not fault past the end)
+    if (R > 1)
+      for (int g = 0; g < G; ++g)
+        for (int line = 0; line < 5; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(j.w + ((g0 + g) * j.nb + b + kAhead) * kBlock + 64 * line),
+                       _MM_HINT_T0);
     for (int h = 0; h < 4; ++h) {
       __m512i wl[G], wh[G];
       for (int g = 0; g < G; ++g) {
