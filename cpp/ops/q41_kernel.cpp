@@ -152,13 +152,13 @@ SPECEDGE_AVX512 inline void TileAvx512(const Job& j, int64_t g0, int64_t r0) {
       const __m512i init = _mm512_set1_epi32(-8 * j.act->qsum[rb]);
       for (int g = 0; g < G; ++g) dot[r][g] = init;
     }
-    // with several rows the block's arithmetic is long enough for the loads to fall behind: ask
-    // for a later block's 5 lines ahead of time (prefetches do not fault past the end)
-    if (R > 1)
-      for (int g = 0; g < G; ++g)
-        for (int line = 0; line < 5; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(j.w + ((g0 + g) * j.nb + b + kAhead) * kBlock + 64 * line),
-                       _MM_HINT_T0);
+    // in a graph the weights come from far memory and the hardware prefetcher alone leaves the
+    // loads behind: ask for a later block's 5 lines ahead of time (prefetches do not fault past
+    // the end)
+    for (int g = 0; g < G; ++g)
+      for (int line = 0; line < 5; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(j.w + ((g0 + g) * j.nb + b + kAhead) * kBlock + 64 * line),
+                     _MM_HINT_T0);
     for (int h = 0; h < 4; ++h) {
       __m512i wl[G], wh[G];
       for (int g = 0; g < G; ++g) {
