@@ -17,7 +17,8 @@
 //   dims i, i + 16, ...; fma chain), lanes then summed pairwise (8, 4, 2, 1);
 //   e_s = exp(score_s − max) with one fixed polynomial (0 below −87, so −inf gives 0);
 //   out = (Σ_s e_s · v_s, an fma chain in s order per dim) / (Σ_s e_s, in s order).
-// The AVX-512, AVX2, NEON and portable paths (gqa_kernel.cpp) compute the same bits.
+// The AVX-512, AVX2, NEON and portable paths (gqa_kernel.cpp) compute the same bits, for a row
+// alone or with the other heads of its kv head (how rows are handed to threads changes no bits).
 #include "gqa_kernel.h"
 #include "ops_common.h"
 
@@ -34,8 +35,8 @@ namespace {
 constexpr int kLanes = kAttnLanes;
 
 struct Task {
-  std::vector<AttnRow> rows;
-  int64_t d;
+  std::vector<AttnRow> rows;  // in groups of `group` rows: the heads of one kv head at one query row
+  int64_t group, d;
   float scale;
   Isa isa;
 };
@@ -43,7 +44,7 @@ struct Task {
 void RunRows(void* data, size_t i) {
   const Task& t = *static_cast<const Task*>(data);
   thread_local std::vector<float> e;
-  Attend(t.isa, t.rows[i], t.d, t.scale, e);
+  Attend(t.isa, t.rows.data() + i * t.group, t.group, t.d, t.scale, e);
 }
 
 struct GqaKernel {
@@ -145,7 +146,10 @@ struct GqaKernel {
     thread_local std::vector<float> qr;
     qr.resize(static_cast<size_t>(b_n * t_n * heads * d));
     std::vector<float> krow(d);
-    Task task{{}, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), ActiveIsa()};
+    // the heads of one kv head together (one pass over its keys) where that leaves enough tasks to
+    // share among the threads; a T = 1 step's few groups run row by row instead
+    const int64_t group = b_n * t_n * kv_heads >= 8 ? heads / kv_heads : 1;
+    Task task{{}, group, d, scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), ActiveIsa()};
     task.rows.reserve(static_cast<size_t>(b_n * heads * t_n));
     for (int64_t b = 0; b < b_n; ++b) {
       const int64_t position = static_cast<int64_t>(seq[b]) + 1 - t_n;
@@ -172,9 +176,9 @@ struct GqaKernel {
         }
       }
       float* o = out.GetTensorMutableData<float>();
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t g = h / (heads / kv_heads);
-        for (int64_t t = 0; t < t_n; ++t) {
+      for (int64_t t = 0; t < t_n; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / (heads / kv_heads);
           const int64_t tok = b * t_n + t, slot = position + t;
           const int64_t lo = window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0;
           const float* row_bias = nullptr;
@@ -188,9 +192,8 @@ struct GqaKernel {
                                       vc + (b * kv_heads + g) * slots * d, row_bias, o + (tok * heads + h) * d, lo,
                                       slot});
         }
-      }
     }
-    ctx.ParallelFor(RunRows, task.rows.size(), 0, &task);
+    ctx.ParallelFor(RunRows, task.rows.size() / group, 0, &task);
   }
 };
 

@@ -21,8 +21,10 @@ struct AttnRow {   // one (batch, head, query row) to attend
   int64_t lo, hi;     // keys lo..hi inclusive
 };
 
-// out = softmax(q·kᵀ · scale + bias) · v over keys lo..hi; `e` is scratch.
-void Attend(Isa isa, const AttnRow& r, int64_t d, float scale, std::vector<float>& e);
+// out = softmax(q·kᵀ · scale + bias) · v over keys lo..hi for `count` rows that share k, v, bias,
+// lo and hi (the heads of one kv head at one query position), so that a path may read each key
+// once for all of them; each row's bits are those it has alone. `e` is scratch.
+void Attend(Isa isa, const AttnRow* rows, int64_t count, int64_t d, float scale, std::vector<float>& e);
 // x rotated in place, rotate-half layout over the first 2 * half dims.
 void RotateHalf(float* x, const float* cos, const float* sin, int64_t half);
 

@@ -18,6 +18,7 @@ constexpr int64_t kQK = kQ41K;
 constexpr int64_t kRows = kQ41Rows;
 constexpr int64_t kBlock = kQ41Block;
 constexpr int64_t kGroupsPerTask = 2;
+constexpr int64_t kAhead = 8;  // blocks
 using Activations = Q41Activations;
 using Job = Q41Job;
 
@@ -119,11 +120,6 @@ SPECEDGE_AVX512 void QuantizeAvx512(const float* a, int64_t rows, int64_t k, Act
       const float* x = a + r * k + b * kQK;
       const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
-      // the pairwise order of PairwiseSum32, spelled out (reduce intrinsics leave the order open)
-      alignas(64) float v[16];
-      _mm512_store_ps(v, _mm512_add_ps(x0, x1));
-      for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; ++i) v[i] = v[i] + v[i + w];
       const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
       const __m512 vinv = _mm512_set1_ps(inv);
       // cvtps_epi32 rounds to nearest even under the default MXCSR, as nearbyint does
@@ -134,7 +130,7 @@ SPECEDGE_AVX512 void QuantizeAvx512(const float* a, int64_t rows, int64_t k, Act
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
       act.qsum[r * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
       act.scale[r * nb + b] = scale;
-      act.sum[r * nb + b] = v[0];
+      act.sum[r * nb + b] = SumLanesAvx512(_mm512_add_ps(x0, x1));  // PairwiseSum32's order
     }
 }
 
@@ -156,6 +152,13 @@ SPECEDGE_AVX512 inline void TileAvx512(const Job& j, int64_t g0, int64_t r0) {
       const __m512i init = _mm512_set1_epi32(-8 * j.act->qsum[rb]);
       for (int g = 0; g < G; ++g) dot[r][g] = init;
     }
+    // in a graph the weights come from far memory and the hardware prefetcher alone leaves the
+    // loads behind: ask for a later block's 5 lines ahead of time (prefetches do not fault past
+    // the end)
+    for (int g = 0; g < G; ++g)
+      for (int line = 0; line < 5; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(j.w + ((g0 + g) * j.nb + b + kAhead) * kBlock + 64 * line),
+                     _MM_HINT_T0);
     for (int h = 0; h < 4; ++h) {
       __m512i wl[G], wh[G];
       for (int g = 0; g < G; ++g) {
@@ -227,14 +230,10 @@ SPECEDGE_AVX2 void QuantizeAvx2(const float* a, int64_t rows, int64_t k, Activat
         xs[i] = _mm256_loadu_ps(x + 8 * i);
         mx = _mm256_max_ps(mx, _mm256_and_ps(xs[i], absmask));
       }
-      alignas(32) float v[16], m8[8];
+      alignas(32) float m8[8];
       _mm256_store_ps(m8, mx);
       float amax = 0.f;
       for (float f : m8) amax = std::fmax(amax, f);
-      _mm256_store_ps(v, _mm256_add_ps(xs[0], xs[2]));  // pairs (j, j + 16), as PairwiseSum32
-      _mm256_store_ps(v + 8, _mm256_add_ps(xs[1], xs[3]));
-      for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; ++i) v[i] = v[i] + v[i + w];
       const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
       const __m256 vinv = _mm256_set1_ps(inv);
       alignas(32) int32_t q32[kQK];
@@ -252,7 +251,7 @@ SPECEDGE_AVX2 void QuantizeAvx2(const float* a, int64_t rows, int64_t k, Activat
       for (int32_t x8 : s8) qsum += x8;
       act.qsum[r * nb + b] = qsum;
       act.scale[r * nb + b] = scale;
-      act.sum[r * nb + b] = v[0];
+      act.sum[r * nb + b] = SumLanesAvx2(_mm256_add_ps(xs[0], xs[2]), _mm256_add_ps(xs[1], xs[3]));  // PairwiseSum32
     }
 }
 
